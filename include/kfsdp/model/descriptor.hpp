@@ -1,0 +1,111 @@
+#pragma once
+// Layer descriptors: empty types (or, with run-time sizes, small value types) that declare the
+// parameters of a model and how they group into layers and transformer blocks. They hold no data
+// and compute nothing: the shard plan is derived from them.
+//
+// The descriptor concept — a type D is a `descriptor` when
+//   1. `D::name` is a kfsdp::fixed_string (the name part it adds to a dotted parameter name; "" adds none),
+//   2. `D::kind` is a `layer_kind`, and
+//   3a. for kind == layer: `d.params()` returns a range of `param_decl` (name, shape), or
+//   3b. for kind == block or container: `d.for_each_child(f)` calls `f(child, child_name)` in order.
+//
+// A user's own layer (a descriptor of kind `layer`):
+//
+//   template <kfsdp::fixed_string Name, std::size_t Dim>
+//   struct rms_norm {
+//     static constexpr auto name = Name;
+//     static constexpr kfsdp::layer_kind kind = kfsdp::layer_kind::layer;
+//     constexpr auto params() const { return std::array{kfsdp::param_decl{"weight", {Dim}}}; }
+//   };
+//
+// Sizes are static (template arguments) or `kfsdp::dyn` (given to the constructor at run time):
+// a zero static size is a compile error, a zero run-time size an exception — from the same check.
+
+#ifndef KFSDP_MODULE
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <initializer_list>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#endif
+
+#include <kfsdp/meta/export.hpp>
+#include <kfsdp/meta/fixed_string.hpp>
+
+KFSDP_EXPORT namespace kfsdp {
+
+// A size given at run time instead of as a template argument (as in std::extents).
+inline constexpr std::size_t dyn = std::dynamic_extent;
+
+// Parameters have up to this many dimensions (weights 2, biases 1; conv kernels would need 4).
+inline constexpr std::size_t max_param_rank = 4;
+
+enum class layer_kind { layer, block, container };
+
+// A parameter as a layer declares it: local name and shape, PyTorch's layout (dim 0 first).
+struct param_decl {
+  std::string_view name;
+  std::array<std::size_t, max_param_rank> shape{};
+  std::size_t rank = 0;
+
+  constexpr param_decl(std::string_view param_name, std::initializer_list<std::size_t> extents)
+      : name(param_name), rank(extents.size()) {
+    if (extents.size() == 0 || extents.size() > max_param_rank)
+      throw std::invalid_argument("kfsdp::param_decl '" + std::string(param_name) + "': rank " +
+                                  std::to_string(extents.size()) + ", expected 1.." +
+                                  std::to_string(max_param_rank));
+    std::size_t d = 0;
+    for (std::size_t e : extents) shape[d++] = e;
+  }
+};
+
+template <class D>
+concept named_descriptor = requires {
+  { D::name.view() } -> std::convertible_to<std::string_view>;
+  { D::kind } -> std::convertible_to<layer_kind>;
+};
+
+template <class D>
+concept layer_descriptor = named_descriptor<D> && (D::kind == layer_kind::layer) &&
+                           requires(const D& d) {
+                             { *std::begin(d.params()) } -> std::convertible_to<param_decl>;
+                           };
+
+namespace detail {
+struct any_child_visitor {
+  template <class C>
+  constexpr void operator()(const C&, std::string_view) const {}
+};
+}  // namespace detail
+
+template <class D>
+concept container_descriptor = named_descriptor<D> && (D::kind != layer_kind::layer) &&
+                               requires(const D& d) { d.for_each_child(detail::any_child_visitor{}); };
+
+template <class D>
+concept descriptor = layer_descriptor<D> || container_descriptor<D>;
+
+// A size `value` for a dimension declared `Static` (a number or dyn), checked once for both
+// cases: static zero is rejected by the static_assert at the declaration, a run-time zero or a
+// value that contradicts the static one throws, naming `what`.
+//   checked_extent<dyn>("linear 'c_fc' in", 0)  -> throws "... is 0, expected at least 1"
+template <std::size_t Static>
+constexpr std::size_t checked_extent(std::string_view what, std::size_t value) {
+  if (value == 0 || value == dyn)
+    throw std::invalid_argument("kfsdp: " + std::string(what) + " is " +
+                                (value == 0 ? std::string("0") : std::string("dyn")) +
+                                ", expected at least 1");
+  if (Static != dyn && value != Static)
+    throw std::invalid_argument("kfsdp: " + std::string(what) + " is " + std::to_string(value) +
+                                ", expected the static size " + std::to_string(Static));
+  return value;
+}
+
+// `Factor * extent`, staying dyn when the extent is dyn (for shapes like c_attn's [3·D, D]).
+template <std::size_t Factor, std::size_t Extent>
+inline constexpr std::size_t scaled_extent = Extent == dyn ? dyn : Factor * Extent;
+
+}  // namespace kfsdp

@@ -1,0 +1,64 @@
+#pragma once
+// The example GPT: nanoGPT's architecture and parameter names, byte vocabulary, untied lm_head
+// without bias. For gpt<2, 64, 32>: transformer.wte.weight [256,64], transformer.wpe.weight [32,64],
+// transformer.h.{0,1}.{ln_1, attn.c_attn [192,64], attn.c_proj [64,64], ln_2, mlp.c_fc [256,64],
+// mlp.c_proj [64,256]}, transformer.ln_f, lm_head.weight [256,64] — 4 + 12·L + 1 parameters.
+//
+//   kfsdp::gpt<96, 768, 1024> big;                       // fully static
+//   auto m = kfsdp::make_gpt({.layers = 4, .dim = 128, .seq = 64});  // sizes from the command line
+
+#ifndef KFSDP_MODULE
+#include <cstddef>
+#endif
+
+#include <kfsdp/meta/export.hpp>
+#include <kfsdp/model/containers.hpp>
+#include <kfsdp/model/layers.hpp>
+
+KFSDP_EXPORT namespace kfsdp {
+
+template <std::size_t Dim = dyn>
+using gpt_attention = sequential<"attn", linear<"c_attn", Dim, scaled_extent<3, Dim>>,
+                                 linear<"c_proj", Dim, Dim>>;
+
+template <std::size_t Dim = dyn>
+using gpt_mlp = sequential<"mlp", linear<"c_fc", Dim, scaled_extent<4, Dim>>,
+                           linear<"c_proj", scaled_extent<4, Dim>, Dim>>;
+
+template <std::size_t Dim = dyn>
+using gpt_block = block<"", layer_norm<"ln_1", Dim>, gpt_attention<Dim>, layer_norm<"ln_2", Dim>,
+                        gpt_mlp<Dim>>;
+
+template <std::size_t Layers = dyn, std::size_t Dim = dyn, std::size_t Seq = dyn,
+          std::size_t Vocab = 256>
+using gpt = sequential<"",
+                       sequential<"transformer", embedding<"wte", Vocab, Dim>,
+                                  embedding<"wpe", Seq, Dim>, repeat<"h", Layers, gpt_block<Dim>>,
+                                  layer_norm<"ln_f", Dim>>,
+                       linear<"lm_head", Dim, Vocab, false>>;
+
+// Sizes of the example GPT. heads does not shape a parameter; the layers use it.
+struct gpt_config {
+  std::size_t layers = 4;
+  std::size_t dim = 128;
+  std::size_t heads = 4;
+  std::size_t seq = 64;
+  std::size_t vocab = 256;
+};
+
+// The GPT descriptor for sizes known only at run time (vocab too); a zero size throws naming it.
+constexpr gpt<dyn, dyn, dyn, dyn> make_gpt(const gpt_config& c) {
+  const std::size_t d = c.dim;
+  using block_t = gpt_block<>;
+  block_t one_block(layer_norm<"ln_1">(d),
+                    gpt_attention<>(linear<"c_attn">(d, 3 * d), linear<"c_proj">(d, d)),
+                    layer_norm<"ln_2">(d),
+                    gpt_mlp<>(linear<"c_fc">(d, 4 * d), linear<"c_proj">(4 * d, d)));
+  using transformer_t = sequential<"transformer", embedding<"wte">, embedding<"wpe">,
+                                   repeat<"h", dyn, block_t>, layer_norm<"ln_f">>;
+  return gpt<dyn, dyn, dyn, dyn>(transformer_t(embedding<"wte">(c.vocab, d), embedding<"wpe">(c.seq, d),
+                             repeat<"h", dyn, block_t>(c.layers, one_block), layer_norm<"ln_f">(d)),
+               linear<"lm_head", dyn, dyn, false>(d, c.vocab));
+}
+
+}  // namespace kfsdp
