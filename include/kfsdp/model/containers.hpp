@@ -55,7 +55,7 @@ struct repeat {
 
   constexpr repeat() requires(N != dyn && std::is_default_constructible_v<Element>) = default;
   constexpr repeat(std::size_t copies, Element e)
-      : count(checked_extent<N>("repeat count", copies)), element(std::move(e)) {}
+      : count(checked_extent<N>("repeat", Name.view(), "count", copies)), element(std::move(e)) {}
 
   template <class F>
   constexpr void for_each_child(F&& visit) const {

@@ -90,17 +90,20 @@ concept descriptor = layer_descriptor<D> || container_descriptor<D>;
 
 // A size `value` for a dimension declared `Static` (a number or dyn), checked once for both
 // cases: static zero is rejected by the static_assert at the declaration, a run-time zero or a
-// value that contradicts the static one throws, naming `what`.
-//   checked_extent<dyn>("linear 'c_fc' in", 0)  -> throws "... is 0, expected at least 1"
+// value that contradicts the static one throws, naming the layer and the size.
+//   checked_extent<dyn>("linear", "c_fc", "in_features", 0)
+//     -> throws "kfsdp: linear 'c_fc': in_features is 0, expected at least 1"
 template <std::size_t Static>
-constexpr std::size_t checked_extent(std::string_view what, std::size_t value) {
-  if (value == 0 || value == dyn)
-    throw std::invalid_argument("kfsdp: " + std::string(what) + " is " +
-                                (value == 0 ? std::string("0") : std::string("dyn")) +
-                                ", expected at least 1");
-  if (Static != dyn && value != Static)
-    throw std::invalid_argument("kfsdp: " + std::string(what) + " is " + std::to_string(value) +
-                                ", expected the static size " + std::to_string(Static));
+constexpr std::size_t checked_extent(std::string_view layer, std::string_view layer_name,
+                                     std::string_view size_name, std::size_t value) {
+  auto fail = [&](const std::string& expected) {
+    throw std::invalid_argument("kfsdp: " + std::string(layer) + " '" + std::string(layer_name) +
+                                "': " + std::string(size_name) + " is " +
+                                (value == dyn ? std::string("dyn") : std::to_string(value)) +
+                                ", expected " + expected);
+  };
+  if (value == 0 || value == dyn) fail("at least 1");
+  if (Static != dyn && value != Static) fail("the static size " + std::to_string(Static));
   return value;
 }
 

@@ -28,8 +28,8 @@ struct linear {
 
   constexpr linear() requires(In != dyn && Out != dyn) = default;
   constexpr linear(std::size_t in, std::size_t out)
-      : in_features(checked_extent<In>("linear in_features", in)),
-        out_features(checked_extent<Out>("linear out_features", out)) {}
+      : in_features(checked_extent<In>("linear", Name.view(), "in_features", in)),
+        out_features(checked_extent<Out>("linear", Name.view(), "out_features", out)) {}
 
   constexpr auto params() const {
     if constexpr (Bias)
@@ -49,7 +49,7 @@ struct layer_norm {
   std::size_t dim = Dim;
 
   constexpr layer_norm() requires(Dim != dyn) = default;
-  constexpr explicit layer_norm(std::size_t d) : dim(checked_extent<Dim>("layer_norm dim", d)) {}
+  constexpr explicit layer_norm(std::size_t d) : dim(checked_extent<Dim>("layer_norm", Name.view(), "dim", d)) {}
 
   constexpr auto params() const {
     return std::array{param_decl{"weight", {dim}}, param_decl{"bias", {dim}}};
@@ -68,8 +68,8 @@ struct embedding {
 
   constexpr embedding() requires(Num != dyn && Dim != dyn) = default;
   constexpr embedding(std::size_t num, std::size_t d)
-      : num_embeddings(checked_extent<Num>("embedding num_embeddings", num)),
-        dim(checked_extent<Dim>("embedding dim", d)) {}
+      : num_embeddings(checked_extent<Num>("embedding", Name.view(), "num_embeddings", num)),
+        dim(checked_extent<Dim>("embedding", Name.view(), "dim", d)) {}
 
   constexpr auto params() const { return std::array{param_decl{"weight", {num_embeddings, dim}}}; }
 };
