@@ -1,0 +1,40 @@
+// `import kfsdp;` gives the same plans as the headers, and leaks no macro.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+
+import kfsdp;
+
+#if defined(KFSDP_MODULE) || defined(KFSDP_EXPORT)
+#error "a kfsdp macro leaked out of the module"
+#endif
+#if defined(FMT_VERSION)
+#error "a macro of fmt leaked out of the module"
+#endif
+
+std::uint64_t header_plan_fingerprint(std::size_t world_size, int strategy);
+std::size_t header_plan_shard_numel(std::size_t world_size, int strategy);
+
+using tiny = kfsdp::gpt<2, 24, 10>;
+static_assert(kfsdp::param_table<tiny>.size() == 29);
+static_assert(kfsdp::static_shard_plan<tiny, 3, kfsdp::bucketing::block>.buckets.size() == 6);
+
+TEST_CASE("the module computes the plans the headers compute") {
+  for (std::size_t ws = 1; ws <= 8; ++ws)
+    for (kfsdp::bucketing b : {kfsdp::bucketing::none, kfsdp::bucketing::layer, kfsdp::bucketing::block}) {
+      const auto plan = kfsdp::make_shard_plan(kfsdp::param_table<tiny>, ws, b);
+      CHECK(kfsdp::fingerprint(plan) == header_plan_fingerprint(ws, static_cast<int>(b)));
+      CHECK(plan.shard_numel == header_plan_shard_numel(ws, static_cast<int>(b)));
+    }
+}
+
+TEST_CASE("the module's run-time descriptors, errors and formatter work") {
+  const auto table = kfsdp::make_param_table(kfsdp::make_gpt({.layers = 2, .dim = 24, .heads = 2, .seq = 10}));
+  CHECK(table[4].name.view() == "transformer.h.0.attn.c_attn.weight");
+  const auto plan = kfsdp::make_shard_plan(table, 3, kfsdp::bucketing::layer);
+  const std::string text = fmt::format("{}", plan);
+  CHECK(text.starts_with("shard_plan(world_size=3, bucketing=layer): 29 params in 16 buckets"));
+  CHECK_THROWS_WITH(kfsdp::make_shard_plan(table, 0, kfsdp::bucketing::layer),
+                    "kfsdp::make_shard_plan: world_size is 0, expected at least 1");
+}
