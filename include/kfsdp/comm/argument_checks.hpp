@@ -1,0 +1,112 @@
+#pragma once
+// Argument checks shared by every communicator backend (self, mpi, nccl): one implementation, so
+// every backend reports a bad span size, root or overlap in the same words. Each throws
+// std::invalid_argument naming the function, the parameter, the size seen and the size expected:
+//
+//   kfsdp::comm::mpi::all_gather: recv has 10 elements, expected size()*send.size() = 3*4 = 12
+//
+// `function` is the fully qualified name the user called, e.g. "kfsdp::comm::mpi::iall_gather".
+
+#ifndef KFSDP_MODULE
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string_view>
+
+#include <fmt/format.h>
+#endif
+
+#include <kfsdp/meta/export.hpp>
+
+KFSDP_EXPORT namespace kfsdp::comm::detail {
+
+// Byte ranges [first, first + bytes): pointers compared as integers, so device pointers work too.
+struct byte_range {
+  std::uintptr_t first;
+  std::size_t bytes;
+
+  template <class T>
+  static byte_range of(std::span<T> elements) noexcept {
+    return {reinterpret_cast<std::uintptr_t>(elements.data()), elements.size_bytes()};
+  }
+  [[nodiscard]] bool overlaps(const byte_range& other) const noexcept {
+    return bytes != 0 && other.bytes != 0 && first < other.first + other.bytes &&
+           other.first < first + bytes;
+  }
+};
+
+inline void check_all_gather_arguments(std::string_view function, int rank, int size,
+                                       std::size_t send_count, byte_range send,
+                                       std::size_t recv_count, byte_range recv,
+                                       std::size_t element_bytes) {
+  const auto ranks = static_cast<std::size_t>(size);
+  if (recv_count % ranks != 0 || recv_count / ranks != send_count) {
+    throw std::invalid_argument(
+        fmt::format("{}: recv has {} elements, expected size()*send.size() = {}*{} = {}", function,
+                    recv_count, size, send_count, ranks * send_count));
+  }
+  const std::uintptr_t in_place_send =
+      recv.first + static_cast<std::uintptr_t>(rank) * send_count * element_bytes;
+  if (send.overlaps(recv) && send.first != in_place_send) {
+    throw std::invalid_argument(fmt::format(
+        "{}: send and recv overlap; the only overlap allowed is in place, send.data() == "
+        "recv.data() + rank()*send.size() = recv.data() + {}*{}",
+        function, rank, send_count));
+  }
+}
+
+inline void check_reduce_scatter_arguments(std::string_view function, int size,
+                                           std::size_t send_count, byte_range send,
+                                           std::size_t recv_count, byte_range recv) {
+  const auto ranks = static_cast<std::size_t>(size);
+  if (send_count % ranks != 0 || send_count / ranks != recv_count) {
+    throw std::invalid_argument(
+        fmt::format("{}: send has {} elements, expected size()*recv.size() = {}*{} = {}", function,
+                    send_count, size, recv_count, ranks * recv_count));
+  }
+  if (send.overlaps(recv)) {
+    throw std::invalid_argument(fmt::format(
+        "{}: send and recv overlap; reduce_scatter_sum needs separate buffers", function));
+  }
+}
+
+// all_gather(send, recv): sizes (requirement 2 of the communicator concept) and overlap.
+template <class T>
+void check_all_gather(std::string_view function, int rank, int size, std::span<const T> send,
+                      std::span<T> recv) {
+  check_all_gather_arguments(function, rank, size, send.size(), byte_range::of(send), recv.size(),
+                             byte_range::of(recv), sizeof(T));
+}
+
+// reduce_scatter_sum(send, recv): sizes (requirement 3) and overlap.
+template <class T>
+void check_reduce_scatter(std::string_view function, int size, std::span<const T> send,
+                          std::span<T> recv) {
+  check_reduce_scatter_arguments(function, size, send.size(), byte_range::of(send), recv.size(),
+                                 byte_range::of(recv));
+}
+
+// broadcast(data, root): 0 <= root < size() (requirement 4).
+inline void check_root(std::string_view function, int root, int size) {
+  if (root < 0 || root >= size) {
+    throw std::invalid_argument(
+        fmt::format("{}: root is {}, expected 0 <= root < size() = {}", function, root, size));
+  }
+}
+
+// An element count that a backend must pass as `int` (MPI): larger is an error, not an overflow.
+inline int checked_int_count(std::string_view function, std::string_view parameter,
+                             std::size_t count) {
+  constexpr auto int_max = static_cast<std::size_t>(std::numeric_limits<int>::max());
+  if (count > int_max) {
+    throw std::invalid_argument(fmt::format(
+        "{}: {} has {} elements, expected at most INT_MAX = {} (the count of one MPI call is an "
+        "int); split the buffer into several calls",
+        function, parameter, count, int_max));
+  }
+  return static_cast<int>(count);
+}
+
+}  // namespace kfsdp::comm::detail

@@ -1,0 +1,273 @@
+#pragma once
+// kfsdp::comm — the communicator concept, the non-blocking request, and check_agreement.
+//
+// Backend-free: this header never includes mpi.h, nccl.h or CUDA headers. The backends are
+// opt-in headers beside it: self.hpp (one rank), mpi.hpp (MPI), nccl.hpp (NCCL, over MPI).
+//
+//   template <kfsdp::comm::communicator C>
+//   void gather_bucket(C& comm, std::span<const float> shard, std::span<float> full) {
+//     kfsdp::comm::request pending = comm.iall_gather(shard, full);  // [rank 0 | rank 1 | ...]
+//     ...                                                            // overlap: compute meanwhile
+//     pending.wait();                                                // full is valid from here
+//   }
+
+#ifndef KFSDP_MODULE
+#include <concepts>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <span>
+#include <stdexcept>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include <fmt/format.h>
+#endif
+
+#include <kfsdp/meta/export.hpp>
+
+KFSDP_EXPORT namespace kfsdp::comm {
+
+// ---------------------------------------------------------------------------------------------
+// Element types that every backend moves: float and double for parameters and gradients,
+// std::int64_t and std::uint64_t for counts and agreement fingerprints.
+template <class T>
+concept element = std::same_as<T, float> || std::same_as<T, double> ||
+                  std::same_as<T, std::int64_t> || std::same_as<T, std::uint64_t>;
+
+// ---------------------------------------------------------------------------------------------
+// What a backend puts behind a request: test() polls (true once the operation is complete and its
+// buffers may be touched), wait() blocks until then. Both may throw on a communication error.
+template <class State>
+concept request_state = std::move_constructible<State> && requires(State& state) {
+  { state.test() } -> std::same_as<bool>;
+  state.wait();
+};
+
+// A type-erased handle on one non-blocking collective.
+//
+// Move-only. An empty request (default-constructed, waited on, or moved from) counts as complete:
+// wait() and test() on it are fine. The destructor waits, so no buffer is ever left in flight
+// behind a forgotten request; an error found there cannot be thrown and is printed to stderr
+// instead, so call wait() yourself where the error matters.
+//
+//   kfsdp::comm::request pending = comm.iall_reduce_sum(std::span(gradient));
+//   while (!pending.test()) do_other_work();   // or simply pending.wait();
+class request {
+ public:
+  request() noexcept = default;
+
+  // The not-a-request test comes first: checking request_state<request> would recurse.
+  template <class State>
+    requires(!std::same_as<std::remove_cvref_t<State>, request>) && request_state<State>
+  explicit request(State state)
+      : state_(new State(std::move(state))), table_(&table_for<State>) {}
+
+  request(request&& other) noexcept
+      : state_(std::exchange(other.state_, nullptr)),
+        table_(std::exchange(other.table_, nullptr)) {}
+  request& operator=(request&& other) noexcept {
+    if (this != &other) {
+      finish_in_destructor();  // the request being replaced must not leave its buffers in flight
+      state_ = std::exchange(other.state_, nullptr);
+      table_ = std::exchange(other.table_, nullptr);
+    }
+    return *this;
+  }
+  request(const request&) = delete;
+  request& operator=(const request&) = delete;
+  ~request() { finish_in_destructor(); }
+
+  // Blocks until the operation is complete; afterwards the request is empty.
+  void wait() {
+    if (state_ == nullptr) return;
+    const detached finishing = detach();  // destroyed however wait() ends: never waited on twice
+    finishing.table->wait(finishing.state);
+  }
+
+  // True when the operation is complete (the request is then empty); never blocks.
+  [[nodiscard]] bool test() {
+    if (state_ == nullptr) return true;
+    bool complete = false;
+    try {
+      complete = table_->test(state_);
+    } catch (...) {
+      detach();  // a failed operation counts as finished
+      throw;
+    }
+    if (complete) detach();
+    return complete;
+  }
+
+  // True while an operation is attached and has not been seen to complete.
+  [[nodiscard]] bool in_flight() const noexcept { return state_ != nullptr; }
+
+ private:
+  // A hand-written vtable, one static table per State type (no virtual calls for the compiler
+  // to devirtualise speculatively).
+  struct operation_table {
+    bool (*test)(void* state);
+    void (*wait)(void* state);
+    void (*destroy)(void* state) noexcept;
+  };
+  template <class State>
+  static constexpr operation_table table_for = {
+      [](void* state) -> bool { return static_cast<State*>(state)->test(); },
+      [](void* state) { static_cast<State*>(state)->wait(); },
+      [](void* state) noexcept { delete static_cast<State*>(state); },
+  };
+
+  // An operation taken out of the request; its state is destroyed with it.
+  struct detached {
+    void* state;
+    const operation_table* table;
+    detached(void* taken_state, const operation_table* taken_table) noexcept
+        : state(taken_state), table(taken_table) {}
+    detached(const detached&) = delete;
+    detached& operator=(const detached&) = delete;
+    ~detached() { table->destroy(state); }
+  };
+  detached detach() noexcept {
+    return {std::exchange(state_, nullptr), std::exchange(table_, nullptr)};
+  }
+
+  void finish_in_destructor() noexcept {
+    try {
+      wait();
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "kfsdp::comm::request: error while waiting in the destructor: %s\n",
+                   error.what());
+    } catch (...) {
+      std::fprintf(stderr,
+                   "kfsdp::comm::request: unknown error while waiting in the destructor\n");
+    }
+  }
+
+  void* state_ = nullptr;
+  const operation_table* table_ = nullptr;
+};
+
+// Waits on every request of a batch, in order (e.g. all the bucket all-gathers of one step).
+inline void wait_all(std::span<request> requests) {
+  for (request& pending : requests) pending.wait();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The communicator concept, as a conjunction of small named concepts.
+//
+// A type C models communicator when, for a value `c` of type C:
+//  1. c.rank() and c.size() return int, 0 <= rank() < size(), and they never change.
+//  2. c.all_gather(send, recv) with send: span<const T>, recv: span<T> needs
+//     recv.size() == size()*send.size(); afterwards recv = [rank 0's send | rank 1's | ...].
+//     send may alias recv only in place: send.data() == recv.data() + rank()*send.size().
+//  3. c.reduce_scatter_sum(send, recv) needs send.size() == size()*recv.size(); afterwards rank r's
+//     recv[i] = sum over ranks of send[r*recv.size() + i]. send and recv must not overlap.
+//  4. c.broadcast(data, root) needs 0 <= root < size(); afterwards every rank's data equals root's.
+//  5. c.all_reduce_sum(data) sums data in place over ranks, element by element.
+//  6. c.all_reduce_max(data) / c.all_reduce_min(data) take the element-wise max / min in place.
+//  7. c.barrier() returns on a rank only once every rank has called it.
+//  8. The i-prefixed forms of 2-5 (iall_gather, ireduce_scatter_sum, ibroadcast, iall_reduce_sum)
+//     return a request; the buffers belong to the communicator until that request completes.
+//  9. Collectives are collective: every rank calls the same ones, in the same order, with the same
+//     sizes and root. (check_agreement below turns a mismatch into an error instead of a hang.)
+// 10. Bad arguments (a span of the wrong size, a root out of range, a forbidden overlap) throw
+//     std::invalid_argument before any communication; the message names the function, the
+//     parameter, the size seen and the size expected. Communication errors throw
+//     std::runtime_error (or a type derived from it).
+// 2-5 and 8 hold for T = float and double; 6 for T = std::int64_t and std::uint64_t (agreement
+// checks). A backend may offer more element types (every backend here offers all of element<T>).
+// A device backend's spans are device memory; "afterwards" then means on return of the blocking
+// form, or once the request completes.
+
+// 1.
+template <class C>
+concept ranked = requires(const C& c) {
+  { c.rank() } -> std::same_as<int>;
+  { c.size() } -> std::same_as<int>;
+};
+
+// 2 and 8.
+template <class C, class T>
+concept gathers = requires(C& c, std::span<const T> send, std::span<T> recv) {
+  c.all_gather(send, recv);
+  { c.iall_gather(send, recv) } -> std::same_as<request>;
+};
+
+// 3 and 8.
+template <class C, class T>
+concept reduce_scatters = requires(C& c, std::span<const T> send, std::span<T> recv) {
+  c.reduce_scatter_sum(send, recv);
+  { c.ireduce_scatter_sum(send, recv) } -> std::same_as<request>;
+};
+
+// 4 and 8.
+template <class C, class T>
+concept broadcasts = requires(C& c, std::span<T> data, int root) {
+  c.broadcast(data, root);
+  { c.ibroadcast(data, root) } -> std::same_as<request>;
+};
+
+// 5 and 8.
+template <class C, class T>
+concept all_reduces = requires(C& c, std::span<T> data) {
+  c.all_reduce_sum(data);
+  { c.iall_reduce_sum(data) } -> std::same_as<request>;
+};
+
+// 6.
+template <class C, class T>
+concept reduces_extrema = requires(C& c, std::span<T> data) {
+  c.all_reduce_max(data);
+  c.all_reduce_min(data);
+};
+
+// 7.
+template <class C>
+concept synchronises = requires(C& c) { c.barrier(); };
+
+// 2-5 and 8 for one element type.
+template <class C, class T>
+concept moves_elements = gathers<C, T> && reduce_scatters<C, T> && broadcasts<C, T> &&
+                         all_reduces<C, T>;
+
+template <class C>
+concept communicator = ranked<C> && synchronises<C> && moves_elements<C, float> &&
+                       moves_elements<C, double> && reduces_extrema<C, std::int64_t> &&
+                       reduces_extrema<C, std::uint64_t>;
+
+// A device backend (NCCL) whose spans live in device memory also offers host(): a communicator over
+// the same ranks for small host-memory values, which check_agreement uses.
+template <class C>
+concept has_host_channel = requires(C& c) {
+  requires communicator<std::remove_cvref_t<decltype(c.host())>>;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Throws std::runtime_error on EVERY rank when the ranks' fingerprints of `what` differ, so a
+// mismatched plan is reported up front instead of hanging in a collective of mismatched size.
+// Collective: every rank must call it. One all_reduce_max of {f, ~f} gives max(f) and ~min(f).
+//
+//   kfsdp::comm::check_agreement(comm, plan_fingerprint, "the shard plan");
+//   // rank 1 of 2: "ranks disagree on the shard plan: fingerprints range from 0x1f to 0x2a;
+//   //               this rank (1 of 2) has 0x2a"
+template <class C>
+  requires communicator<C> || has_host_channel<C>
+void check_agreement(C& comm, std::uint64_t fingerprint, std::string_view what) {
+  if constexpr (has_host_channel<C>) {
+    check_agreement(comm.host(), fingerprint, what);
+  } else {
+    std::uint64_t max_and_complement_of_min[2] = {fingerprint, ~fingerprint};
+    comm.all_reduce_max(std::span<std::uint64_t>(max_and_complement_of_min));
+    const std::uint64_t highest = max_and_complement_of_min[0];
+    const std::uint64_t lowest = ~max_and_complement_of_min[1];
+    if (lowest != highest) {
+      throw std::runtime_error(fmt::format(
+          "ranks disagree on {}: fingerprints range from {:#x} to {:#x}; this rank ({} of {}) has "
+          "{:#x}",
+          what, lowest, highest, comm.rank(), comm.size(), fingerprint));
+    }
+  }
+}
+
+}  // namespace kfsdp::comm

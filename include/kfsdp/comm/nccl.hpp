@@ -1,0 +1,184 @@
+#pragma once
+// kfsdp::comm::nccl — the NCCL communicator backend: one GPU per rank, bootstrapped over MPI.
+//
+// Opt-in, and free of CUDA flags: this header includes neither nccl.h nor a CUDA header (the NCCL
+// and CUDA calls live in the kfsdp_nccl library), so any C++ compiler can include it. Spans are
+// DEVICE memory. Collectives run on a dedicated communication stream; a blocking call returns
+// once its result is in device memory, a non-blocking one returns a request that records a CUDA
+// event on that stream.
+//
+// Ordering against your compute stream, with events (llm.c's overlap pattern):
+//
+//   kfsdp::comm::mpi world;                           // bootstraps NCCL: rank 0's unique id
+//   kfsdp::comm::nccl gpus(world);                    // GPU = node-local rank % device count
+//   cudaEventRecord(shard_ready, compute_stream);     // compute produced `shard`
+//   gpus.wait_for(shard_ready);                       // the communication stream waits for it
+//   auto pending = gpus.iall_gather(shard, full);     // runs behind the compute stream
+//   gpus.make_stream_wait(compute_stream);            // compute's later work reads `full` safely
+//   ...                                               // no host blocking needed; or:
+//   pending.wait();                                   // the host waits (cudaEventSynchronize)
+//
+// Without a visible CUDA device the constructor throws std::runtime_error:
+//   "kfsdp::comm::nccl: no CUDA device is visible (cudaGetDeviceCount: ...); the NCCL backend needs
+//    one GPU per rank — use kfsdp::comm::mpi on CPU machines"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <type_traits>
+
+#include <kfsdp/comm/argument_checks.hpp>
+#include <kfsdp/comm/communicator.hpp>
+#include <kfsdp/comm/mpi.hpp>
+
+// The CUDA runtime's opaque handle types, declared as cuda_runtime.h declares them
+// (cudaStream_t = CUstream_st*, cudaEvent_t = CUevent_st*), so they pass straight through.
+struct CUstream_st;
+struct CUevent_st;
+
+namespace kfsdp::comm {
+
+class nccl {
+ public:
+  using cuda_stream = CUstream_st*;  // = cudaStream_t
+  using cuda_event = CUevent_st*;    // = cudaEvent_t
+
+  // Pass as `device` to use GPU (node-local rank % cudaGetDeviceCount()).
+  static constexpr int node_local_device = -1;
+
+  // Collective over `bootstrap`, whose duplicate (host()) carries the NCCL unique id and the
+  // host-memory agreement checks. Throws on every rank if any rank has no usable device, so that
+  // none is left waiting in ncclCommInitRank.
+  explicit nccl(const mpi& bootstrap, int device = node_local_device);
+  nccl(nccl&&) noexcept;
+  nccl& operator=(nccl&&) noexcept;
+  nccl(const nccl&) = delete;
+  nccl& operator=(const nccl&) = delete;
+  ~nccl();  // waits for the communication stream, then frees the NCCL communicator and stream
+
+  [[nodiscard]] int rank() const noexcept { return host_.rank(); }
+  [[nodiscard]] int size() const noexcept { return host_.size(); }
+  [[nodiscard]] int device() const noexcept;
+  // The communication stream (owned by this communicator).
+  [[nodiscard]] cuda_stream stream() const noexcept;
+  // The MPI communicator over the same ranks, for small host-memory values (check_agreement).
+  [[nodiscard]] mpi& host() noexcept { return host_; }
+
+  // Collectives issued after this call start only once `produced` (recorded on any stream) fires.
+  void wait_for(cuda_event produced);
+  // Work issued on `consumer` after this call starts only once every collective issued so far is
+  // complete; the host does not block.
+  void make_stream_wait(cuda_stream consumer);
+
+  // Device spans; requirements as in the communicator concept (communicator.hpp).
+  template <element T>
+  void all_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    constexpr std::string_view function = "kfsdp::comm::nccl::all_gather";
+    detail::check_all_gather(function, rank(), size(), send, recv);
+    issue_all_gather(send.data(), recv.data(), send.size(), kind_of<T>(), function);
+    synchronize(function);
+  }
+  template <element T>
+  [[nodiscard]] request iall_gather(std::span<const std::type_identity_t<T>> send,
+                                    std::span<T> recv) {
+    constexpr std::string_view function = "kfsdp::comm::nccl::iall_gather";
+    detail::check_all_gather(function, rank(), size(), send, recv);
+    issue_all_gather(send.data(), recv.data(), send.size(), kind_of<T>(), function);
+    return record(function);
+  }
+
+  template <element T>
+  void reduce_scatter_sum(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    constexpr std::string_view function = "kfsdp::comm::nccl::reduce_scatter_sum";
+    detail::check_reduce_scatter(function, size(), send, recv);
+    issue_reduce_scatter_sum(send.data(), recv.data(), recv.size(), kind_of<T>(), function);
+    synchronize(function);
+  }
+  template <element T>
+  [[nodiscard]] request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send,
+                                            std::span<T> recv) {
+    constexpr std::string_view function = "kfsdp::comm::nccl::ireduce_scatter_sum";
+    detail::check_reduce_scatter(function, size(), send, recv);
+    issue_reduce_scatter_sum(send.data(), recv.data(), recv.size(), kind_of<T>(), function);
+    return record(function);
+  }
+
+  template <element T>
+  void broadcast(std::span<T> data, int root) {
+    constexpr std::string_view function = "kfsdp::comm::nccl::broadcast";
+    detail::check_root(function, root, size());
+    issue_broadcast(data.data(), data.size(), kind_of<T>(), root, function);
+    synchronize(function);
+  }
+  template <element T>
+  [[nodiscard]] request ibroadcast(std::span<T> data, int root) {
+    constexpr std::string_view function = "kfsdp::comm::nccl::ibroadcast";
+    detail::check_root(function, root, size());
+    issue_broadcast(data.data(), data.size(), kind_of<T>(), root, function);
+    return record(function);
+  }
+
+  template <element T>
+  void all_reduce_sum(std::span<T> data) {
+    constexpr std::string_view function = "kfsdp::comm::nccl::all_reduce_sum";
+    issue_all_reduce(data.data(), data.size(), kind_of<T>(), reduction::sum, function);
+    synchronize(function);
+  }
+  template <element T>
+  [[nodiscard]] request iall_reduce_sum(std::span<T> data) {
+    constexpr std::string_view function = "kfsdp::comm::nccl::iall_reduce_sum";
+    issue_all_reduce(data.data(), data.size(), kind_of<T>(), reduction::sum, function);
+    return record(function);
+  }
+  template <element T>
+  void all_reduce_max(std::span<T> data) {
+    constexpr std::string_view function = "kfsdp::comm::nccl::all_reduce_max";
+    issue_all_reduce(data.data(), data.size(), kind_of<T>(), reduction::max, function);
+    synchronize(function);
+  }
+  template <element T>
+  void all_reduce_min(std::span<T> data) {
+    constexpr std::string_view function = "kfsdp::comm::nccl::all_reduce_min";
+    issue_all_reduce(data.data(), data.size(), kind_of<T>(), reduction::min, function);
+    synchronize(function);
+  }
+
+  // Every rank's issued collectives are complete (the stream is drained, then an MPI barrier).
+  void barrier();
+
+ private:
+  enum class element_kind { float32, float64, int64, uint64 };
+  enum class reduction { sum, max, min };
+
+  template <class T>
+  static constexpr element_kind kind_of() noexcept {
+    if constexpr (std::is_same_v<T, float>) return element_kind::float32;
+    else if constexpr (std::is_same_v<T, double>) return element_kind::float64;
+    else if constexpr (std::is_same_v<T, std::int64_t>) return element_kind::int64;
+    else return element_kind::uint64;
+  }
+
+  void issue_all_gather(const void* send, void* recv, std::size_t send_count, element_kind kind,
+                        std::string_view function);
+  void issue_reduce_scatter_sum(const void* send, void* recv, std::size_t recv_count,
+                                element_kind kind, std::string_view function);
+  void issue_broadcast(void* data, std::size_t count, element_kind kind, int root,
+                       std::string_view function);
+  void issue_all_reduce(void* data, std::size_t count, element_kind kind, reduction operation,
+                        std::string_view function);
+  // Host waits for the communication stream (the blocking forms).
+  void synchronize(std::string_view function);
+  // A request on an event recorded now on the communication stream (the non-blocking forms).
+  request record(std::string_view function);
+
+  struct device_state;  // ncclComm_t, the stream, the device: defined in kernels/comm/nccl.cpp
+  mpi host_;
+  std::unique_ptr<device_state> state_;
+};
+
+static_assert(communicator<nccl>);
+static_assert(has_host_channel<nccl>);
+
+}  // namespace kfsdp::comm

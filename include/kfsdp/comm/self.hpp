@@ -1,0 +1,90 @@
+#pragma once
+// kfsdp::comm::self — the one-rank communicator: no MPI, every collective is a copy (or nothing),
+// and every request is complete when it is returned. For tests, examples and single-process runs.
+//
+//   kfsdp::comm::self comm;
+//   std::vector<float> shard{1, 2}, full(2);
+//   comm.all_gather(shard, std::span(full));                 // full == {1, 2}
+//   kfsdp::comm::check_agreement(comm, 42, "the plan");     // one rank always agrees
+
+#ifndef KFSDP_MODULE
+#include <algorithm>
+#include <span>
+#include <type_traits>
+#endif
+
+#include <kfsdp/comm/argument_checks.hpp>
+#include <kfsdp/comm/communicator.hpp>
+#include <kfsdp/meta/export.hpp>
+
+KFSDP_EXPORT namespace kfsdp::comm {
+
+class self {
+ public:
+  [[nodiscard]] int rank() const noexcept { return 0; }
+  [[nodiscard]] int size() const noexcept { return 1; }
+
+  // send is a non-deduced parameter, so a std::vector or a span<T> of mutable data converts.
+  template <element T>
+  void all_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    detail::check_all_gather("kfsdp::comm::self::all_gather", rank(), size(), send, recv);
+    copy(send, recv);
+  }
+  template <element T>
+  [[nodiscard]] request iall_gather(std::span<const std::type_identity_t<T>> send,
+                                    std::span<T> recv) {
+    detail::check_all_gather("kfsdp::comm::self::iall_gather", rank(), size(), send, recv);
+    copy(send, recv);
+    return {};
+  }
+
+  template <element T>
+  void reduce_scatter_sum(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    detail::check_reduce_scatter("kfsdp::comm::self::reduce_scatter_sum", size(), send, recv);
+    copy(send, recv);
+  }
+  template <element T>
+  [[nodiscard]] request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send,
+                                            std::span<T> recv) {
+    detail::check_reduce_scatter("kfsdp::comm::self::ireduce_scatter_sum", size(), send, recv);
+    copy(send, recv);
+    return {};
+  }
+
+  template <element T>
+  void broadcast(std::span<T> /*data*/, int root) {
+    detail::check_root("kfsdp::comm::self::broadcast", root, size());
+  }
+  template <element T>
+  [[nodiscard]] request ibroadcast(std::span<T> /*data*/, int root) {
+    detail::check_root("kfsdp::comm::self::ibroadcast", root, size());
+    return {};
+  }
+
+  // Over one rank a sum, max or min leaves the data as it is.
+  template <element T>
+  void all_reduce_sum(std::span<T> /*data*/) {}
+  template <element T>
+  [[nodiscard]] request iall_reduce_sum(std::span<T> /*data*/) {
+    return {};
+  }
+  template <element T>
+  void all_reduce_max(std::span<T> /*data*/) {}
+  template <element T>
+  void all_reduce_min(std::span<T> /*data*/) {}
+
+  void barrier() noexcept {}
+
+ private:
+  // Sizes are equal once checked; the min keeps the copy inside `to` even on paths the compiler
+  // cannot prove are dead.
+  template <class T>
+  static void copy(std::span<const T> from, std::span<T> to) {
+    if (from.data() == to.data()) return;
+    std::copy_n(from.begin(), std::min(from.size(), to.size()), to.begin());
+  }
+};
+
+static_assert(communicator<self>);
+
+}  // namespace kfsdp::comm

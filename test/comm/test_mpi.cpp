@@ -1,0 +1,372 @@
+// Tests for include/kfsdp/comm/mpi.hpp; run under mpirun at 1, 2, 3 and 4 ranks (mpi_test_dep's
+// main). Every rank makes the same collective calls in the same order, so a failing CHECK on one
+// rank never leaves the others waiting.
+#include <doctest/doctest.h>
+
+#include <climits>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <kfsdp/comm/communicator.hpp>
+#include <kfsdp/comm/mpi.hpp>
+
+namespace comm = kfsdp::comm;
+
+static_assert(comm::communicator<comm::mpi>);
+
+namespace {
+
+// The value rank `rank` contributes at position `index`: distinct for every (rank, index).
+template <class T>
+T contribution(int rank, std::size_t index) {
+  return static_cast<T>(100 * rank + static_cast<int>(index) + 1);
+}
+
+template <class T>
+std::vector<T> contributions(int rank, std::size_t count) {
+  std::vector<T> values(count);
+  for (std::size_t i = 0; i < count; ++i) values[i] = contribution<T>(rank, i);
+  return values;
+}
+
+// What all_gather must produce: [rank 0's | rank 1's | ...].
+template <class T>
+std::vector<T> gathered(int ranks, std::size_t count) {
+  std::vector<T> values;
+  for (int rank = 0; rank < ranks; ++rank) {
+    const auto part = contributions<T>(rank, count);
+    values.insert(values.end(), part.begin(), part.end());
+  }
+  return values;
+}
+
+// What rank `rank` must get from reduce_scatter_sum of contributions(q, ranks*count) over q.
+template <class T>
+std::vector<T> scattered_sum(int rank, int ranks, std::size_t count) {
+  std::vector<T> values(count, T(0));
+  for (int q = 0; q < ranks; ++q) {
+    for (std::size_t i = 0; i < count; ++i) {
+      values[i] += contribution<T>(q, static_cast<std::size_t>(rank) * count + i);
+    }
+  }
+  return values;
+}
+
+}  // namespace
+
+TEST_CASE("mpi: wraps a duplicate of MPI_COMM_WORLD") {
+  int world_rank = -1, world_size = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  comm::mpi world;
+  CHECK(world.rank() == world_rank);
+  CHECK(world.size() == world_size);
+  int relation = MPI_UNEQUAL;
+  MPI_Comm_compare(world.native(), MPI_COMM_WORLD, &relation);
+  CHECK(relation == MPI_CONGRUENT);  // same group, different context: no message can cross
+}
+
+TEST_CASE("mpi: wraps a user communicator (ranks split in two halves)") {
+  int world_rank = 0, world_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  const int half = world_rank < (world_size + 1) / 2 ? 0 : 1;
+  MPI_Comm user_half = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, half, world_rank, &user_half);
+  {
+    comm::mpi halves(user_half);
+    const int expected_size = half == 0 ? (world_size + 1) / 2 : world_size / 2;
+    CHECK(halves.size() == expected_size);
+    std::vector<std::int64_t> total{world_rank};
+    halves.all_reduce_sum(std::span(total));
+    std::int64_t expected = 0;
+    for (int r = 0; r < world_size; ++r) {
+      if ((r < (world_size + 1) / 2 ? 0 : 1) == half) expected += r;
+    }
+    CHECK(total[0] == expected);
+  }
+  int still_valid = MPI_UNEQUAL;  // the user's communicator is untouched by kfsdp's free
+  CHECK(MPI_Comm_compare(user_half, user_half, &still_valid) == MPI_SUCCESS);
+  CHECK(still_valid == MPI_IDENT);
+  MPI_Comm_free(&user_half);
+}
+
+TEST_CASE("mpi: MPI_COMM_NULL is rejected; a moved-from communicator is empty") {
+  CHECK_THROWS_WITH_AS(comm::mpi(MPI_COMM_NULL),
+                       "kfsdp::comm::mpi::mpi: user_comm is MPI_COMM_NULL",
+                       std::invalid_argument);
+  comm::mpi first;
+  const MPI_Comm native = first.native();
+  comm::mpi second(std::move(first));
+  CHECK(second.native() == native);
+  CHECK(first.native() == MPI_COMM_NULL);  // NOLINT(bugprone-use-after-move)
+  comm::mpi third;
+  third = std::move(second);  // frees third's own duplicate
+  CHECK(third.native() == native);
+}
+
+TEST_CASE_TEMPLATE("mpi: all_gather of rank-dependent data", T, float, double, std::int64_t,
+                   std::uint64_t) {
+  comm::mpi world;
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}}) {
+    CAPTURE(count);
+    const auto shard = contributions<T>(world.rank(), count);
+    std::vector<T> full(count * static_cast<std::size_t>(world.size()), T(-1));
+    world.all_gather(shard, std::span(full));
+    CHECK(full == gathered<T>(world.size(), count));
+
+    std::fill(full.begin(), full.end(), T(-1));
+    comm::request pending = world.iall_gather(shard, std::span(full));
+    pending.wait();
+    CHECK(full == gathered<T>(world.size(), count));
+  }
+}
+
+TEST_CASE("mpi: in-place all_gather (send is this rank's slot of recv)") {
+  comm::mpi world;
+  constexpr std::size_t count = 3;
+  std::vector<double> full(count * static_cast<std::size_t>(world.size()), -1.0);
+  const auto slot = std::span(full).subspan(static_cast<std::size_t>(world.rank()) * count, count);
+  const auto mine = contributions<double>(world.rank(), count);
+  std::copy(mine.begin(), mine.end(), slot.begin());
+  world.all_gather(std::span<const double>(slot), std::span(full));
+  CHECK(full == gathered<double>(world.size(), count));
+
+  std::fill(full.begin(), full.end(), -1.0);
+  std::copy(mine.begin(), mine.end(), slot.begin());
+  world.iall_gather(std::span<const double>(slot), std::span(full)).wait();
+  CHECK(full == gathered<double>(world.size(), count));
+}
+
+TEST_CASE_TEMPLATE("mpi: reduce_scatter_sum gives each rank the sum of its chunk", T, float, double,
+                   std::int64_t, std::uint64_t) {
+  comm::mpi world;
+  constexpr std::size_t count = 4;
+  const auto full_gradient =
+      contributions<T>(world.rank(), count * static_cast<std::size_t>(world.size()));
+  std::vector<T> shard(count, T(-1));
+  world.reduce_scatter_sum(full_gradient, std::span(shard));
+  CHECK(shard == scattered_sum<T>(world.rank(), world.size(), count));
+
+  std::fill(shard.begin(), shard.end(), T(-1));
+  comm::request pending = world.ireduce_scatter_sum(full_gradient, std::span(shard));
+  while (!pending.test()) {
+  }
+  CHECK_FALSE(pending.in_flight());
+  CHECK(shard == scattered_sum<T>(world.rank(), world.size(), count));
+}
+
+TEST_CASE_TEMPLATE("mpi: broadcast from every root", T, float, double, std::int64_t,
+                   std::uint64_t) {
+  comm::mpi world;
+  for (int root = 0; root < world.size(); ++root) {
+    CAPTURE(root);
+    auto data = contributions<T>(world.rank(), 6);
+    world.broadcast(std::span(data), root);
+    CHECK(data == contributions<T>(root, 6));
+
+    data = contributions<T>(world.rank(), 6);
+    world.ibroadcast(std::span(data), root).wait();
+    CHECK(data == contributions<T>(root, 6));
+  }
+}
+
+TEST_CASE_TEMPLATE("mpi: all_reduce sum, max and min", T, float, double, std::int64_t,
+                   std::uint64_t) {
+  comm::mpi world;
+  const int ranks = world.size();
+  // Element 0 grows with the rank, element 1 shrinks: max and min come from different ranks.
+  const std::vector<T> mine{T(world.rank() + 1), T(ranks - world.rank())};
+  T sum_of_ranks_plus_one = T(0);
+  for (int r = 0; r < ranks; ++r) sum_of_ranks_plus_one += T(r + 1);
+
+  auto data = mine;
+  world.all_reduce_sum(std::span(data));
+  CHECK(data == std::vector<T>{sum_of_ranks_plus_one, sum_of_ranks_plus_one});
+
+  data = mine;
+  world.iall_reduce_sum(std::span(data)).wait();
+  CHECK(data == std::vector<T>{sum_of_ranks_plus_one, sum_of_ranks_plus_one});
+
+  data = mine;
+  world.all_reduce_max(std::span(data));
+  CHECK(data == std::vector<T>{T(ranks), T(ranks)});
+
+  data = mine;
+  world.all_reduce_min(std::span(data));
+  CHECK(data == std::vector<T>{T(1), T(1)});
+}
+
+TEST_CASE("mpi: several non-blocking collectives in flight at once") {
+  comm::mpi world;
+  const auto ranks = static_cast<std::size_t>(world.size());
+  const auto shard_a = contributions<float>(world.rank(), 7);
+  const auto shard_b = contributions<double>(world.rank(), 2);
+  const auto gradient = contributions<double>(world.rank(), 3 * ranks);
+  std::vector<float> full_a(7 * ranks);
+  std::vector<double> full_b(2 * ranks), gradient_shard(3);
+  std::vector<std::int64_t> counter{1};
+  std::vector<double> from_last = contributions<double>(world.rank(), 2);
+
+  std::vector<comm::request> in_flight;
+  in_flight.push_back(world.iall_gather(shard_a, std::span(full_a)));
+  in_flight.push_back(world.iall_gather(shard_b, std::span(full_b)));
+  in_flight.push_back(world.ireduce_scatter_sum(gradient, std::span(gradient_shard)));
+  in_flight.push_back(world.iall_reduce_sum(std::span(counter)));
+  in_flight.push_back(world.ibroadcast(std::span(from_last), world.size() - 1));
+  comm::wait_all(in_flight);
+
+  CHECK(full_a == gathered<float>(world.size(), 7));
+  CHECK(full_b == gathered<double>(world.size(), 2));
+  CHECK(gradient_shard == scattered_sum<double>(world.rank(), world.size(), 3));
+  CHECK(counter[0] == world.size());
+  CHECK(from_last == contributions<double>(world.size() - 1, 2));
+}
+
+TEST_CASE("mpi: a request that goes out of scope waits, leaving no buffer in flight") {
+  comm::mpi world;
+  std::vector<double> total{1.0};
+  { comm::request forgotten = world.iall_reduce_sum(std::span(total)); }
+  CHECK(total[0] == doctest::Approx(world.size()));
+}
+
+TEST_CASE("mpi: bad arguments throw std::invalid_argument on every rank, before communicating") {
+  comm::mpi world;
+  const int n = world.size();
+  std::vector<float> four(4), wrong(static_cast<std::size_t>(4 * n + 1));
+  CHECK_THROWS_WITH_AS(world.all_gather(four, std::span(wrong)),
+                       fmt::format("kfsdp::comm::mpi::all_gather: recv has {} elements, expected "
+                                   "size()*send.size() = {}*4 = {}",
+                                   4 * n + 1, n, 4 * n)
+                           .c_str(),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)world.iall_gather(four, std::span(wrong)),
+                       fmt::format("kfsdp::comm::mpi::iall_gather: recv has {} elements, expected "
+                                   "size()*send.size() = {}*4 = {}",
+                                   4 * n + 1, n, 4 * n)
+                           .c_str(),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(world.reduce_scatter_sum(wrong, std::span(four)),
+                       fmt::format("kfsdp::comm::mpi::reduce_scatter_sum: send has {} elements, "
+                                   "expected size()*recv.size() = {}*4 = {}",
+                                   4 * n + 1, n, 4 * n)
+                           .c_str(),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)world.ireduce_scatter_sum(wrong, std::span(four)),
+                       fmt::format("kfsdp::comm::mpi::ireduce_scatter_sum: send has {} elements, "
+                                   "expected size()*recv.size() = {}*4 = {}",
+                                   4 * n + 1, n, 4 * n)
+                           .c_str(),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(world.broadcast(std::span(four), n),
+                       fmt::format("kfsdp::comm::mpi::broadcast: root is {0}, expected 0 <= root "
+                                   "< size() = {0}",
+                                   n)
+                           .c_str(),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)world.ibroadcast(std::span(four), -1),
+                       fmt::format("kfsdp::comm::mpi::ibroadcast: root is -1, expected 0 <= root "
+                                   "< size() = {}",
+                                   n)
+                           .c_str(),
+                       std::invalid_argument);
+
+  std::vector<float> buffer(static_cast<std::size_t>(8 * n));
+  const auto whole = std::span(buffer);
+  CHECK_THROWS_WITH_AS(
+      world.all_gather(std::span<const float>(whole.subspan(1, 8)), whole),
+      doctest::Contains("kfsdp::comm::mpi::all_gather: send and recv overlap; the only overlap "
+                        "allowed is in place"),
+      std::invalid_argument);
+  CHECK_THROWS_WITH_AS(world.reduce_scatter_sum(std::span<const float>(whole), whole.subspan(0, 8)),
+                       "kfsdp::comm::mpi::reduce_scatter_sum: send and recv overlap; "
+                       "reduce_scatter_sum needs separate buffers",
+                       std::invalid_argument);
+  world.barrier();  // every rank got here without communicating: no collective was left half-made
+}
+
+TEST_CASE("mpi: a count above INT_MAX is an error, not a silent overflow") {
+  comm::mpi world;
+  std::vector<float> small(1);
+  // The span is never read: the count is checked before MPI is called.
+  const std::span<float> too_long(small.data(), std::size_t{INT_MAX} + 1);
+  CHECK_THROWS_WITH_AS(world.broadcast(too_long, 0),
+                       doctest::Contains("kfsdp::comm::mpi::broadcast: data has 2147483648 "
+                                         "elements, expected at most INT_MAX = 2147483647"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)world.iall_reduce_sum(too_long),
+                       doctest::Contains("kfsdp::comm::mpi::iall_reduce_sum: data has 2147483648 "
+                                         "elements"),
+                       std::invalid_argument);
+  if (world.size() == 1) {  // size()*send.size() only matches the long recv at one rank
+    CHECK_THROWS_WITH_AS(world.all_gather(std::span<const float>(too_long), too_long),
+                         doctest::Contains("kfsdp::comm::mpi::all_gather: send has 2147483648 "
+                                           "elements, expected at most INT_MAX"),
+                         std::invalid_argument);
+  }
+}
+
+TEST_CASE("mpi: MPI error codes become exceptions carrying MPI_Error_string") {
+  try {
+    comm::mpi::check(MPI_ERR_COUNT, "kfsdp::comm::mpi::all_gather", "MPI_Allgather");
+    FAIL("check(MPI_ERR_COUNT) did not throw");
+  } catch (const comm::mpi::error& error) {
+    CHECK(error.code() == MPI_ERR_COUNT);
+    const std::string text = error.what();
+    CHECK(text.find("kfsdp::comm::mpi::all_gather: MPI_Allgather failed: ") == 0);
+    CHECK(text.find(comm::detail::mpi_error_text(MPI_ERR_COUNT)) != std::string::npos);
+  }
+  CHECK_NOTHROW(comm::mpi::check(MPI_SUCCESS, "f", "MPI_Foo"));
+
+  // The duplicate returns errors instead of aborting: a raw MPI call with a bad root comes back.
+  comm::mpi world;
+  int value = 0;
+  const int code = MPI_Bcast(&value, 1, MPI_INT, world.size() + 7, world.native());
+  CHECK(code != MPI_SUCCESS);
+}
+
+TEST_CASE("mpi: check_agreement passes when ranks agree") {
+  comm::mpi world;
+  CHECK_NOTHROW(comm::check_agreement(world, 0x5eedULL, "the shard plan"));
+  CHECK_NOTHROW(comm::check_agreement(world, 0, "zero"));
+  CHECK_NOTHROW(comm::check_agreement(world, ~0ULL, "all ones"));
+}
+
+TEST_CASE("mpi: check_agreement throws on EVERY rank when ranks disagree, without hanging") {
+  comm::mpi world;
+  if (world.size() == 1) return;  // one rank cannot disagree with itself
+  // Only the last rank differs: the others must learn of it too.
+  const std::uint64_t fingerprint = world.rank() == world.size() - 1 ? 0x2aULL : 0x1fULL;
+  CHECK_THROWS_WITH_AS(comm::check_agreement(world, fingerprint, "the shard plan"),
+                       fmt::format("ranks disagree on the shard plan: fingerprints range from 0x1f "
+                                   "to 0x2a; this rank ({} of {}) has {:#x}",
+                                   world.rank(), world.size(), fingerprint)
+                           .c_str(),
+                       std::runtime_error);
+  // Extremes of the range still compare correctly (max and ~min in one reduction).
+  const std::uint64_t extreme = world.rank() == 0 ? 0ULL : ~0ULL;
+  CHECK_THROWS_WITH_AS(comm::check_agreement(world, extreme, "bucket sizes"),
+                       doctest::Contains("ranks disagree on bucket sizes: fingerprints range from "
+                                         "0x0 to 0xffffffffffffffff"),
+                       std::runtime_error);
+  world.barrier();
+}
+
+TEST_CASE("mpi::environment: a second guard finds MPI running and leaves it running") {
+  {
+    comm::mpi::environment nested;
+    CHECK_FALSE(nested.owns_mpi());
+    CHECK(nested.thread_level() >= MPI_THREAD_FUNNELED);
+  }
+  int initialised = 0, finalised = 0;
+  MPI_Initialized(&initialised);
+  MPI_Finalized(&finalised);
+  CHECK(initialised == 1);
+  CHECK(finalised == 0);
+}

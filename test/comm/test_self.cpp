@@ -1,0 +1,251 @@
+// Tests for include/kfsdp/comm/self.hpp and the backend-free parts of communicator.hpp
+// (request, wait_all, check_agreement, the shared argument checks).
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <kfsdp/comm/communicator.hpp>
+#include <kfsdp/comm/self.hpp>
+
+namespace comm = kfsdp::comm;
+
+static_assert(comm::communicator<comm::self>);
+static_assert(!comm::communicator<int>);
+static_assert(std::is_move_constructible_v<comm::request>);
+static_assert(!std::is_copy_constructible_v<comm::request>);
+static_assert(!std::is_copy_assignable_v<comm::request>);
+
+namespace {
+
+// A request state that completes after `polls_left` calls to test(), and counts waits.
+struct countdown_state {
+  int* polls_left;
+  int* waits;
+  bool test() { return --*polls_left <= 0; }
+  void wait() {
+    ++*waits;
+    *polls_left = 0;
+  }
+};
+
+struct failing_state {
+  bool test() { throw std::runtime_error("link down"); }
+  void wait() { throw std::runtime_error("link down"); }
+};
+
+// One rank, but pretends to be `ranks` wide, to reach size checks that need size() > 1.
+struct pretend_size {
+  int ranks;
+  int rank;
+};
+
+}  // namespace
+
+TEST_CASE("self: rank 0 of 1") {
+  comm::self one;
+  CHECK(one.rank() == 0);
+  CHECK(one.size() == 1);
+  one.barrier();
+}
+
+TEST_CASE_TEMPLATE("self: collectives copy or keep the data", T, float, double, std::int64_t,
+                   std::uint64_t) {
+  comm::self one;
+  const std::vector<T> shard{T(1), T(2), T(3)};
+  std::vector<T> full(3, T(0));
+  one.all_gather(shard, std::span(full));
+  CHECK(full == shard);
+
+  std::vector<T> reduced(3, T(0));
+  one.reduce_scatter_sum(shard, std::span(reduced));
+  CHECK(reduced == shard);
+
+  std::vector<T> data = shard;
+  one.broadcast(std::span(data), 0);
+  one.all_reduce_sum(std::span(data));
+  one.all_reduce_max(std::span(data));
+  one.all_reduce_min(std::span(data));
+  CHECK(data == shard);
+
+  std::fill(full.begin(), full.end(), T(0));
+  comm::request gathered = one.iall_gather(shard, std::span(full));
+  CHECK_FALSE(gathered.in_flight());  // complete when returned
+  CHECK(gathered.test());
+  gathered.wait();
+  CHECK(full == shard);
+
+  std::fill(reduced.begin(), reduced.end(), T(0));
+  one.ireduce_scatter_sum(shard, std::span(reduced)).wait();
+  CHECK(reduced == shard);
+  one.ibroadcast(std::span(data), 0).wait();
+  one.iall_reduce_sum(std::span(data)).wait();
+  CHECK(data == shard);
+}
+
+TEST_CASE("self: in-place all_gather is allowed (send == recv at rank 0)") {
+  comm::self one;
+  std::vector<double> buffer{4, 5};
+  one.all_gather(std::span<const double>(buffer), std::span(buffer));
+  CHECK(buffer == std::vector<double>{4, 5});
+}
+
+TEST_CASE("self: empty spans are fine") {
+  comm::self one;
+  std::vector<float> nothing;
+  one.all_gather(nothing, std::span(nothing));
+  one.reduce_scatter_sum(nothing, std::span(nothing));
+  one.all_reduce_sum(std::span(nothing));
+}
+
+TEST_CASE("self: bad arguments throw std::invalid_argument naming function, parameter and sizes") {
+  comm::self one;
+  std::vector<float> four(4), five(5);
+  CHECK_THROWS_WITH_AS(
+      one.all_gather(four, std::span(five)),
+      "kfsdp::comm::self::all_gather: recv has 5 elements, expected size()*send.size() = 1*4 = 4",
+      std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      (void)one.iall_gather(four, std::span(five)),
+      "kfsdp::comm::self::iall_gather: recv has 5 elements, expected size()*send.size() = 1*4 = 4",
+      std::invalid_argument);
+  CHECK_THROWS_WITH_AS(one.reduce_scatter_sum(five, std::span(four)),
+                       "kfsdp::comm::self::reduce_scatter_sum: send has 5 elements, expected "
+                       "size()*recv.size() = 1*4 = 4",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)one.ireduce_scatter_sum(five, std::span(four)),
+                       "kfsdp::comm::self::ireduce_scatter_sum: send has 5 elements, expected "
+                       "size()*recv.size() = 1*4 = 4",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(one.broadcast(std::span(four), 1),
+                       "kfsdp::comm::self::broadcast: root is 1, expected 0 <= root < size() = 1",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)one.ibroadcast(std::span(four), -1),
+                       "kfsdp::comm::self::ibroadcast: root is -1, expected 0 <= root < size() = 1",
+                       std::invalid_argument);
+}
+
+TEST_CASE("self: overlapping send and recv are rejected unless in place") {
+  comm::self one;
+  std::vector<float> buffer(8);
+  const auto whole = std::span(buffer);
+  // send = buffer[1:5) overlaps recv = buffer[0:4) without being the in-place slot (rank 0 -> 0).
+  CHECK_THROWS_WITH_AS(one.all_gather(std::span<const float>(whole.subspan(1, 4)), whole.first(4)),
+                       "kfsdp::comm::self::all_gather: send and recv overlap; the only overlap "
+                       "allowed is in place, send.data() == recv.data() + rank()*send.size() = "
+                       "recv.data() + 0*4",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      one.reduce_scatter_sum(std::span<const float>(whole.first(4)), whole.subspan(2, 4)),
+      "kfsdp::comm::self::reduce_scatter_sum: send and recv overlap; reduce_scatter_sum needs "
+      "separate buffers",
+      std::invalid_argument);
+  // Adjacent but disjoint is fine.
+  one.reduce_scatter_sum(std::span<const float>(whole.first(4)), whole.subspan(4, 4));
+}
+
+TEST_CASE("argument checks: sizes at a pretended size() = 3, in-place slot of rank 1") {
+  using kfsdp::comm::detail::check_all_gather;
+  using kfsdp::comm::detail::check_reduce_scatter;
+  const pretend_size world{3, 1};
+  std::vector<double> send(4), recv(10), full(12);
+  CHECK_THROWS_WITH_AS(
+      check_all_gather<double>("kfsdp::comm::mpi::all_gather", world.rank, world.ranks, send,
+                               std::span(recv)),
+      "kfsdp::comm::mpi::all_gather: recv has 10 elements, expected size()*send.size() = 3*4 = 12",
+      std::invalid_argument);
+  CHECK_NOTHROW(check_all_gather<double>("f", world.rank, world.ranks, send, std::span(full)));
+  // In place at rank 1: send is full[4:8).
+  const auto whole = std::span(full);
+  CHECK_NOTHROW(check_all_gather<double>("f", world.rank, world.ranks, whole.subspan(4, 4), whole));
+  CHECK_THROWS_AS(
+      check_all_gather<double>("f", world.rank, world.ranks, whole.subspan(0, 4), whole),
+                  std::invalid_argument);
+  CHECK_THROWS_WITH_AS(check_reduce_scatter<double>("kfsdp::comm::mpi::reduce_scatter_sum",
+                                                    world.ranks, recv, std::span(send)),
+                       "kfsdp::comm::mpi::reduce_scatter_sum: send has 10 elements, expected "
+                       "size()*recv.size() = 3*4 = 12",
+                       std::invalid_argument);
+  CHECK_NOTHROW(check_reduce_scatter<double>("f", world.ranks, full, std::span(send)));
+}
+
+TEST_CASE("argument checks: counts above INT_MAX are an error for int-count backends") {
+  using kfsdp::comm::detail::checked_int_count;
+  CHECK(checked_int_count("f", "data", 2147483647u) == 2147483647);
+  CHECK_THROWS_WITH_AS(checked_int_count("kfsdp::comm::mpi::broadcast", "data", 2147483648u),
+                       doctest::Contains("kfsdp::comm::mpi::broadcast: data has 2147483648 "
+                                         "elements, expected at most INT_MAX = 2147483647"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("request: empty requests are complete") {
+  comm::request none;
+  CHECK_FALSE(none.in_flight());
+  CHECK(none.test());
+  none.wait();
+  none.wait();  // waiting twice on a finished request is fine
+}
+
+TEST_CASE("request: test polls until complete, then the request is empty") {
+  int polls_left = 3, waits = 0;
+  comm::request pending(countdown_state{&polls_left, &waits});
+  CHECK(pending.in_flight());
+  CHECK_FALSE(pending.test());
+  CHECK_FALSE(pending.test());
+  CHECK(pending.test());
+  CHECK_FALSE(pending.in_flight());
+  pending.wait();
+  CHECK(waits == 0);  // already complete: nothing left to wait on
+}
+
+TEST_CASE("request: the destructor waits, and so does move-assignment over a pending one") {
+  int polls_left = 5, waits = 0;
+  { comm::request pending(countdown_state{&polls_left, &waits}); }
+  CHECK(waits == 1);
+
+  int other_polls = 5, other_waits = 0;
+  comm::request first(countdown_state{&polls_left, &waits});
+  comm::request second(countdown_state{&other_polls, &other_waits});
+  first = std::move(second);  // first's old operation must finish before it is replaced
+  CHECK(waits == 2);
+  CHECK(other_waits == 0);
+  CHECK_FALSE(second.in_flight());  // NOLINT(bugprone-use-after-move): moved-from is empty
+  comm::request moved(std::move(first));
+  CHECK(moved.in_flight());
+  moved.wait();
+  CHECK(other_waits == 1);
+}
+
+TEST_CASE("request: errors surface from wait and test, once") {
+  comm::request waited(failing_state{});
+  CHECK_THROWS_WITH_AS(waited.wait(), "link down", std::runtime_error);
+  CHECK_FALSE(waited.in_flight());
+  waited.wait();  // finished (with an error) already: no second throw
+
+  comm::request polled(failing_state{});
+  CHECK_THROWS_WITH_AS((void)polled.test(), "link down", std::runtime_error);
+  CHECK_FALSE(polled.in_flight());
+}
+
+TEST_CASE("wait_all: every request completes") {
+  int polls_a = 9, waits_a = 0, polls_b = 9, waits_b = 0;
+  std::vector<comm::request> batch;
+  batch.emplace_back(countdown_state{&polls_a, &waits_a});
+  batch.emplace_back(countdown_state{&polls_b, &waits_b});
+  batch.emplace_back();
+  comm::wait_all(batch);
+  CHECK(waits_a == 1);
+  CHECK(waits_b == 1);
+  for (auto& pending : batch) CHECK_FALSE(pending.in_flight());
+}
+
+TEST_CASE("check_agreement: one rank always agrees") {
+  comm::self one;
+  CHECK_NOTHROW(comm::check_agreement(one, 0xdeadbeefULL, "the shard plan"));
+  CHECK_NOTHROW(comm::check_agreement(one, 0, "zero"));
+  CHECK_NOTHROW(comm::check_agreement(one, ~0ULL, "all ones"));
+}
