@@ -1,0 +1,113 @@
+#pragma once
+// any_communicator — a communicator of any backend behind one type, so that the engine is compiled
+// once (in kernels/) instead of once per backend. Collectives are per bucket, so one virtual call
+// each costs nothing next to the transfer. It refers to the communicator it wraps: that one must
+// outlive it.
+//
+//   kfsdp::comm::mpi world;                       // or self, or nccl
+//   kfsdp::comm::any_communicator comm(world);
+//   comm.all_gather(std::span<const float>(shard), std::span<float>(full));
+
+#ifndef KFSDP_MODULE
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#endif
+
+#include <kfsdp/comm/communicator.hpp>
+
+namespace kfsdp::comm {
+
+class any_communicator {
+ public:
+  template <class C>
+    requires(!std::same_as<std::remove_cvref_t<C>, any_communicator>)
+  any_communicator(C& backend)  // NOLINT: implicit, so that any backend converts
+      : impl_(std::make_shared<model<C>>(backend)) {}
+
+  [[nodiscard]] int rank() const { return impl_->rank(); }
+  [[nodiscard]] int size() const { return impl_->size(); }
+  void barrier() { impl_->barrier(); }
+
+  template <class T>
+  void all_gather(std::span<const T> send, std::span<T> recv) { impl_->iall_gather(send, recv).wait(); }
+  template <class T>
+  void reduce_scatter_sum(std::span<const T> send, std::span<T> recv) {
+    impl_->ireduce_scatter_sum(send, recv).wait();
+  }
+  template <class T>
+  void broadcast(std::span<T> data, int root) { impl_->ibroadcast(data, root).wait(); }
+  template <class T>
+  void all_reduce_sum(std::span<T> data) { impl_->iall_reduce_sum(data).wait(); }
+
+  template <class T>
+  [[nodiscard]] request iall_gather(std::span<const T> send, std::span<T> recv) { return impl_->iall_gather(send, recv); }
+  template <class T>
+  [[nodiscard]] request ireduce_scatter_sum(std::span<const T> send, std::span<T> recv) {
+    return impl_->ireduce_scatter_sum(send, recv);
+  }
+  template <class T>
+  [[nodiscard]] request ibroadcast(std::span<T> data, int root) { return impl_->ibroadcast(data, root); }
+  template <class T>
+  [[nodiscard]] request iall_reduce_sum(std::span<T> data) { return impl_->iall_reduce_sum(data); }
+
+  // check_agreement over the wrapped backend: throws on every rank when fingerprints differ.
+  void check_agreement(std::uint64_t fingerprint, std::string_view what) { impl_->agree(fingerprint, what); }
+  // The same for a flag: true on every rank when any rank passed true (e.g. "this rank failed").
+  [[nodiscard]] bool any(bool flag) { return impl_->any(flag); }
+
+ private:
+  struct concept_t {
+    virtual ~concept_t() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    virtual void barrier() = 0;
+    virtual request iall_gather(std::span<const float>, std::span<float>) = 0;
+    virtual request iall_gather(std::span<const double>, std::span<double>) = 0;
+    virtual request ireduce_scatter_sum(std::span<const float>, std::span<float>) = 0;
+    virtual request ireduce_scatter_sum(std::span<const double>, std::span<double>) = 0;
+    virtual request ibroadcast(std::span<float>, int) = 0;
+    virtual request ibroadcast(std::span<double>, int) = 0;
+    virtual request iall_reduce_sum(std::span<float>) = 0;
+    virtual request iall_reduce_sum(std::span<double>) = 0;
+    virtual void agree(std::uint64_t, std::string_view) = 0;
+    virtual bool any(bool) = 0;
+  };
+
+  template <class C>
+  struct model final : concept_t {
+    explicit model(C& c) : backend(c) {}
+    int rank() const override { return backend.rank(); }
+    int size() const override { return backend.size(); }
+    void barrier() override { backend.barrier(); }
+    request iall_gather(std::span<const float> s, std::span<float> r) override { return backend.iall_gather(s, r); }
+    request iall_gather(std::span<const double> s, std::span<double> r) override { return backend.iall_gather(s, r); }
+    request ireduce_scatter_sum(std::span<const float> s, std::span<float> r) override {
+      return backend.ireduce_scatter_sum(s, r);
+    }
+    request ireduce_scatter_sum(std::span<const double> s, std::span<double> r) override {
+      return backend.ireduce_scatter_sum(s, r);
+    }
+    request ibroadcast(std::span<float> d, int root) override { return backend.ibroadcast(d, root); }
+    request ibroadcast(std::span<double> d, int root) override { return backend.ibroadcast(d, root); }
+    request iall_reduce_sum(std::span<float> d) override { return backend.iall_reduce_sum(d); }
+    request iall_reduce_sum(std::span<double> d) override { return backend.iall_reduce_sum(d); }
+    void agree(std::uint64_t fingerprint, std::string_view what) override {
+      kfsdp::comm::check_agreement(backend, fingerprint, what);
+    }
+    bool any(bool flag) override {
+      std::uint64_t value[1] = {flag ? 1u : 0u};
+      if constexpr (has_host_channel<C>)
+        backend.host().all_reduce_max(std::span<std::uint64_t>(value));
+      else
+        backend.all_reduce_max(std::span<std::uint64_t>(value));
+      return value[0] != 0;
+    }
+    C& backend;
+  };
+
+  std::shared_ptr<concept_t> impl_;
+};
+
+}  // namespace kfsdp::comm

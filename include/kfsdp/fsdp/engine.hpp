@@ -1,0 +1,155 @@
+#pragma once
+// fsdp_engine<Scalar> — everything an FSDP rank does to its parameters, independent of the
+// sharding and bucketing policies (compiled once per scalar type in kernels/fsdp/engine.cpp):
+// sharded storage, initialisation (with broadcast_from), unshard / reshard of a bucket,
+// reduce-scatter of a bucket's gradients, the full state dict, and memory accounting.
+//
+//   kfsdp::fsdp_engine<float> e(kfsdp::make_param_table(model), comm, {.bucketing_strategy = kfsdp::bucketing::layer});
+//   e.initialize(seed, choose_init);        // each rank evaluates its own rows only
+//   e.unshard(b);                          // all-gather + unpack bucket b
+//   auto w = e.full_param(p);              // the full, unpadded parameter p (dim0 · row_numel)
+//   e.full_grad(p) ...                     // accumulate p's full gradient here
+//   e.reduce_gradients(b);                 // pack, reduce-scatter, divide by world size
+//   e.reshard(b);                          // free the unsharded buffers
+
+#ifndef KFSDP_MODULE
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+#include <Kokkos_Core.hpp>
+#endif
+
+#include <kfsdp/comm/any_communicator.hpp>
+#include <kfsdp/fsdp/options.hpp>
+#include <kfsdp/fsdp/pack.hpp>
+#include <kfsdp/io/state_dict.hpp>
+#include <kfsdp/model/param_table.hpp>
+#include <kfsdp/plan/shard_plan.hpp>
+#include <kfsdp/shard/storage.hpp>
+
+namespace kfsdp {
+
+using kernels::param_init;
+
+// Bytes a rank holds (memory accounting).
+struct memory_report {
+  std::size_t sharded_params = 0;  // flat parameter storage
+  std::size_t sharded_grads = 0;   // flat gradient storage
+  std::size_t unsharded_now = 0;   // gathered / unpacked parameters and full gradients alive now
+  std::size_t unsharded_peak = 0;  // the most of those alive at once since the last reset
+};
+
+// A contiguous range of parameters [first, last) that compute together (a stage of the model).
+struct param_range {
+  std::size_t first = 0;
+  std::size_t last = 0;
+};
+
+template <class Scalar>
+class fsdp_engine {
+ public:
+  using flat_view = Kokkos::View<Scalar*>;
+  using initializer = std::function<param_init(const param_info&)>;
+
+  fsdp_engine(std::vector<param_info> table, comm::any_communicator comm, const fsdp_options& options);
+  fsdp_engine(const fsdp_engine&) = delete;
+  fsdp_engine& operator=(const fsdp_engine&) = delete;
+  ~fsdp_engine();
+
+  [[nodiscard]] const shard_plan& plan() const noexcept { return plan_; }
+  [[nodiscard]] std::span<const param_info> params() const noexcept { return table_; }
+  [[nodiscard]] const fsdp_options& options() const noexcept { return options_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int world_size() const noexcept { return world_size_; }
+  [[nodiscard]] comm::any_communicator& communicator() noexcept { return comm_; }
+  // Index of the parameter with this dotted name; throws naming it when there is none.
+  [[nodiscard]] std::size_t param_index(std::string_view name) const;
+
+  [[nodiscard]] sharded_storage<Scalar>& shards() noexcept { return shards_; }
+  [[nodiscard]] sharded_storage<Scalar>& grads() noexcept { return grads_; }
+
+  // --- initialisation (collective when options().broadcast_from is set) ---
+  // Every parameter from choose(info): zeros, ones or normal(0, std) keyed by (seed, parameter,
+  // global element), so the model starts from the same weights at every world size.
+  void initialize(std::uint64_t seed, const initializer& choose);
+  // Shards a full state dict (every name, shape and dtype checked first: nothing half-loaded).
+  // With broadcast_from = r only rank r's state dict is read; the others may pass an empty one.
+  void load_original_state_dict(const state_dict& full);
+  // The full, unpadded parameters under their names, gathered one at a time (collective).
+  // rank0_only: the other ranks return an empty state dict.
+  [[nodiscard]] state_dict original_state_dict(bool rank0_only = false);
+
+  // --- one bucket's collectives ---
+  void begin_unshard(std::size_t bucket);   // issue the all-gather (non-blocking)
+  void finish_unshard(std::size_t bucket);  // wait for it and unpack
+  void unshard(std::size_t bucket) {
+    begin_unshard(bucket);
+    finish_unshard(bucket);
+  }
+  void reshard(std::size_t bucket);  // free the bucket's unsharded parameters
+  [[nodiscard]] bool is_unsharded(std::size_t bucket) const;
+  [[nodiscard]] bool is_gathering(std::size_t bucket) const;
+  // The full, unpadded parameter (dim0 · row_numel, row-major) while its bucket is unsharded.
+  [[nodiscard]] flat_view full_param(std::size_t param) const;
+  // Where parameter `param`'s full gradient accumulates (zero when first asked for).
+  [[nodiscard]] flat_view full_grad(std::size_t param);
+  // Packs the bucket's full gradients, reduce-scatters them with SUM, divides by world size and
+  // adds the result to the gradient shards; frees the full gradients (collective).
+  void reduce_gradients(std::size_t bucket);
+  void zero_grad();
+
+  // Buckets a range of parameters touches.
+  [[nodiscard]] std::pair<std::size_t, std::size_t> buckets_of(param_range range) const;
+
+  [[nodiscard]] memory_report memory() const noexcept;
+  void reset_peak_memory() noexcept { peak_bytes_ = live_bytes_; }
+  // Bytes of every collective buffer so far (all-gathers and reduce-scatters of the full bucket).
+  [[nodiscard]] std::size_t bytes_communicated() const noexcept { return bytes_communicated_; }
+
+ private:
+  struct bucket_state {
+    flat_view gathered;    // (world_size, S) after the all-gather
+    flat_view unpacked;    // the bucket's full parameters, when it holds more than one
+    flat_view full_grads;  // the bucket's full gradients (padded layout for one parameter)
+    comm::request pending;
+    bool gathering = false;
+    bool unsharded = false;
+  };
+
+  flat_view allocate(const std::string& label, std::size_t numel);  // counted in memory()
+  void release(flat_view& view);
+  [[nodiscard]] kernels::param_slot slot(std::size_t param) const;
+  [[nodiscard]] bool single(std::size_t bucket) const { return plan_.buckets[bucket].param_count == 1; }
+  void check_bucket(std::size_t bucket, const char* where) const;
+  void check_param(std::size_t param, const char* where) const;
+  // Rank `root` fills each full parameter with fill(param, out); every rank keeps its rows.
+  void scatter_from(int root, const std::function<void(std::size_t, flat_view)>& fill);
+  // Every rank fills its own rows: fill(param, first_global_element, count, out).
+  void fill_local(const std::function<void(std::size_t, std::size_t, std::size_t, flat_view)>& fill);
+  [[nodiscard]] std::string validate(const state_dict& full) const;
+
+  std::vector<param_info> table_;
+  comm::any_communicator comm_;
+  fsdp_options options_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  shard_plan plan_;
+  std::vector<std::size_t> full_offset_;  // parameter's offset in its bucket's unpacked buffer
+  std::unordered_map<std::string, std::size_t> index_;
+  sharded_storage<Scalar> shards_;
+  sharded_storage<Scalar> grads_;
+  std::vector<bucket_state> buckets_;
+  std::size_t live_bytes_ = 0;
+  std::size_t peak_bytes_ = 0;
+  std::size_t bytes_communicated_ = 0;
+};
+
+extern template class fsdp_engine<float>;
+extern template class fsdp_engine<double>;
+
+}  // namespace kfsdp

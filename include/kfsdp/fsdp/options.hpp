@@ -1,0 +1,90 @@
+#pragma once
+// Thunder's fsdp() options, and the policy tags they select.
+//
+//   kfsdp::fsdp_options opt{.sharding_strategy = kfsdp::sharding_strategy::zero3,
+//                           .bucketing_strategy = kfsdp::bucketing::block,
+//                           .broadcast_from = 0};
+
+#ifndef KFSDP_MODULE
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#endif
+
+#include <kfsdp/meta/type_list.hpp>
+#include <kfsdp/plan/shard_plan.hpp>
+
+namespace kfsdp {
+
+// Thunder's FSDPType.
+enum class sharding_strategy {
+  zero2,  // gather once per step before forward, keep the unsharded parameters for backward
+  zero3,  // free after each bucket's forward, gather again in backward
+};
+
+constexpr std::string_view to_string(sharding_strategy s) noexcept {
+  return s == sharding_strategy::zero2 ? "zero2" : "zero3";
+}
+inline sharding_strategy parse_sharding(std::string_view text) {
+  if (text == "zero2") return sharding_strategy::zero2;
+  if (text == "zero3") return sharding_strategy::zero3;
+  throw std::invalid_argument("kfsdp: sharding '" + std::string(text) + "' is not one of zero2, zero3");
+}
+
+struct fsdp_options {
+  kfsdp::sharding_strategy sharding_strategy = sharding_strategy::zero2;
+  kfsdp::bucketing bucketing_strategy = bucketing::none;
+  // Rank whose parameters become everyone's before sharding (nullopt: none).
+  std::optional<int> broadcast_from{};
+  // GPU ordinal of the local shards; nullopt: Kokkos' default device (the host on CPU builds).
+  std::optional<int> device{};
+  // Gathered full parameters move to host memory as each all-gather finishes.
+  bool move_state_dict_to_cpu = true;
+};
+
+// Policy tags: fsdp<Model, Scalar, zero3, block_bucketing> (any order, each with a default).
+template <sharding_strategy S>
+struct sharding_policy {
+  static constexpr sharding_strategy value = S;
+};
+template <bucketing B>
+struct bucketing_policy {
+  static constexpr bucketing value = B;
+};
+using zero2 = sharding_policy<sharding_strategy::zero2>;
+using zero3 = sharding_policy<sharding_strategy::zero3>;
+using no_bucketing = bucketing_policy<bucketing::none>;
+using layer_bucketing = bucketing_policy<bucketing::layer>;
+using block_bucketing = bucketing_policy<bucketing::block>;
+
+namespace detail {
+template <class T>
+struct is_sharding_policy : std::false_type {};
+template <sharding_strategy S>
+struct is_sharding_policy<sharding_policy<S>> : std::true_type {};
+template <class T>
+struct is_bucketing_policy : std::false_type {};
+template <bucketing B>
+struct is_bucketing_policy<bucketing_policy<B>> : std::true_type {};
+template <class T>
+struct is_policy : std::bool_constant<is_sharding_policy<T>::value || is_bucketing_policy<T>::value> {};
+
+// The policies of fsdp<Model, Scalar, Policies...>, checked and defaulted.
+template <class... Policies>
+struct fsdp_policies {
+  using list = meta::type_list<Policies...>;
+  static_assert(meta::mp_count_if<list, is_policy>::value == sizeof...(Policies),
+                "kfsdp::fsdp: an unknown policy was given; policies are kfsdp::zero2, kfsdp::zero3, "
+                "kfsdp::no_bucketing, kfsdp::layer_bucketing, kfsdp::block_bucketing");
+  static_assert(meta::mp_count_if<list, is_sharding_policy>::value <= 1,
+                "kfsdp::fsdp: more than one sharding policy (kfsdp::zero2 / kfsdp::zero3) was given");
+  static_assert(meta::mp_count_if<list, is_bucketing_policy>::value <= 1,
+                "kfsdp::fsdp: more than one bucketing policy (kfsdp::*_bucketing) was given");
+  static constexpr sharding_strategy sharding = meta::mp_find_if<list, is_sharding_policy, zero2>::value;
+  static constexpr bucketing bucketing_strategy = meta::mp_find_if<list, is_bucketing_policy, no_bucketing>::value;
+};
+}  // namespace detail
+
+}  // namespace kfsdp

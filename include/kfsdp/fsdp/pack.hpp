@@ -1,0 +1,75 @@
+#pragma once
+// The copies around a bucket's collectives (Kokkos kernels, instantiated in kernels/fsdp/pack.cpp).
+//
+// A bucket's all-gathered buffer is (world_size, S) row-major, S = the bucket's per-rank shard:
+//   gathered = [ rank 0: p0 chunk 0 | p1 chunk 0 | ... ][ rank 1: p0 chunk 1 | p1 chunk 1 | ... ] ...
+// Unpacking lays each parameter's chunks back in order and drops the padding rows:
+//   full(p) = [ chunk 0 | chunk 1 | ... ][: dim0 rows ]
+// Example: p = 13 rows of 4 at world size 3 (chunk 5 rows = 20 elements, padding 2 rows):
+//   full(p)[0:20] = gathered[0·S + off : +20], [20:40] = gathered[1·S + off : +20],
+//   [40:52] = gathered[2·S + off : +12]   (the last 8 elements of rank 2's chunk are padding)
+// Packing is the inverse for gradients (padding rows become zero), so that after a reduce-scatter
+// rank r's part is exactly its chunks, contiguous.
+
+#ifndef KFSDP_MODULE
+#include <cstddef>
+#include <cstdint>
+#include <Kokkos_Core.hpp>
+#endif
+
+#include <kfsdp/plan/shard_plan.hpp>
+
+namespace kfsdp::kernels {
+
+template <class Scalar>
+using flat_view = Kokkos::View<Scalar*>;
+
+// Where one parameter sits in a bucket's buffers.
+struct param_slot {
+  std::size_t bucket_offset = 0;  // offset of its chunk inside one rank's row of `gathered`
+  std::size_t chunk_numel = 0;    // elements per rank (padding included)
+  std::size_t full_numel = 0;     // elements of the unpadded parameter
+  std::size_t full_offset = 0;    // offset of the full parameter inside the unpacked buffer
+};
+
+// unpacked[slot.full_offset + j] = gathered[(j / chunk)·S + bucket_offset + j % chunk], j < full_numel
+template <class Scalar>
+void unpack_param(flat_view<const Scalar> gathered, std::size_t rank_stride, const param_slot& slot,
+                  flat_view<Scalar> unpacked);
+
+// The inverse, for all world_size ranks; padding elements of `packed` become zero.
+template <class Scalar>
+void pack_param(flat_view<const Scalar> unpacked, const param_slot& slot, std::size_t rank_stride,
+                std::size_t world_size, flat_view<Scalar> packed);
+
+// destination[i] += scale · source[i]
+template <class Scalar>
+void accumulate_scaled(flat_view<Scalar> destination, flat_view<const Scalar> source, Scalar scale);
+
+// How a parameter starts: zeros, ones, or normal(0, std) from a counter-based generator keyed by
+// (seed, parameter index, global element index) — the same weights at every world size.
+struct param_init {
+  enum kind_t : std::uint8_t { zeros, ones, normal } kind = zeros;
+  double std = 0.0;
+};
+
+// out[k] = init value of global element first_global + k (k < count).
+template <class Scalar>
+void fill_init(flat_view<Scalar> out, std::size_t count, std::size_t first_global,
+               std::uint64_t seed, std::size_t param_index, param_init init);
+
+}  // namespace kfsdp::kernels
+
+namespace kfsdp::kernels {
+#define KFSDP_PACK_EXTERN(Scalar)                                                                    \
+  extern template void unpack_param<Scalar>(flat_view<const Scalar>, std::size_t, const param_slot&, \
+                                            flat_view<Scalar>);                                      \
+  extern template void pack_param<Scalar>(flat_view<const Scalar>, const param_slot&, std::size_t,   \
+                                          std::size_t, flat_view<Scalar>);                           \
+  extern template void accumulate_scaled<Scalar>(flat_view<Scalar>, flat_view<const Scalar>, Scalar); \
+  extern template void fill_init<Scalar>(flat_view<Scalar>, std::size_t, std::size_t, std::uint64_t, \
+                                         std::size_t, param_init);
+KFSDP_PACK_EXTERN(float)
+KFSDP_PACK_EXTERN(double)
+#undef KFSDP_PACK_EXTERN
+}  // namespace kfsdp::kernels

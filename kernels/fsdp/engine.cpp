@@ -1,0 +1,413 @@
+// fsdp_engine<float|double>: storage, initialisation, bucket collectives, state dicts.
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include <kfsdp/fsdp/engine.hpp>
+
+namespace kfsdp {
+
+namespace {
+template <class View>
+auto as_span(const View& v) {
+  return std::span<typename View::value_type>(v.data(), v.extent(0));
+}
+template <class View>
+auto as_const_span(const View& v) {
+  return std::span<const typename View::value_type>(v.data(), v.extent(0));
+}
+template <class Scalar>
+Kokkos::View<const Scalar*> as_const(const Kokkos::View<Scalar*>& v) {
+  return v;
+}
+
+std::uint64_t options_fingerprint(const shard_plan& plan, const fsdp_options& o, std::size_t scalar_bytes) {
+  std::uint64_t h = fingerprint(plan);
+  for (std::uint64_t v : {std::uint64_t(o.sharding_strategy), std::uint64_t(o.broadcast_from.value_or(-1)),
+                          std::uint64_t(scalar_bytes)})
+    h = (h ^ v) * 0x100000001b3ull;
+  return h;
+}
+}  // namespace
+
+template <class Scalar>
+fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_communicator comm,
+                                 const fsdp_options& options)
+    : table_(std::move(table)), comm_(std::move(comm)), options_(options) {
+  rank_ = comm_.rank();
+  world_size_ = comm_.size();
+  if (options_.broadcast_from && (*options_.broadcast_from < 0 || *options_.broadcast_from >= world_size_))
+    throw std::invalid_argument(fmt::format("kfsdp::fsdp: broadcast_from is {}, expected a rank in [0, {})",
+                                            *options_.broadcast_from, world_size_));
+  using memory_space = Kokkos::DefaultExecutionSpace::memory_space;
+  if (options_.device) {
+    if constexpr (std::is_same_v<memory_space, Kokkos::HostSpace>) {
+      throw std::invalid_argument(fmt::format(
+          "kfsdp::fsdp: device is {}, but Kokkos' default execution space ({}) keeps memory on the host; "
+          "leave device unset on CPU builds",
+          *options_.device, Kokkos::DefaultExecutionSpace::name()));
+    } else {
+#if KOKKOS_VERSION >= 40000
+      if (*options_.device != Kokkos::device_id())
+        throw std::invalid_argument(fmt::format("kfsdp::fsdp: device is {}, but Kokkos runs this rank on device {}",
+                                                *options_.device, Kokkos::device_id()));
+#endif
+    }
+  }
+  plan_ = make_shard_plan(table_, static_cast<std::size_t>(world_size_), options_.bucketing_strategy);
+  // Ranks that disagree on the plan would hang in mismatched collectives: fail here instead.
+  comm_.check_agreement(options_fingerprint(plan_, options_, sizeof(Scalar)), "the shard plan and fsdp options");
+
+  full_offset_.resize(table_.size());
+  for (const bucket_shard& b : plan_.buckets) {
+    std::size_t offset = 0;
+    for (std::size_t p = b.first_param; p < b.first_param + b.param_count; ++p) {
+      full_offset_[p] = offset;
+      offset += plan_.params[p].full_numel();
+    }
+  }
+  for (std::size_t p = 0; p < table_.size(); ++p) index_.emplace(std::string(table_[p].name.view()), p);
+  shards_ = sharded_storage<Scalar>(plan_, "kfsdp::shards");
+  grads_ = sharded_storage<Scalar>(plan_, "kfsdp::grads");
+  buckets_.resize(plan_.buckets.size());
+}
+
+template <class Scalar>
+fsdp_engine<Scalar>::~fsdp_engine() = default;
+
+template <class Scalar>
+std::size_t fsdp_engine<Scalar>::param_index(std::string_view name) const {
+  auto it = index_.find(std::string(name));
+  if (it == index_.end())
+    throw std::out_of_range(fmt::format("kfsdp::fsdp: the model has no parameter named '{}'", name));
+  return it->second;
+}
+
+template <class Scalar>
+typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::allocate(const std::string& label, std::size_t numel) {
+  flat_view v(label, numel);
+  live_bytes_ += numel * sizeof(Scalar);
+  peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  return v;
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::release(flat_view& view) {
+  if (view.data() == nullptr) return;
+  live_bytes_ -= view.extent(0) * sizeof(Scalar);
+  view = flat_view();
+}
+
+template <class Scalar>
+kernels::param_slot fsdp_engine<Scalar>::slot(std::size_t p) const {
+  const param_shard& s = plan_.params[p];
+  return {s.bucket_offset, s.chunk_numel(), s.full_numel(), full_offset_[p]};
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::check_bucket(std::size_t bucket, const char* where) const {
+  if (bucket >= buckets_.size())
+    throw std::out_of_range(fmt::format("kfsdp::fsdp::{}: bucket is {}, expected less than {}", where, bucket,
+                                        buckets_.size()));
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::check_param(std::size_t param, const char* where) const {
+  if (param >= table_.size())
+    throw std::out_of_range(fmt::format("kfsdp::fsdp::{}: param is {}, expected less than {}", where, param,
+                                        table_.size()));
+}
+
+template <class Scalar>
+std::pair<std::size_t, std::size_t> fsdp_engine<Scalar>::buckets_of(param_range range) const {
+  if (range.first >= range.last || range.last > table_.size())
+    throw std::out_of_range(fmt::format("kfsdp::fsdp: parameter range [{}, {}) is not within [0, {})",
+                                        range.first, range.last, table_.size()));
+  return {plan_.params[range.first].bucket, plan_.params[range.last - 1].bucket + 1};
+}
+
+// ---------------------------------------------------------------- unshard / reshard
+
+template <class Scalar>
+void fsdp_engine<Scalar>::begin_unshard(std::size_t b) {
+  check_bucket(b, "begin_unshard");
+  bucket_state& s = buckets_[b];
+  if (s.unsharded || s.gathering) return;
+  s.gathered = allocate("kfsdp::gathered", plan_.gathered_numel(b));
+  const flat_view local = shards_.bucket(b);
+  s.pending = comm_.iall_gather(as_const_span(local), as_span(s.gathered));
+  s.gathering = true;
+  bytes_communicated_ += plan_.gathered_numel(b) * sizeof(Scalar);
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::finish_unshard(std::size_t b) {
+  check_bucket(b, "finish_unshard");
+  bucket_state& s = buckets_[b];
+  if (s.unsharded) return;
+  if (!s.gathering) begin_unshard(b);
+  s.pending.wait();
+  s.gathering = false;
+  if (!single(b)) {  // a one-parameter bucket's gathered buffer already is the padded parameter
+    const bucket_shard& bucket = plan_.buckets[b];
+    std::size_t full = 0;
+    for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p)
+      full += plan_.params[p].full_numel();
+    s.unpacked = allocate("kfsdp::unpacked", full);
+    for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p)
+      kernels::unpack_param<Scalar>(as_const(s.gathered), bucket.shard_numel, slot(p), s.unpacked);
+    Kokkos::fence();
+    release(s.gathered);
+  }
+  s.unsharded = true;
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::reshard(std::size_t b) {
+  check_bucket(b, "reshard");
+  bucket_state& s = buckets_[b];
+  s.pending.wait();  // never free a buffer a collective still writes
+  s.gathering = false;
+  s.unsharded = false;
+  release(s.gathered);
+  release(s.unpacked);
+}
+
+template <class Scalar>
+bool fsdp_engine<Scalar>::is_unsharded(std::size_t b) const {
+  check_bucket(b, "is_unsharded");
+  return buckets_[b].unsharded;
+}
+
+template <class Scalar>
+bool fsdp_engine<Scalar>::is_gathering(std::size_t b) const {
+  check_bucket(b, "is_gathering");
+  return buckets_[b].gathering;
+}
+
+template <class Scalar>
+typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_param(std::size_t p) const {
+  check_param(p, "full_param");
+  const std::size_t b = plan_.params[p].bucket;
+  const bucket_state& s = buckets_[b];
+  if (!s.unsharded)
+    throw std::logic_error(fmt::format("kfsdp::fsdp::full_param: '{}' is sharded (bucket {}); unshard it first",
+                                       table_[p].name.view(), b));
+  const std::size_t n = plan_.params[p].full_numel();
+  if (single(b)) return Kokkos::subview(s.gathered, std::make_pair(std::size_t(0), n));
+  return Kokkos::subview(s.unpacked, std::make_pair(full_offset_[p], full_offset_[p] + n));
+}
+
+// ---------------------------------------------------------------- gradients
+
+template <class Scalar>
+typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_grad(std::size_t p) {
+  check_param(p, "full_grad");
+  const std::size_t b = plan_.params[p].bucket;
+  bucket_state& s = buckets_[b];
+  if (s.full_grads.data() == nullptr) {
+    // One parameter: the padded layout, so the buffer is the reduce-scatter's input as it is.
+    std::size_t n = plan_.gathered_numel(b);
+    if (!single(b)) {
+      n = 0;
+      const bucket_shard& bucket = plan_.buckets[b];
+      for (std::size_t q = bucket.first_param; q < bucket.first_param + bucket.param_count; ++q)
+        n += plan_.params[q].full_numel();
+    }
+    s.full_grads = allocate("kfsdp::full_grads", n);
+  }
+  const std::size_t n = plan_.params[p].full_numel();
+  if (single(b)) return Kokkos::subview(s.full_grads, std::make_pair(std::size_t(0), n));
+  return Kokkos::subview(s.full_grads, std::make_pair(full_offset_[p], full_offset_[p] + n));
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::reduce_gradients(std::size_t b) {
+  check_bucket(b, "reduce_gradients");
+  bucket_state& s = buckets_[b];
+  const bucket_shard& bucket = plan_.buckets[b];
+  if (s.full_grads.data() == nullptr) (void)full_grad(bucket.first_param);  // no gradient reached it: zeros
+  flat_view send = s.full_grads;
+  if (!single(b)) {
+    send = allocate("kfsdp::packed_grads", plan_.gathered_numel(b));
+    for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p)
+      kernels::pack_param<Scalar>(as_const(s.full_grads), slot(p), bucket.shard_numel,
+                                  static_cast<std::size_t>(world_size_), send);
+  }
+  flat_view reduced = allocate("kfsdp::reduced_grads", bucket.shard_numel);
+  Kokkos::fence();
+  comm_.ireduce_scatter_sum(as_const_span(send), as_span(reduced)).wait();
+  bytes_communicated_ += plan_.gathered_numel(b) * sizeof(Scalar);
+  // The average over ranks: as if one process had seen the global batch with a mean loss.
+  kernels::accumulate_scaled<Scalar>(grads_.bucket(b), as_const(reduced), Scalar(1) / Scalar(world_size_));
+  Kokkos::fence();
+  release(reduced);
+  if (!single(b)) release(send);
+  release(s.full_grads);
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::zero_grad() {
+  Kokkos::deep_copy(grads_.flat(), Scalar(0));
+}
+
+// ---------------------------------------------------------------- initialisation
+
+template <class Scalar>
+void fsdp_engine<Scalar>::fill_local(
+    const std::function<void(std::size_t, std::size_t, std::size_t, flat_view)>& fill) {
+  for (std::size_t p = 0; p < table_.size(); ++p) {
+    const param_shard& s = plan_.params[p];
+    const flat_view chunk = shards_.chunk(p);
+    Kokkos::deep_copy(chunk, Scalar(0));  // padding rows stay zero
+    const std::size_t valid = s.valid_rows(static_cast<std::size_t>(rank_)) * s.row_numel;
+    if (valid > 0)
+      fill(p, static_cast<std::size_t>(rank_) * s.chunk_numel(), valid,
+           Kokkos::subview(chunk, std::make_pair(std::size_t(0), valid)));
+  }
+  Kokkos::fence();
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::scatter_from(int root, const std::function<void(std::size_t, flat_view)>& fill) {
+  // Bucket by bucket: no rank ever needs room for more than one gathered bucket.
+  for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
+    const bucket_shard& bucket = plan_.buckets[b];
+    flat_view packed = allocate("kfsdp::broadcast", plan_.gathered_numel(b));
+    if (rank_ == root) {
+      std::size_t full = 0;
+      for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p)
+        full += plan_.params[p].full_numel();
+      flat_view unpacked = allocate("kfsdp::broadcast_full", full);
+      for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p) {
+        fill(p, Kokkos::subview(unpacked, std::make_pair(full_offset_[p], full_offset_[p] + plan_.params[p].full_numel())));
+        kernels::pack_param<Scalar>(as_const(unpacked), slot(p), bucket.shard_numel,
+                                    static_cast<std::size_t>(world_size_), packed);
+      }
+      Kokkos::fence();
+      release(unpacked);
+    }
+    comm_.ibroadcast(as_span(packed), root).wait();
+    bytes_communicated_ += plan_.gathered_numel(b) * sizeof(Scalar);
+    const std::size_t mine = static_cast<std::size_t>(rank_) * bucket.shard_numel;
+    Kokkos::deep_copy(shards_.bucket(b), Kokkos::subview(packed, std::make_pair(mine, mine + bucket.shard_numel)));
+    release(packed);
+  }
+  Kokkos::fence();
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::initialize(std::uint64_t seed, const initializer& choose) {
+  std::vector<param_init> how(table_.size());
+  for (std::size_t p = 0; p < table_.size(); ++p) how[p] = choose(table_[p]);
+  if (options_.broadcast_from) {
+    scatter_from(*options_.broadcast_from, [&](std::size_t p, flat_view out) {
+      kernels::fill_init<Scalar>(out, out.extent(0), 0, seed, p, how[p]);
+    });
+  } else {
+    fill_local([&](std::size_t p, std::size_t first, std::size_t count, flat_view out) {
+      kernels::fill_init<Scalar>(out, count, first, seed, p, how[p]);
+    });
+  }
+}
+
+template <class Scalar>
+std::string fsdp_engine<Scalar>::validate(const state_dict& full) const {
+  for (const param_info& p : table_) {
+    const std::span<const std::size_t> expected(p.shape.data(), p.rank);
+    const tensor* t = full.find(p.name.view());
+    if (t == nullptr)
+      return fmt::format("kfsdp::load_original_state_dict: parameter '{}' is missing (expected shape {}, dtype {})",
+                         p.name.view(), shape_string(expected), to_string(dtype_of<Scalar>()));
+    if (!std::equal(t->shape.begin(), t->shape.end(), expected.begin(), expected.end()))
+      return fmt::format("kfsdp::load_original_state_dict: parameter '{}' has shape {}, expected {}",
+                         p.name.view(), shape_string(t->shape), shape_string(expected));
+    if (t->type != dtype_of<Scalar>())
+      return fmt::format("kfsdp::load_original_state_dict: parameter '{}' has dtype {}, expected {}",
+                         p.name.view(), to_string(t->type), to_string(dtype_of<Scalar>()));
+    if (t->bytes.size() != p.numel * sizeof(Scalar))
+      return fmt::format("kfsdp::load_original_state_dict: parameter '{}' holds {} bytes, expected {} for shape {}",
+                         p.name.view(), t->bytes.size(), p.numel * sizeof(Scalar), shape_string(expected));
+  }
+  for (const tensor& t : full)
+    if (!index_.contains(t.name))
+      return fmt::format("kfsdp::load_original_state_dict: '{}' (shape {}) is not a parameter of the model",
+                         t.name, shape_string(t.shape));
+  return {};
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::load_original_state_dict(const state_dict& full) {
+  const bool reads = !options_.broadcast_from || *options_.broadcast_from == rank_;
+  const std::string error = reads ? validate(full) : std::string();
+  // Every rank learns whether any rank rejected it, so none goes on into a collective alone.
+  if (comm_.any(!error.empty())) {
+    if (!error.empty()) throw std::invalid_argument(error);
+    throw std::invalid_argument(
+        "kfsdp::load_original_state_dict: another rank rejected its state dict (its error names the parameter); "
+        "nothing was loaded");
+  }
+  auto host_values = [&](std::size_t p) { return full.at(table_[p].name.view()).template values<Scalar>(); };
+  if (options_.broadcast_from) {
+    scatter_from(*options_.broadcast_from, [&](std::size_t p, flat_view out) {
+      const auto values = host_values(p);
+      Kokkos::View<const Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> src(values.data(), values.size());
+      Kokkos::deep_copy(out, src);
+    });
+  } else {
+    fill_local([&](std::size_t p, std::size_t first, std::size_t count, flat_view out) {
+      const auto values = host_values(p);
+      Kokkos::View<const Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> src(values.data() + first, count);
+      Kokkos::deep_copy(out, src);
+    });
+  }
+}
+
+template <class Scalar>
+state_dict fsdp_engine<Scalar>::original_state_dict(bool rank0_only) {
+  const bool keep = !rank0_only || rank_ == 0;
+  std::vector<tensor> tensors;
+  std::vector<flat_view> on_device;  // when not moving each parameter to the host at once
+  for (std::size_t p = 0; p < table_.size(); ++p) {
+    const param_shard& s = plan_.params[p];
+    flat_view gathered = allocate("kfsdp::state_dict_param", s.chunk_numel() * static_cast<std::size_t>(world_size_));
+    const flat_view chunk = shards_.chunk(p);
+    comm_.iall_gather(as_const_span(chunk), as_span(gathered)).wait();
+    bytes_communicated_ += gathered.extent(0) * sizeof(Scalar);
+    if (keep) {
+      const param_info& info = table_[p];
+      tensors.push_back(tensor::zeros(std::string(info.name.view()),
+                                      std::vector<std::size_t>(info.shape.begin(), info.shape.begin() + info.rank),
+                                      dtype_of<Scalar>()));
+      if (options_.move_state_dict_to_cpu) {
+        auto dst = tensors.back().template values<Scalar>();
+        Kokkos::View<Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(dst.data(), dst.size());
+        Kokkos::deep_copy(host, Kokkos::subview(gathered, std::make_pair(std::size_t(0), s.full_numel())));
+      } else {
+        on_device.push_back(gathered);
+        live_bytes_ += gathered.extent(0) * sizeof(Scalar);  // still held: counted until the end
+        peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+      }
+    }
+    release(gathered);
+  }
+  for (std::size_t i = 0; i < on_device.size(); ++i) {
+    auto dst = tensors[i].template values<Scalar>();
+    Kokkos::View<Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(dst.data(), dst.size());
+    Kokkos::deep_copy(host, Kokkos::subview(on_device[i], std::make_pair(std::size_t(0), dst.size())));
+    release(on_device[i]);
+  }
+  return state_dict(std::move(tensors));
+}
+
+template <class Scalar>
+memory_report fsdp_engine<Scalar>::memory() const noexcept {
+  return {shards_.bytes(), grads_.bytes(), live_bytes_, peak_bytes_};
+}
+
+template class fsdp_engine<float>;
+template class fsdp_engine<double>;
+
+}  // namespace kfsdp

@@ -1,0 +1,86 @@
+// Pack/unpack around a bucket's collectives, scaled accumulation, deterministic initialisation.
+// Build: part of kfsdp_kernels; checked by test/fsdp/test_pack.cpp.
+#include <cmath>
+
+#include <kfsdp/fsdp/pack.hpp>
+
+namespace kfsdp::kernels {
+
+using range = Kokkos::RangePolicy<Kokkos::IndexType<std::size_t>>;
+
+template <class Scalar>
+void unpack_param(flat_view<const Scalar> gathered, std::size_t rank_stride, const param_slot& slot,
+                  flat_view<Scalar> unpacked) {
+  const param_slot s = slot;
+  Kokkos::parallel_for("kfsdp::unpack_param", range(0, s.full_numel), KOKKOS_LAMBDA(std::size_t j) {
+    unpacked(s.full_offset + j) = gathered((j / s.chunk_numel) * rank_stride + s.bucket_offset + j % s.chunk_numel);
+  });
+}
+
+template <class Scalar>
+void pack_param(flat_view<const Scalar> unpacked, const param_slot& slot, std::size_t rank_stride,
+                std::size_t world_size, flat_view<Scalar> packed) {
+  const param_slot s = slot;
+  Kokkos::parallel_for("kfsdp::pack_param", range(0, world_size * s.chunk_numel), KOKKOS_LAMBDA(std::size_t j) {
+    const std::size_t rank = j / s.chunk_numel;
+    packed(rank * rank_stride + s.bucket_offset + j % s.chunk_numel) =
+        j < s.full_numel ? unpacked(s.full_offset + j) : Scalar(0);
+  });
+}
+
+template <class Scalar>
+void accumulate_scaled(flat_view<Scalar> destination, flat_view<const Scalar> source, Scalar scale) {
+  Kokkos::parallel_for("kfsdp::accumulate_scaled", range(0, destination.extent(0)),
+                       KOKKOS_LAMBDA(std::size_t i) { destination(i) += scale * source(i); });
+}
+
+namespace {
+#if KOKKOS_VERSION >= 40000
+namespace kmath = Kokkos;
+#else
+namespace kmath = Kokkos::Experimental;  // Kokkos 3.x keeps device math here
+#endif
+
+// splitmix64: a counter-based generator, so element i's value needs no state but its key.
+KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+// A uniform in (0, 1): 53 random bits, offset by half a step so that log() never sees 0.
+KOKKOS_INLINE_FUNCTION double uniform01(std::uint64_t bits) {
+  return (double(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+}  // namespace
+
+template <class Scalar>
+void fill_init(flat_view<Scalar> out, std::size_t count, std::size_t first_global, std::uint64_t seed,
+               std::size_t param_index, param_init init) {
+  const std::uint64_t key = mix64(seed ^ mix64(0x6b667364ull + param_index));
+  Kokkos::parallel_for("kfsdp::fill_init", range(0, count), KOKKOS_LAMBDA(std::size_t k) {
+    Scalar value = init.kind == param_init::ones ? Scalar(1) : Scalar(0);
+    if (init.kind == param_init::normal) {
+      const std::uint64_t g = first_global + k;
+      const double u1 = uniform01(mix64(key ^ (2 * g)));
+      const double u2 = uniform01(mix64(key ^ (2 * g + 1)));
+      // Box-Muller: one standard normal from two uniforms.
+      value = Scalar(init.std * kmath::sqrt(-2.0 * kmath::log(u1)) *
+                     kmath::cos(6.283185307179586 * u2));
+    }
+    out(k) = value;
+  });
+}
+
+#define KFSDP_PACK_INSTANTIATE(Scalar)                                                        \
+  template void unpack_param<Scalar>(flat_view<const Scalar>, std::size_t, const param_slot&, \
+                                     flat_view<Scalar>);                                      \
+  template void pack_param<Scalar>(flat_view<const Scalar>, const param_slot&, std::size_t,   \
+                                   std::size_t, flat_view<Scalar>);                           \
+  template void accumulate_scaled<Scalar>(flat_view<Scalar>, flat_view<const Scalar>, Scalar); \
+  template void fill_init<Scalar>(flat_view<Scalar>, std::size_t, std::size_t, std::uint64_t, \
+                                  std::size_t, param_init);
+KFSDP_PACK_INSTANTIATE(float)
+KFSDP_PACK_INSTANTIATE(double)
+
+}  // namespace kfsdp::kernels
