@@ -21,6 +21,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -63,10 +64,17 @@ namespace detail {
                               expected);
 }
 
-inline std::string shape_string(std::size_t a) { return "[" + std::to_string(a) + "]"; }
-inline std::string shape_string(std::size_t a, std::size_t b) {
-  return "[" + std::to_string(a) + ", " + std::to_string(b) + "]";
+// "[2, 3]". Built by appending: GCC 12 warns falsely (-Wrestrict, bug 105329) on "[" + to_string.
+inline std::string shape_string(std::initializer_list<std::size_t> extents) {
+  std::string shape(1, '[');
+  for (std::size_t e : extents) {
+    if (shape.size() > 1) shape.append(", ");
+    shape.append(std::to_string(e));
+  }
+  return shape.append("]");
 }
+inline std::string shape_string(std::size_t a) { return shape_string({a}); }
+inline std::string shape_string(std::size_t a, std::size_t b) { return shape_string({a, b}); }
 
 // check_matrix("linear::forward", "x", x, rows, in) throws unless x is [rows, in].
 template <class View>
@@ -81,14 +89,6 @@ template <class View>
 void check_vector(const char* where, const char* parameter, const View& view, std::size_t size) {
   if (view.extent(0) != size)
     throw_shape(where, parameter, shape_string(view.extent(0)), shape_string(size));
-}
-
-// Rows that a matrix argument must have in common with the first one.
-template <class View>
-void check_rows(const char* where, const char* parameter, const View& view, std::size_t rows) {
-  if (view.extent(0) != rows)
-    throw_shape(where, parameter, shape_string(view.extent(0), view.extent(1)),
-                "[" + std::to_string(rows) + ", *]");
 }
 
 }  // namespace detail

@@ -1,0 +1,59 @@
+#pragma once
+// kfsdp::nn::causal_self_attention — the core of nanoGPT's CausalSelfAttention, between c_attn
+// and c_proj: from qkv [B*T, 3D] (q | k | v along the last dimension) to y [B*T, D].
+// Head h of q is columns h·hd .. (h+1)·hd of the q part (hd = D / H), likewise for k and v;
+// y row (b, t), head h = Σ_{s ≤ t} softmax_s(q_t · k_s / √hd) v_s, heads side by side.
+//
+//   kfsdp::nn::causal_self_attention<double> attn(/*dim=*/64, /*heads=*/4, /*seq_len=*/32);
+//   auto cache = attn.make_cache(rows);          // rows = B * 32; probabilities [B, 4, 32, 32]
+//   attn.forward({}, qkv, y, cache);
+//   attn.backward({}, {}, cache, dy, dqkv);      // dqkv [rows, 3 * 64] overwritten
+//
+// Backward runs without atomics: one pass owns a query row (dq), a second owns a key row (dk, dv).
+// Conventions: see views.hpp.
+
+#include <kfsdp/nn/views.hpp>
+
+#include <cstddef>
+
+namespace kfsdp::nn {
+
+template <class Scalar>
+class causal_self_attention {
+ public:
+  using scalar_type = Scalar;
+  using params = no_params;
+  using grads = no_params;
+  struct cache {
+    const_matrix<Scalar> qkv;     // the input, kept as a view
+    tensor4<Scalar> probs;        // [B, H, T, T] softmax probabilities, 0 above the diagonal
+  };
+
+  // Throws std::invalid_argument unless heads divides dim.
+  causal_self_attention(std::size_t dim, std::size_t heads, std::size_t seq_len);
+
+  [[nodiscard]] std::size_t in_features() const noexcept { return 3 * dim_; }
+  [[nodiscard]] std::size_t out_features() const noexcept { return dim_; }
+  [[nodiscard]] std::size_t dim() const noexcept { return dim_; }
+  [[nodiscard]] std::size_t heads() const noexcept { return heads_; }
+  [[nodiscard]] std::size_t seq_len() const noexcept { return seq_len_; }
+  // rows must be a multiple of seq_len (whole windows).
+  [[nodiscard]] cache make_cache(std::size_t rows) const;
+
+  void forward(const params& p, const_matrix<Scalar> qkv, matrix<Scalar> y, cache& c) const;
+  // Uses a scratch tensor [B, H, T, T] owned by this object (so not const).
+  void backward(const params& p, const grads& g, const cache& c, const_matrix<Scalar> dy,
+                matrix<Scalar> dqkv);
+
+ private:
+  std::size_t windows(const char* where, std::size_t rows) const;
+  std::size_t dim_;
+  std::size_t heads_;
+  std::size_t seq_len_;
+  tensor4<Scalar> dscores_;  // backward scratch: d(loss)/d(scores)
+};
+
+extern template class causal_self_attention<float>;
+extern template class causal_self_attention<double>;
+
+}  // namespace kfsdp::nn
