@@ -25,6 +25,9 @@
 #include <utility>
 
 #include <kfsdp/comm/mpi.hpp>
+#ifdef KFSDP_TEST_WITH_KOKKOS
+#include <kfsdp/environment.hpp>  // the same main, with Kokkos up for tests that use views
+#endif
 
 namespace {
 
@@ -105,6 +108,9 @@ int main(int argc, char** argv) {
   kfsdp::comm::mpi::environment mpi_up(argc, argv);
   int verdict = 0;
   {
+#ifdef KFSDP_TEST_WITH_KOKKOS
+    kfsdp::environment kokkos_up(argc, argv);
+#endif
     kfsdp::comm::mpi world;
 
     line_prefix_buffer prefixed(fmt::format("[rank {}/{}] ", world.rank(), world.size()));

@@ -1,0 +1,193 @@
+// The engine over MPI, run with 1, 2, 3 and 4 ranks.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/fsdp/fsdp.hpp>
+
+#include "engine_checks.hpp"
+
+using namespace kfsdp;
+using namespace kfsdp::testing;
+
+namespace {
+constexpr bucketing every_bucketing[] = {bucketing::none, bucketing::layer, bucketing::block};
+constexpr sharding_strategy every_sharding[] = {sharding_strategy::zero2, sharding_strategy::zero3};
+
+template <class Scalar>
+void check_state_dict_is_init(const state_dict& sd, std::span<const param_info> table, std::uint64_t seed,
+                              param_init (*choose)(const param_info&)) {
+  CHECK(sd.size() == table.size());
+  for (std::size_t p = 0; p < table.size(); ++p) {
+    const tensor* t = sd.find(table[p].name.view());
+    CHECK(t != nullptr);
+    if (t == nullptr) continue;
+    CHECK(t->shape == std::vector<std::size_t>(table[p].shape.begin(), table[p].shape.begin() + table[p].rank));
+    const auto got = t->values<Scalar>();
+    CHECK(std::vector<Scalar>(got.begin(), got.end()) == expected_init<Scalar>(table[p], p, seed, choose));
+  }
+}
+}  // namespace
+
+TEST_CASE("shard -> full state dict gives exactly the original parameters, every strategy x bucketing") {
+  comm::mpi world;
+  for (sharding_strategy s : every_sharding)
+    for (bucketing b : every_bucketing) {
+      CAPTURE(to_string(s));
+      CAPTURE(to_string(b));
+      fsdp_engine<double> e(make_param_table(tiny_gpt{}), world, {.sharding_strategy = s, .bucketing_strategy = b});
+      e.initialize(11, gpt_like_init);
+      check_state_dict_is_init<double>(e.original_state_dict(), e.params(), 11, gpt_like_init);
+      // rank0_only: only rank 0 holds it
+      const state_dict only0 = e.original_state_dict(true);
+      CHECK(only0.empty() == (world.rank() != 0));
+    }
+}
+
+TEST_CASE("unsharded parameters are the same under none, layer and block bucketing (padding dropped)") {
+  comm::mpi world;
+  for (bucketing b : every_bucketing) {
+    CAPTURE(to_string(b));
+    fsdp_engine<float> e(make_param_table(thunder_padding{}), world, {.bucketing_strategy = b});
+    e.initialize(3, all_normal);
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.unshard(k);
+    for (std::size_t p = 0; p < e.params().size(); ++p)
+      CHECK(to_host(e.full_param(p)) == expected_init<float>(e.params()[p], p, 3, all_normal));
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reshard(k);
+    CHECK(e.memory().unsharded_now == 0);
+  }
+}
+
+TEST_CASE("reduce-scatter of known per-rank gradients gives exactly the average; padding stays zero") {
+  comm::mpi world;
+  const double ws = world.size();
+  for (bucketing b : every_bucketing) {
+    CAPTURE(to_string(b));
+    fsdp_engine<double> e(make_param_table(thunder_padding{}), world, {.bucketing_strategy = b});
+    for (std::size_t p = 0; p < e.params().size(); ++p) {
+      auto g = e.full_grad(p);
+      const double r = world.rank();
+      Kokkos::parallel_for(g.extent(0), KOKKOS_LAMBDA(std::size_t j) { g(j) = (r + 1) * double(j + 1) + double(p); });
+    }
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reduce_gradients(k);
+    CHECK(e.memory().unsharded_now == 0);
+    for (std::size_t p = 0; p < e.params().size(); ++p) {
+      const auto& s = e.plan().params[p];
+      const auto chunk = to_host(e.grads().chunk(p));
+      const std::size_t first = std::size_t(world.rank()) * s.chunk_numel();
+      for (std::size_t k = 0; k < chunk.size(); ++k) {
+        const std::size_t j = first + k;
+        // mean over ranks of (r+1)(j+1) + p = (j+1)(ws+1)/2 + p; zero beyond dim0
+        const double want = j < s.full_numel() ? double(j + 1) * (ws + 1) / 2 + double(p) : 0.0;
+        CHECK(chunk[k] == want);
+      }
+    }
+  }
+}
+
+TEST_CASE("a parameter with dim0 below the world size: ranks holding only padding work") {
+  comm::mpi world;
+  fsdp_engine<float> e(make_param_table(thunder_padding{}), world, {.bucketing_strategy = bucketing::none});
+  e.initialize(5, all_normal);
+  const std::size_t bias = e.param_index("1.bias");  // one row
+  CHECK(e.plan().params[bias].chunk_rows == 1);
+  CHECK(e.plan().params[bias].padding_rows == std::size_t(world.size() - 1));
+  const auto chunk = to_host(e.shards().chunk(bias));
+  if (world.rank() > 0) CHECK(chunk == std::vector<float>{0.0f});
+  e.unshard(e.plan().params[bias].bucket);
+  CHECK(to_host(e.full_param(bias)) == expected_init<float>(e.params()[bias], bias, 5, all_normal));
+}
+
+TEST_CASE("broadcast_from: ranks starting from different weights end with rank r's") {
+  comm::mpi world;
+  for (int root = 0; root < world.size(); ++root) {
+    for (bucketing b : every_bucketing) {
+      fsdp_engine<double> e(make_param_table(tiny_gpt{}), world, {.bucketing_strategy = b, .broadcast_from = root});
+      e.initialize(100 + std::uint64_t(world.rank()), gpt_like_init);  // a different model on every rank
+      check_state_dict_is_init<double>(e.original_state_dict(), e.params(), 100 + std::uint64_t(root), gpt_like_init);
+    }
+  }
+}
+
+TEST_CASE("load_original_state_dict shards a full state dict; bad ones are rejected on every rank") {
+  comm::mpi world;
+  fsdp_engine<double> source(make_param_table(tiny_gpt{}), world, {.bucketing_strategy = bucketing::block});
+  source.initialize(21, gpt_like_init);
+  const state_dict full = source.original_state_dict();
+
+  for (bucketing b : every_bucketing) {
+    fsdp_engine<double> e(make_param_table(tiny_gpt{}), world, {.bucketing_strategy = b});
+    e.load_original_state_dict(full);
+    check_state_dict_is_init<double>(e.original_state_dict(), e.params(), 21, gpt_like_init);
+  }
+
+  fsdp_engine<double> target(make_param_table(tiny_gpt{}), world, {.bucketing_strategy = bucketing::layer});
+  target.initialize(5, gpt_like_init);
+  auto rejected = [&](const state_dict& bad, const std::string& message) {
+    CHECK_THROWS_WITH_AS(target.load_original_state_dict(bad), message.c_str(), std::invalid_argument);
+    check_state_dict_is_init<double>(target.original_state_dict(), target.params(), 5, gpt_like_init);  // untouched
+  };
+  {
+    state_dict bad;
+    for (const tensor& t : full)
+      if (t.name != "transformer.h.1.ln_2.bias") bad.add(t);
+    rejected(bad, "kfsdp::load_original_state_dict: parameter 'transformer.h.1.ln_2.bias' is missing (expected shape [8], dtype F64)");
+  }
+  {
+    state_dict bad = full;
+    bad.add(tensor::zeros("transformer.h.2.ln_1.weight", {8}, dtype::f64));
+    rejected(bad, "kfsdp::load_original_state_dict: 'transformer.h.2.ln_1.weight' (shape [8]) is not a parameter of the model");
+  }
+  {
+    state_dict bad = full;
+    bad.at("lm_head.weight").shape = {8, 256};
+    rejected(bad, "kfsdp::load_original_state_dict: parameter 'lm_head.weight' has shape [8, 256], expected [256, 8]");
+  }
+  {
+    state_dict bad = full;
+    bad.at("transformer.wpe.weight") = tensor::zeros("transformer.wpe.weight", {5, 8}, dtype::f32);
+    rejected(bad, "kfsdp::load_original_state_dict: parameter 'transformer.wpe.weight' has dtype F32, expected F64");
+  }
+  if (world.size() > 1) {  // only the last rank is given a bad one: every rank still throws
+    state_dict bad = full;
+    if (world.rank() == world.size() - 1) bad.at("lm_head.weight").shape = {8, 256};
+    CHECK_THROWS_AS(target.load_original_state_dict(bad), std::invalid_argument);
+    check_state_dict_is_init<double>(target.original_state_dict(), target.params(), 5, gpt_like_init);
+  }
+  {  // broadcast_from: only the root's state dict is read; the others pass none
+    fsdp_engine<double> e(make_param_table(tiny_gpt{}), world, {.bucketing_strategy = bucketing::block, .broadcast_from = 0});
+    e.load_original_state_dict(world.rank() == 0 ? full : state_dict{});
+    check_state_dict_is_init<double>(e.original_state_dict(), e.params(), 21, gpt_like_init);
+    state_dict bad = full;
+    bad.at("lm_head.weight").shape = {8, 256};
+    CHECK_THROWS_AS(e.load_original_state_dict(world.rank() == 0 ? bad : state_dict{}), std::invalid_argument);
+  }
+}
+
+TEST_CASE("ranks that disagree on the plan get an error up front instead of a hang") {
+  comm::mpi world;
+  if (world.size() == 1) return;
+  const bucketing mine = world.rank() == 0 ? bucketing::layer : bucketing::block;
+  CHECK_THROWS_WITH_AS(fsdp_engine<float>(make_param_table(tiny_gpt{}), world, {.bucketing_strategy = mine}),
+                       doctest::Contains("ranks disagree on the shard plan and fsdp options"), std::runtime_error);
+  // A model of another size on one rank, or another dtype: the same.
+  const auto model = make_gpt({.layers = world.rank() == 1 ? 3u : 2u, .dim = 8, .heads = 1, .seq = 5});
+  CHECK_THROWS_AS(fsdp_engine<float>(make_param_table(model), world, {}), std::runtime_error);
+  if (world.rank() == 0)
+    CHECK_THROWS_AS(fsdp_engine<float>(make_param_table(tiny_gpt{}), world, {}), std::runtime_error);
+  else
+    CHECK_THROWS_AS(fsdp_engine<double>(make_param_table(tiny_gpt{}), world, {}), std::runtime_error);
+}
+
+TEST_CASE("memory accounting: per-rank shards shrink with the world size") {
+  comm::mpi world;
+  fsdp_engine<float> e(make_param_table(tiny_gpt{}), world, {.bucketing_strategy = bucketing::block});
+  const auto m = e.memory();
+  CHECK(m.sharded_params == e.plan().shard_numel * sizeof(float));
+  CHECK(m.sharded_grads == m.sharded_params);
+  CHECK(m.sharded_params * std::size_t(world.size()) >= e.plan().full_numel * sizeof(float));
+  CHECK(m.unsharded_now == 0);
+}
