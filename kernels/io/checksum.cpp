@@ -3,7 +3,6 @@
 #include <kfsdp/io/checksum.hpp>
 
 #include <array>
-#include <cstring>
 
 namespace kfsdp::io {
 namespace {

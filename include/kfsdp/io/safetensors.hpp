@@ -112,7 +112,7 @@ struct file_layout {
 ///
 ///   auto layout = make_header({{"w", dtype::F64, {4, 2}}}, {{"step", "100"}});
 ///   layout.data_offset  -> 96 (say); layout.tensors[0].begin == layout.data_offset
-[[nodiscard]] file_layout make_header(std::span<const tensor_entry> tensors,
+[[nodiscard]] file_layout make_header(const std::vector<tensor_entry>& tensors,
                                       const metadata_map& metadata = {});
 
 /// Collects tensors and metadata, then forwards to make_header.
@@ -168,6 +168,7 @@ struct header_table {
   std::vector<tensor_info> tensors;  // in file order (by offset)
   std::uint64_t data_offset = 0;     // 8 + N
   std::uint64_t file_size = 0;
+  std::string file_name;             // as given to parse_header, for messages
 
   /// The tensor called `name`, or nullptr.
   [[nodiscard]] const tensor_info* find(std::string_view name) const noexcept;

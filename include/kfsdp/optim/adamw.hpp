@@ -1,0 +1,199 @@
+#pragma once
+// kfsdp::optim::adamw — PyTorch's torch.optim.AdamW (amsgrad off) on a rank's flat local shard, as
+// ONE fused Kokkos kernel: decoupled weight decay, both moments and the update in one pass.
+//
+//   kfsdp::optim::adamw<float> optimizer(shard.extent(0), {.lr = 6e-4, .weight_decay = 0.1});
+//   optimizer.step(shard_params, shard_grads);   // step_count() is now 1
+//
+// Per element at step t (t = 1, 2, ...), exactly PyTorch's order of operations:
+//   p  = p * (1 - lr * weight_decay)                         decoupled decay
+//   m  = lerp(m, g, 1 - beta1)                               torch.lerp: m + w*(g - m) for w < 0.5
+//   v  = v * beta2 + ((1 - beta2) * g) * g
+//   p  = p + (-lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// The bias corrections are computed once per step on the host in double, then cast to Scalar.
+//
+// Padding invariant: padding rows of a shard are zero in the parameters and in the gradients, so
+// they stay exactly zero after any number of steps (p*(1-lr*wd) = 0, m = v = 0, the update is
+// 0 / eps = 0) — with weight decay on too. The optimizer needs no knowledge of where padding is.
+
+#include <kfsdp/optim/sgd.hpp>  // detail::check_length
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace kfsdp::optim {
+
+/// Hyper-parameters of torch.optim.AdamW (PyTorch's defaults).
+///
+///   kfsdp::optim::adamw_options{.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1}
+struct adamw_options {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;  // decoupled: p -= lr * weight_decay * p
+};
+
+/// Throws std::invalid_argument naming the field, the value seen and what is expected
+/// ("adamw: beta2 = 1, expected 0 <= beta2 < 1"); `who` starts the message.
+void validate(const adamw_options& options, std::string_view who = "adamw");
+
+/// One AdamW step number `step` (1 for the first) over a flat shard: updates `params`, `exp_avg`
+/// and `exp_avg_sq` in place. All four views have the same length.
+/// Throws std::invalid_argument for invalid options, step < 1 or views of different lengths.
+///
+///   kfsdp::optim::adamw_step(params, grads, exp_avg, exp_avg_sq, {.lr = 1e-3}, 1);
+template <class Scalar>
+void adamw_step(const Kokkos::View<Scalar*>& params,
+                const std::type_identity_t<Kokkos::View<const Scalar*>>& grads,
+                const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg,
+                const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg_sq,
+                const adamw_options& options, std::int64_t step);
+
+/// AdamW with its two moment buffers (zero at the start) and its step counter, for a shard of fixed
+/// length.
+///
+///   kfsdp::optim::adamw<double> optimizer(1024);   // lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 1e-2
+///   optimizer.step(params, grads);
+///   optimizer.set_lr(schedule(optimizer.step_count()));
+template <class Scalar>
+class adamw {
+ public:
+  using view_type = Kokkos::View<Scalar*>;
+  using const_view_type = Kokkos::View<const Scalar*>;
+
+  explicit adamw(std::size_t shard_size, adamw_options options = {});
+
+  /// One step (the counter goes up first, as in PyTorch); both views have shard_size() elements.
+  void step(const view_type& params, const const_view_type& grads);
+
+  void set_lr(double lr);
+  /// Sets the counter, e.g. when the moments are restored from a checkpoint; steps >= 0.
+  void set_step_count(std::int64_t steps);
+
+  [[nodiscard]] const adamw_options& options() const noexcept { return options_; }
+  [[nodiscard]] std::size_t shard_size() const noexcept { return shard_size_; }
+  [[nodiscard]] std::int64_t step_count() const noexcept { return step_count_; }
+  [[nodiscard]] const view_type& exp_avg() const noexcept { return exp_avg_; }
+  [[nodiscard]] const view_type& exp_avg_sq() const noexcept { return exp_avg_sq_; }
+
+ private:
+  std::size_t shard_size_;
+  adamw_options options_;
+  std::int64_t step_count_ = 0;
+  view_type exp_avg_;
+  view_type exp_avg_sq_;
+};
+
+namespace detail {
+// Throws std::invalid_argument unless step >= 1.
+void check_step(std::string_view who, std::int64_t step);
+
+// Kokkos 3.7 moved the math functions out of Kokkos::Experimental.
+template <class Scalar>
+KOKKOS_INLINE_FUNCTION Scalar square_root(Scalar value) {
+#if KOKKOS_VERSION >= 30700
+  return Kokkos::sqrt(value);
+#else
+  return Kokkos::Experimental::sqrt(value);
+#endif
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------- definitions
+
+template <class Scalar>
+void adamw_step(const Kokkos::View<Scalar*>& params,
+                const std::type_identity_t<Kokkos::View<const Scalar*>>& grads,
+                const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg,
+                const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg_sq,
+                const adamw_options& options, std::int64_t step) {
+  validate(options, "adamw_step");
+  detail::check_step("adamw_step", step);
+  const std::size_t length = params.extent(0);
+  detail::check_length("adamw_step", "grads", grads.extent(0), "params", length);
+  detail::check_length("adamw_step", "exp_avg", exp_avg.extent(0), "params", length);
+  detail::check_length("adamw_step", "exp_avg_sq", exp_avg_sq.extent(0), "params", length);
+
+  // Host-side scalars in double (Python floats in PyTorch), cast to Scalar for the kernel.
+  const double bias_correction1 = 1.0 - std::pow(options.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(options.beta2, static_cast<double>(step));
+  const auto decay_factor = static_cast<Scalar>(1.0 - options.lr * options.weight_decay);
+  const bool use_weight_decay = options.weight_decay != 0.0;
+  const auto lerp_weight = static_cast<Scalar>(1.0 - options.beta1);
+  const bool small_lerp_weight = std::abs(lerp_weight) < Scalar(0.5);
+  const Scalar lerp_complement = Scalar(1) - lerp_weight;
+  const auto beta2 = static_cast<Scalar>(options.beta2);
+  const auto one_minus_beta2 = static_cast<Scalar>(1.0 - options.beta2);
+  const auto negative_step_size = static_cast<Scalar>(-(options.lr / bias_correction1));
+  const auto bias_correction2_sqrt = static_cast<Scalar>(std::sqrt(bias_correction2));
+  const auto eps = static_cast<Scalar>(options.eps);
+  const auto p = params;
+  const auto g = grads;
+  const auto m = exp_avg;
+  const auto v = exp_avg_sq;
+  Kokkos::parallel_for(
+      "kfsdp::optim::adamw_step", Kokkos::RangePolicy<>(0, length), KOKKOS_LAMBDA(const std::size_t i) {
+        const Scalar gradient = g(i);
+        Scalar parameter = p(i);
+        if (use_weight_decay) parameter = parameter * decay_factor;
+        const Scalar first = m(i);
+        const Scalar first_next = small_lerp_weight ? first + lerp_weight * (gradient - first)
+                                                    : gradient - (gradient - first) * lerp_complement;
+        const Scalar second_next = v(i) * beta2 + (one_minus_beta2 * gradient) * gradient;
+        const Scalar denominator = detail::square_root(second_next) / bias_correction2_sqrt + eps;
+        m(i) = first_next;
+        v(i) = second_next;
+        p(i) = parameter + (negative_step_size * first_next) / denominator;
+      });
+}
+
+template <class Scalar>
+adamw<Scalar>::adamw(std::size_t shard_size, adamw_options options)
+    : shard_size_(shard_size),
+      options_(options),
+      exp_avg_("kfsdp::optim::adamw::exp_avg", shard_size),
+      exp_avg_sq_("kfsdp::optim::adamw::exp_avg_sq", shard_size) {
+  validate(options_, "adamw");
+}
+
+template <class Scalar>
+void adamw<Scalar>::step(const view_type& params, const const_view_type& grads) {
+  detail::check_length("adamw::step", "params", params.extent(0), "shard_size", shard_size_);
+  adamw_step<Scalar>(params, grads, exp_avg_, exp_avg_sq_, options_, step_count_ + 1);
+  ++step_count_;  // only once the step has gone through
+}
+
+template <class Scalar>
+void adamw<Scalar>::set_lr(double lr) {
+  adamw_options changed = options_;
+  changed.lr = lr;
+  validate(changed, "adamw::set_lr");
+  options_ = changed;
+}
+
+template <class Scalar>
+void adamw<Scalar>::set_step_count(std::int64_t steps) {
+  if (steps < 0)
+    throw std::invalid_argument("adamw::set_step_count: steps = " + std::to_string(steps) +
+                                ", expected steps >= 0");
+  step_count_ = steps;
+}
+
+extern template void adamw_step<float>(const Kokkos::View<float*>&, const Kokkos::View<const float*>&,
+                                        const Kokkos::View<float*>&, const Kokkos::View<float*>&,
+                                        const adamw_options&, std::int64_t);
+extern template void adamw_step<double>(const Kokkos::View<double*>&, const Kokkos::View<const double*>&,
+                                         const Kokkos::View<double*>&, const Kokkos::View<double*>&,
+                                         const adamw_options&, std::int64_t);
+extern template class adamw<float>;
+extern template class adamw<double>;
+
+}  // namespace kfsdp::optim

@@ -1,0 +1,149 @@
+#pragma once
+// kfsdp::optim::sgd — PyTorch's torch.optim.SGD (dampening 0) on a rank's flat local shard, as
+// ONE fused Kokkos kernel: weight decay, momentum, optional Nesterov and the update in one pass.
+//
+//   kfsdp::optim::sgd<float> optimizer(shard.extent(0), {.lr = 0.1, .momentum = 0.9});
+//   optimizer.step(shard_params, shard_grads);   // after the reduce-scatter, per rank, no comms
+//
+// Per element, exactly PyTorch's order of operations (so that double results match bit for bit):
+//   d   = g + weight_decay * p
+//   buf = momentum * buf + d        (buf starts at 0, so the first step gives buf = d, as PyTorch)
+//   d   = nesterov ? d + momentum * buf : buf        (only when momentum != 0)
+//   p   = p - lr * d
+//
+// Padding invariant: padding rows of a shard are zero in the parameters and in the gradients, so
+// they stay exactly zero after any number of steps (d = 0 + wd * 0 = 0, buf stays 0, p = 0 - lr*0)
+// — with weight decay on too. The optimizer needs no knowledge of where the padding is.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <string_view>
+#include <type_traits>
+
+namespace kfsdp::optim {
+
+/// Hyper-parameters of torch.optim.SGD with dampening 0 (PyTorch's defaults).
+///
+///   kfsdp::optim::sgd_options{.lr = 0.01, .momentum = 0.9, .weight_decay = 1e-4, .nesterov = true}
+struct sgd_options {
+  double lr = 1e-3;
+  double momentum = 0.0;      // 0 turns momentum (and the momentum buffer) off
+  double weight_decay = 0.0;  // L2, PyTorch-style: added to the gradient
+  bool nesterov = false;      // needs momentum > 0
+};
+
+/// Throws std::invalid_argument naming the field, the value seen and what is expected
+/// ("sgd: lr = -0.1, expected lr >= 0"); `who` starts the message.
+void validate(const sgd_options& options, std::string_view who = "sgd");
+
+/// One SGD step over a flat shard: updates `params` and `momentum_buffer` in place.
+/// `momentum_buffer` has the length of `params`, or may be empty when options.momentum == 0.
+/// Throws std::invalid_argument for invalid options or views of different lengths.
+///
+///   kfsdp::optim::sgd_step(params, grads, buffer, {.lr = 0.1, .momentum = 0.9});
+template <class Scalar>
+void sgd_step(const Kokkos::View<Scalar*>& params,
+              const std::type_identity_t<Kokkos::View<const Scalar*>>& grads,
+              const std::type_identity_t<Kokkos::View<Scalar*>>& momentum_buffer,
+              const sgd_options& options);
+
+/// SGD with its momentum buffer (allocated, zero, when momentum != 0) for a shard of fixed length.
+///
+///   kfsdp::optim::sgd<double> optimizer(1024, {.lr = 0.1, .momentum = 0.9});
+///   optimizer.step(params, grads);
+///   optimizer.set_lr(0.05);                 // a schedule changes lr between steps
+template <class Scalar>
+class sgd {
+ public:
+  using view_type = Kokkos::View<Scalar*>;
+  using const_view_type = Kokkos::View<const Scalar*>;
+
+  explicit sgd(std::size_t shard_size, sgd_options options = {});
+
+  /// One step; `params` and `grads` must both have shard_size() elements.
+  void step(const view_type& params, const const_view_type& grads);
+
+  void set_lr(double lr);
+  [[nodiscard]] const sgd_options& options() const noexcept { return options_; }
+  [[nodiscard]] std::size_t shard_size() const noexcept { return shard_size_; }
+  /// The momentum buffer (empty when momentum == 0), e.g. for a checkpoint.
+  [[nodiscard]] const view_type& momentum_buffer() const noexcept { return momentum_buffer_; }
+
+ private:
+  std::size_t shard_size_;
+  sgd_options options_;
+  view_type momentum_buffer_;
+};
+
+namespace detail {
+// Throws std::invalid_argument when `view` does not have `expected` elements.
+void check_length(std::string_view who, std::string_view view_name, std::size_t seen,
+                  std::string_view expected_name, std::size_t expected);
+}  // namespace detail
+
+// ---------------------------------------------------------------- definitions
+
+template <class Scalar>
+void sgd_step(const Kokkos::View<Scalar*>& params,
+              const std::type_identity_t<Kokkos::View<const Scalar*>>& grads,
+              const std::type_identity_t<Kokkos::View<Scalar*>>& momentum_buffer,
+              const sgd_options& options) {
+  validate(options, "sgd_step");
+  const std::size_t length = params.extent(0);
+  detail::check_length("sgd_step", "grads", grads.extent(0), "params", length);
+  const bool use_momentum = options.momentum != 0.0;
+  if (use_momentum)
+    detail::check_length("sgd_step", "momentum_buffer", momentum_buffer.extent(0), "params", length);
+
+  // Hyper-parameters in the parameters' type, as PyTorch casts Python scalars for the kernel.
+  const auto lr = static_cast<Scalar>(options.lr);
+  const auto momentum = static_cast<Scalar>(options.momentum);
+  const auto weight_decay = static_cast<Scalar>(options.weight_decay);
+  const bool use_weight_decay = options.weight_decay != 0.0;
+  const bool nesterov = options.nesterov;
+  const auto p = params;
+  const auto g = grads;
+  const auto buffer = momentum_buffer;
+  Kokkos::parallel_for(
+      "kfsdp::optim::sgd_step", Kokkos::RangePolicy<>(0, length), KOKKOS_LAMBDA(const std::size_t i) {
+        Scalar direction = g(i);
+        if (use_weight_decay) direction = direction + weight_decay * p(i);
+        if (use_momentum) {
+          const Scalar velocity = buffer(i) * momentum + direction;
+          buffer(i) = velocity;
+          direction = nesterov ? direction + momentum * velocity : velocity;
+        }
+        p(i) = p(i) - lr * direction;
+      });
+}
+
+template <class Scalar>
+sgd<Scalar>::sgd(std::size_t shard_size, sgd_options options)
+    : shard_size_(shard_size), options_(options) {
+  validate(options_, "sgd");
+  if (options_.momentum != 0.0) momentum_buffer_ = view_type("kfsdp::optim::sgd::momentum_buffer", shard_size_);
+}
+
+template <class Scalar>
+void sgd<Scalar>::step(const view_type& params, const const_view_type& grads) {
+  detail::check_length("sgd::step", "params", params.extent(0), "shard_size", shard_size_);
+  sgd_step<Scalar>(params, grads, momentum_buffer_, options_);
+}
+
+template <class Scalar>
+void sgd<Scalar>::set_lr(double lr) {
+  sgd_options changed = options_;
+  changed.lr = lr;
+  validate(changed, "sgd::set_lr");
+  options_ = changed;
+}
+
+extern template void sgd_step<float>(const Kokkos::View<float*>&, const Kokkos::View<const float*>&,
+                                      const Kokkos::View<float*>&, const sgd_options&);
+extern template void sgd_step<double>(const Kokkos::View<double*>&, const Kokkos::View<const double*>&,
+                                       const Kokkos::View<double*>&, const sgd_options&);
+extern template class sgd<float>;
+extern template class sgd<double>;
+
+}  // namespace kfsdp::optim

@@ -1,0 +1,836 @@
+// safetensors header: writer (make_header) and validating reader (parse_header) with its own
+// small JSON parser. Check: meson test -C <build> io_safetensors; fuzz: build-io-clang/test/io/
+// fuzz_safetensors_header test/io/corpus (clang builds only).
+//
+// The reader works in two passes over the header text: first a pure syntax check of the whole
+// text (so that broken JSON is always reported as such, with the byte where it breaks), then a
+// schema pass that decodes names, dtypes, shapes and offsets and checks what they mean.
+#include <kfsdp/io/safetensors.hpp>
+
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <set>
+#include <string>
+#include <utility>
+
+namespace kfsdp::io {
+namespace {
+
+// ---------------------------------------------------------------- dtypes
+
+struct dtype_row {
+  dtype type;
+  std::string_view name;
+  std::size_t size;
+};
+
+constexpr std::array<dtype_row, 15> dtype_table{{
+    {dtype::BOOL, "BOOL", 1},   {dtype::U8, "U8", 1},     {dtype::I8, "I8", 1},
+    {dtype::F8_E5M2, "F8_E5M2", 1}, {dtype::F8_E4M3, "F8_E4M3", 1}, {dtype::I16, "I16", 2},
+    {dtype::U16, "U16", 2},     {dtype::F16, "F16", 2},   {dtype::BF16, "BF16", 2},
+    {dtype::I32, "I32", 4},     {dtype::U32, "U32", 4},   {dtype::F32, "F32", 4},
+    {dtype::F64, "F64", 8},     {dtype::I64, "I64", 8},   {dtype::U64, "U64", 8},
+}};
+
+std::string known_dtype_names() {
+  std::string names;
+  for (const auto& row : dtype_table) {
+    if (!names.empty()) names += ", ";
+    names += row.name;
+  }
+  return names;
+}
+
+// ---------------------------------------------------------------- UTF-8 and text for messages
+
+// Length of the valid UTF-8 sequence starting at text[position], or 0 when it is not valid.
+std::size_t utf8_sequence_length(std::string_view text, std::size_t position) noexcept {
+  const auto byte = [&](std::size_t index) -> unsigned {
+    return index < text.size() ? static_cast<unsigned char>(text[index]) : 0x100u;
+  };
+  const auto continuation = [&](std::size_t index, unsigned low = 0x80, unsigned high = 0xbf) {
+    const unsigned value = byte(index);
+    return value >= low && value <= high;
+  };
+  const unsigned lead = byte(position);
+  if (lead < 0x80) return 1;
+  if (lead >= 0xc2 && lead <= 0xdf) return continuation(position + 1) ? 2 : 0;
+  if (lead >= 0xe0 && lead <= 0xef) {
+    // E0 excludes overlong forms, ED excludes the UTF-16 surrogates.
+    const unsigned low = lead == 0xe0 ? 0xa0 : 0x80;
+    const unsigned high = lead == 0xed ? 0x9f : 0xbf;
+    return continuation(position + 1, low, high) && continuation(position + 2) ? 3 : 0;
+  }
+  if (lead >= 0xf0 && lead <= 0xf4) {
+    // F0 excludes overlong forms, F4 stops at U+10FFFF.
+    const unsigned low = lead == 0xf0 ? 0x90 : 0x80;
+    const unsigned high = lead == 0xf4 ? 0x8f : 0xbf;
+    return continuation(position + 1, low, high) && continuation(position + 2) &&
+                   continuation(position + 3)
+               ? 4
+               : 0;
+  }
+  return 0;
+}
+
+bool is_valid_utf8(std::string_view text) noexcept {
+  for (std::size_t position = 0; position < text.size();) {
+    const std::size_t length = utf8_sequence_length(text, position);
+    if (length == 0) return false;
+    position += length;
+  }
+  return true;
+}
+
+constexpr char hex_digits[] = "0123456789abcdef";
+
+// A name as it appears in messages: quoted, control bytes and non-UTF-8 escaped, long names cut.
+std::string printable(std::string_view text) {
+  constexpr std::size_t longest_shown = 120;
+  std::string shown = "'";
+  std::size_t position = 0;
+  for (; position < text.size() && shown.size() < longest_shown;) {
+    const std::size_t length = utf8_sequence_length(text, position);
+    const auto byte = static_cast<unsigned char>(text[position]);
+    if (length == 1 && byte >= 0x20 && byte != 0x7f && byte != '\\' && byte != '\'') {
+      shown += static_cast<char>(byte);
+    } else if (length > 1) {
+      shown.append(text.substr(position, length));
+    } else {
+      shown += "\\x";
+      shown += hex_digits[byte >> 4];
+      shown += hex_digits[byte & 0xf];
+      position += 1;
+      continue;
+    }
+    position += length;
+  }
+  if (position < text.size()) shown += "'... (" + std::to_string(text.size()) + " bytes)";
+  else shown += "'";
+  return shown;
+}
+
+// A character of the header as it appears in messages.
+std::string printable_char(int character) {
+  if (character < 0) return "the end of the header";
+  return printable(std::string(1, static_cast<char>(character)));
+}
+
+[[noreturn]] void fail(std::string_view file_name, const std::string& what) {
+  throw format_error("safetensors file " + printable(file_name) + ": " + what);
+}
+
+[[noreturn]] void fail_tensor(std::string_view file_name, std::string_view tensor,
+                              const std::string& what) {
+  fail(file_name, "tensor " + printable(tensor) + ": " + what);
+}
+
+std::string shape_text(const std::vector<std::uint64_t>& shape) {
+  std::string text = "[";
+  for (std::size_t axis = 0; axis < shape.size(); ++axis) {
+    if (axis != 0) text += ", ";
+    text += std::to_string(shape[axis]);
+  }
+  return text + "]";
+}
+
+// Element count and byte count of a shape, or nullopt when they overflow 64 bits.
+std::optional<std::uint64_t> byte_count(const std::vector<std::uint64_t>& shape, dtype type) {
+  constexpr auto most = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t count = 1;
+  bool has_zero = std::find(shape.begin(), shape.end(), 0u) != shape.end();
+  if (has_zero) return 0;
+  for (const std::uint64_t extent : shape) {
+    if (count > most / extent) return std::nullopt;
+    count *= extent;
+  }
+  const std::uint64_t element_bytes = dtype_size(type);
+  if (count > most / element_bytes) return std::nullopt;
+  return count * element_bytes;
+}
+
+// ---------------------------------------------------------------- JSON reading
+
+enum class json_kind { null, boolean, number, string, array, object };
+
+std::string_view kind_name(json_kind kind) {
+  switch (kind) {
+    case json_kind::null: return "null";
+    case json_kind::boolean: return "a boolean";
+    case json_kind::number: return "a number";
+    case json_kind::string: return "a string";
+    case json_kind::array: return "an array";
+    case json_kind::object: return "an object";
+  }
+  return "a value";
+}
+
+// A cursor over the header text; every read is bounds-checked, every error throws format_error.
+class json_reader {
+ public:
+  json_reader(std::string_view text, std::string_view file_name) : text_(text), file_(file_name) {}
+
+  [[nodiscard]] std::size_t position() const noexcept { return position_; }
+  [[nodiscard]] bool at_end() const noexcept { return position_ >= text_.size(); }
+  [[nodiscard]] int peek() const noexcept {
+    return at_end() ? -1 : static_cast<unsigned char>(text_[position_]);
+  }
+
+  void skip_whitespace() noexcept {
+    while (!at_end()) {
+      const char c = text_[position_];
+      if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return;
+      ++position_;
+    }
+  }
+
+  [[noreturn]] void syntax_error(const std::string& what) const {
+    fail(file_, "header is not valid JSON: at byte " + std::to_string(position_) +
+                    " of the header: " + what + ", found " + printable_char(peek()));
+  }
+
+  void expect(char wanted, std::string_view context) {
+    skip_whitespace();
+    if (peek() != static_cast<unsigned char>(wanted))
+      syntax_error("expected '" + std::string(1, wanted) + "' " + std::string(context));
+    ++position_;
+  }
+
+  // True (and consumes it) when the next non-space character is `wanted`.
+  bool consume(char wanted) {
+    skip_whitespace();
+    if (peek() != static_cast<unsigned char>(wanted)) return false;
+    ++position_;
+    return true;
+  }
+
+  [[nodiscard]] json_kind next_kind() {
+    skip_whitespace();
+    switch (peek()) {
+      case '{': return json_kind::object;
+      case '[': return json_kind::array;
+      case '"': return json_kind::string;
+      case 't': case 'f': return json_kind::boolean;
+      case 'n': return json_kind::null;
+      default:
+        if (peek() == '-' || (peek() >= '0' && peek() <= '9')) return json_kind::number;
+        syntax_error("expected a JSON value");
+    }
+  }
+
+  // Reads any value, checking its syntax; nesting deeper than max_json_depth is an error.
+  void skip_value(std::size_t depth) {
+    switch (next_kind()) {
+      case json_kind::object: {
+        enter(depth);
+        ++position_;
+        if (consume('}')) return;
+        do {
+          skip_whitespace();
+          if (peek() != '"') syntax_error("expected a string key in an object");
+          read_string();
+          expect(':', "after an object key");
+          skip_value(depth + 1);
+        } while (consume(','));
+        expect('}', "or ',' in an object");
+        return;
+      }
+      case json_kind::array: {
+        enter(depth);
+        ++position_;
+        if (consume(']')) return;
+        do skip_value(depth + 1);
+        while (consume(','));
+        expect(']', "or ',' in an array");
+        return;
+      }
+      case json_kind::string: read_string(); return;
+      case json_kind::number: read_number_text(); return;
+      case json_kind::boolean:
+      case json_kind::null: read_literal(); return;
+    }
+  }
+
+  // Reads a string at the cursor and returns it decoded (escapes resolved, UTF-8 checked).
+  std::string read_string() {
+    skip_whitespace();
+    if (peek() != '"') syntax_error("expected a string");
+    ++position_;
+    std::string decoded;
+    for (;;) {
+      if (at_end()) syntax_error("unterminated string");
+      const auto byte = static_cast<unsigned char>(text_[position_]);
+      if (byte == '"') {
+        ++position_;
+        return decoded;
+      }
+      if (byte < 0x20) syntax_error("control character in a string (escape it)");
+      if (byte == '\\') {
+        read_escape(decoded);
+        continue;
+      }
+      const std::size_t length = utf8_sequence_length(text_, position_);
+      if (length == 0) syntax_error("invalid UTF-8 in a string");
+      decoded.append(text_.substr(position_, length));
+      position_ += length;
+    }
+  }
+
+  // Reads a number at the cursor (JSON grammar) and returns its text.
+  std::string_view read_number_text() {
+    skip_whitespace();
+    const std::size_t start = position_;
+    if (peek() == '-') ++position_;
+    if (peek() == '0') {
+      ++position_;
+    } else if (peek() >= '1' && peek() <= '9') {
+      skip_digits();
+    } else {
+      syntax_error("expected a digit in a number");
+    }
+    if (peek() == '.') {
+      ++position_;
+      if (!(peek() >= '0' && peek() <= '9')) syntax_error("expected a digit after '.'");
+      skip_digits();
+    }
+    if (peek() == 'e' || peek() == 'E') {
+      ++position_;
+      if (peek() == '+' || peek() == '-') ++position_;
+      if (!(peek() >= '0' && peek() <= '9')) syntax_error("expected a digit in an exponent");
+      skip_digits();
+    }
+    // "01" would stop after the 0; the caller then sees '1' where ',' or ']' belongs.
+    return text_.substr(start, position_ - start);
+  }
+
+ private:
+  void enter(std::size_t depth) const {
+    if (depth >= max_json_depth)
+      syntax_error("arrays and objects nested deeper than " + std::to_string(max_json_depth));
+  }
+
+  void skip_digits() noexcept {
+    while (peek() >= '0' && peek() <= '9') ++position_;
+  }
+
+  void read_literal() {
+    for (const std::string_view literal : {"true", "false", "null"}) {
+      if (text_.substr(position_, literal.size()) == literal) {
+        position_ += literal.size();
+        return;
+      }
+    }
+    syntax_error("expected true, false or null");
+  }
+
+  unsigned read_hex4() {
+    unsigned value = 0;
+    for (int digit = 0; digit < 4; ++digit) {
+      const int c = peek();
+      unsigned nibble = 0;
+      if (c >= '0' && c <= '9') nibble = static_cast<unsigned>(c - '0');
+      else if (c >= 'a' && c <= 'f') nibble = static_cast<unsigned>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F') nibble = static_cast<unsigned>(c - 'A' + 10);
+      else syntax_error("expected 4 hex digits after \\u");
+      value = value * 16 + nibble;
+      ++position_;
+    }
+    return value;
+  }
+
+  static void append_utf8(std::string& out, unsigned code_point) {
+    if (code_point < 0x80) {
+      out += static_cast<char>(code_point);
+    } else if (code_point < 0x800) {
+      out += static_cast<char>(0xc0 | (code_point >> 6));
+      out += static_cast<char>(0x80 | (code_point & 0x3f));
+    } else if (code_point < 0x10000) {
+      out += static_cast<char>(0xe0 | (code_point >> 12));
+      out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (code_point & 0x3f));
+    } else {
+      out += static_cast<char>(0xf0 | (code_point >> 18));
+      out += static_cast<char>(0x80 | ((code_point >> 12) & 0x3f));
+      out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (code_point & 0x3f));
+    }
+  }
+
+  void read_escape(std::string& decoded) {
+    ++position_;  // the backslash
+    const int c = peek();
+    if (c < 0) syntax_error("unterminated escape");
+    ++position_;
+    switch (c) {
+      case '"': decoded += '"'; return;
+      case '\\': decoded += '\\'; return;
+      case '/': decoded += '/'; return;
+      case 'b': decoded += '\b'; return;
+      case 'f': decoded += '\f'; return;
+      case 'n': decoded += '\n'; return;
+      case 'r': decoded += '\r'; return;
+      case 't': decoded += '\t'; return;
+      case 'u': break;
+      default: --position_; syntax_error("unknown escape");
+    }
+    const unsigned unit = read_hex4();
+    if (unit >= 0xdc00 && unit <= 0xdfff) syntax_error("lone low surrogate in a \\u escape");
+    if (unit < 0xd800 || unit > 0xdbff) {
+      append_utf8(decoded, unit);
+      return;
+    }
+    // A high surrogate must be followed by an escaped low surrogate.
+    if (text_.substr(position_, 2) != "\\u") syntax_error("high surrogate without a low surrogate");
+    position_ += 2;
+    const unsigned low = read_hex4();
+    if (low < 0xdc00 || low > 0xdfff) syntax_error("high surrogate without a low surrogate");
+    append_utf8(decoded, 0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00));
+  }
+
+  std::string_view text_;
+  std::string_view file_;
+  std::size_t position_ = 0;
+};
+
+// ---------------------------------------------------------------- the schema pass
+
+struct parsed_tensor {
+  std::string name;
+  std::optional<dtype> type;
+  std::optional<std::vector<std::uint64_t>> shape;
+  std::optional<std::array<std::uint64_t, 2>> offsets;
+};
+
+class header_reader {
+ public:
+  header_reader(std::string_view json, std::string_view file_name)
+      : reader_(json, file_name), file_(file_name) {}
+
+  void read_into(header_table& table, std::vector<parsed_tensor>& tensors) {
+    if (reader_.next_kind() != json_kind::object)
+      fail(file_, "header is " + std::string(kind_name(reader_.next_kind())) +
+                      ", expected a JSON object of tensors");
+    reader_.expect('{', "");
+    std::set<std::string, std::less<>> names;
+    bool metadata_seen = false;
+    if (reader_.consume('}')) return;
+    do {
+      std::string key = reader_.read_string();
+      reader_.expect(':', "after an object key");
+      if (key == "__metadata__") {
+        if (metadata_seen) fail(file_, "'__metadata__' appears twice");
+        metadata_seen = true;
+        read_metadata(table.metadata);
+        continue;
+      }
+      if (!names.insert(key).second) fail_tensor(file_, key, "appears twice in the header");
+      tensors.push_back(read_tensor(std::move(key)));
+    } while (reader_.consume(','));
+    reader_.expect('}', "");
+  }
+
+ private:
+  void read_metadata(metadata_map& metadata) {
+    const json_kind kind = reader_.next_kind();
+    if (kind == json_kind::null) {
+      reader_.skip_value(1);
+      return;
+    }
+    if (kind != json_kind::object)
+      fail(file_, "'__metadata__' is " + std::string(kind_name(kind)) +
+                      ", expected an object of strings");
+    reader_.expect('{', "");
+    if (reader_.consume('}')) return;
+    do {
+      std::string key = reader_.read_string();
+      reader_.expect(':', "after an object key");
+      const json_kind value_kind = reader_.next_kind();
+      if (value_kind != json_kind::string)
+        fail(file_, "'__metadata__' value of " + printable(key) + " is " +
+                        std::string(kind_name(value_kind)) + ", expected a string");
+      std::string value = reader_.read_string();
+      if (metadata.contains(key))
+        fail(file_, "'__metadata__' key " + printable(key) + " appears twice");
+      metadata.emplace(std::move(key), std::move(value));
+    } while (reader_.consume(','));
+    reader_.expect('}', "");
+  }
+
+  parsed_tensor read_tensor(std::string name) {
+    parsed_tensor tensor{std::move(name), {}, {}, {}};
+    const json_kind kind = reader_.next_kind();
+    if (kind != json_kind::object)
+      fail_tensor(file_, tensor.name,
+                  "entry is " + std::string(kind_name(kind)) +
+                      ", expected an object with dtype, shape and data_offsets");
+    reader_.expect('{', "");
+    if (!reader_.consume('}')) {
+      do {
+        const std::string field = reader_.read_string();
+        reader_.expect(':', "after an object key");
+        if (field == "dtype") {
+          if (tensor.type) fail_tensor(file_, tensor.name, "'dtype' appears twice");
+          tensor.type = read_dtype(tensor.name);
+        } else if (field == "shape") {
+          if (tensor.shape) fail_tensor(file_, tensor.name, "'shape' appears twice");
+          tensor.shape = read_unsigned_array(tensor.name, "shape");
+        } else if (field == "data_offsets") {
+          if (tensor.offsets) fail_tensor(file_, tensor.name, "'data_offsets' appears twice");
+          const auto offsets = read_unsigned_array(tensor.name, "data_offsets");
+          if (offsets.size() != 2)
+            fail_tensor(file_, tensor.name,
+                        "data_offsets has " + std::to_string(offsets.size()) +
+                            " numbers, expected 2 ([begin, end])");
+          tensor.offsets = std::array<std::uint64_t, 2>{offsets[0], offsets[1]};
+        } else {
+          reader_.skip_value(2);  // unknown fields are ignored, as the reference does
+        }
+      } while (reader_.consume(','));
+      reader_.expect('}', "");
+    }
+    for (const auto& [present, field] : {std::pair{tensor.type.has_value(), "dtype"},
+                                         std::pair{tensor.shape.has_value(), "shape"},
+                                         std::pair{tensor.offsets.has_value(), "data_offsets"}})
+      if (!present) fail_tensor(file_, tensor.name, std::string("'") + field + "' is missing");
+    return tensor;
+  }
+
+  dtype read_dtype(std::string_view tensor) {
+    const json_kind kind = reader_.next_kind();
+    if (kind != json_kind::string)
+      fail_tensor(file_, tensor, "dtype is " + std::string(kind_name(kind)) + ", expected a string");
+    const std::string name = reader_.read_string();
+    if (const auto type = parse_dtype(name)) return *type;
+    fail_tensor(file_, tensor,
+                "dtype " + printable(name) + " is unknown, expected one of " + known_dtype_names());
+  }
+
+  std::vector<std::uint64_t> read_unsigned_array(std::string_view tensor, std::string_view field) {
+    const json_kind kind = reader_.next_kind();
+    if (kind != json_kind::array)
+      fail_tensor(file_, tensor,
+                  std::string(field) + " is " + std::string(kind_name(kind)) +
+                      ", expected an array of unsigned integers");
+    reader_.expect('[', "");
+    std::vector<std::uint64_t> values;
+    if (reader_.consume(']')) return values;
+    do {
+      const std::string where = std::string(field) + "[" + std::to_string(values.size()) + "]";
+      const json_kind item_kind = reader_.next_kind();
+      if (item_kind != json_kind::number)
+        fail_tensor(file_, tensor,
+                    where + " is " + std::string(kind_name(item_kind)) +
+                        ", expected an unsigned integer");
+      values.push_back(to_unsigned(reader_.read_number_text(), tensor, where));
+    } while (reader_.consume(','));
+    reader_.expect(']', "");
+    return values;
+  }
+
+  std::uint64_t to_unsigned(std::string_view literal, std::string_view tensor,
+                            const std::string& where) const {
+    const std::string shown =
+        literal.size() > 40 ? std::string(literal.substr(0, 40)) + "..." : std::string(literal);
+    if (literal.find_first_of(".eE") != std::string_view::npos)
+      fail_tensor(file_, tensor,
+                  where + " = " + shown + " is not an integer, expected an unsigned integer");
+    if (literal.starts_with('-'))
+      fail_tensor(file_, tensor, where + " = " + shown + " is negative, expected an unsigned integer");
+    std::uint64_t value = 0;
+    constexpr auto most = std::numeric_limits<std::uint64_t>::max();
+    for (const char digit : literal) {
+      const auto d = static_cast<std::uint64_t>(digit - '0');
+      if (value > (most - d) / 10)
+        fail_tensor(file_, tensor,
+                    where + " = " + shown + " does not fit in 64 bits, expected at most " +
+                        std::to_string(most));
+      value = value * 10 + d;
+    }
+    return value;
+  }
+
+  json_reader reader_;
+  std::string_view file_;
+};
+
+// ---------------------------------------------------------------- JSON writing
+
+void append_json_string(std::string& out, std::string_view text) {
+  out += '"';
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (byte < 0x20) {
+          out += "\\u00";
+          out += hex_digits[byte >> 4];
+          out += hex_digits[byte & 0xf];
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
+
+void require_utf8(std::string_view text, std::string_view what) {
+  if (!is_valid_utf8(text))
+    throw std::invalid_argument("make_header: " + std::string(what) + " " + printable(text) +
+                                " is not valid UTF-8, expected UTF-8 text");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- public API
+
+std::string_view dtype_name(dtype type) noexcept {
+  for (const auto& row : dtype_table)
+    if (row.type == type) return row.name;
+  return "?";
+}
+
+std::size_t dtype_size(dtype type) noexcept {
+  for (const auto& row : dtype_table)
+    if (row.type == type) return row.size;
+  return 1;
+}
+
+std::optional<dtype> parse_dtype(std::string_view name) noexcept {
+  for (const auto& row : dtype_table)
+    if (row.name == name) return row.type;
+  return std::nullopt;
+}
+
+std::uint64_t tensor_info::element_count() const noexcept {
+  std::uint64_t count = 1;
+  for (const std::uint64_t extent : shape) count *= extent;  // validated not to overflow
+  return count;
+}
+
+std::uint64_t tensor_info::row_offset(std::uint64_t row) const {
+  if (shape.empty())
+    throw std::invalid_argument("tensor_info::row_offset: tensor " + printable(name) +
+                                " is a scalar (shape []), expected at least one dimension");
+  if (row > shape[0])
+    throw std::out_of_range("tensor_info::row_offset: row = " + std::to_string(row) +
+                            " of tensor " + printable(name) + ", expected row <= " +
+                            std::to_string(shape[0]));
+  if (shape[0] == 0) return begin;
+  return begin + row * (size_bytes() / shape[0]);
+}
+
+std::string_view file_layout::header_json() const noexcept {
+  if (prefix.size() < 8) return {};
+  return {reinterpret_cast<const char*>(prefix.data()) + 8, prefix.size() - 8};
+}
+
+file_layout make_header(const std::vector<tensor_entry>& tensors, const metadata_map& metadata) {
+  file_layout layout;
+  std::string json = "{";
+  if (!metadata.empty()) {
+    json += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [key, value] : metadata) {
+      require_utf8(key, "metadata key");
+      require_utf8(value, "metadata value");
+      if (!first) json += ',';
+      first = false;
+      append_json_string(json, key);
+      json += ':';
+      append_json_string(json, value);
+    }
+    json += '}';
+  }
+  std::set<std::string_view> names;
+  std::uint64_t data_bytes = 0;
+  for (const auto& tensor : tensors) {
+    if (tensor.name == "__metadata__")
+      throw std::invalid_argument(
+          "make_header: tensor name '__metadata__' is reserved for metadata, expected another name");
+    require_utf8(tensor.name, "tensor name");
+    if (!names.insert(tensor.name).second)
+      throw std::invalid_argument("make_header: tensor name " + printable(tensor.name) +
+                                  " appears twice, expected unique names");
+    const auto bytes = byte_count(tensor.shape, tensor.type);
+    if (!bytes || *bytes > std::numeric_limits<std::uint64_t>::max() / 2 - data_bytes)
+      throw std::invalid_argument("make_header: tensor " + printable(tensor.name) + " of shape " +
+                                  shape_text(tensor.shape) +
+                                  " is too large, expected a file under 2^63 bytes");
+    if (json.size() > 1) json += ',';
+    append_json_string(json, tensor.name);
+    json += ":{\"dtype\":\"";
+    json += dtype_name(tensor.type);
+    json += "\",\"shape\":" + shape_text(tensor.shape);
+    json += ",\"data_offsets\":[" + std::to_string(data_bytes) + "," +
+            std::to_string(data_bytes + *bytes) + "]}";
+    layout.tensors.push_back({tensor.name, tensor.type, tensor.shape, data_bytes, data_bytes + *bytes});
+    data_bytes += *bytes;
+  }
+  json += '}';
+  // Spaces after the JSON so that the data section starts 8-byte aligned, as the reference does.
+  json.append((8 - json.size() % 8) % 8, ' ');
+
+  const std::uint64_t header_bytes = json.size();
+  layout.prefix.resize(8 + json.size());
+  for (int byte = 0; byte < 8; ++byte)
+    layout.prefix[static_cast<std::size_t>(byte)] = static_cast<std::byte>((header_bytes >> (8 * byte)) & 0xff);
+  std::transform(json.begin(), json.end(), layout.prefix.begin() + 8,
+                 [](char c) { return static_cast<std::byte>(c); });
+  layout.data_offset = layout.prefix.size();
+  for (auto& tensor : layout.tensors) {
+    tensor.begin += layout.data_offset;
+    tensor.end += layout.data_offset;
+  }
+  layout.file_size = layout.data_offset + data_bytes;
+  return layout;
+}
+
+header_builder& header_builder::add_tensor(std::string name, dtype type,
+                                           std::vector<std::uint64_t> shape) {
+  tensors_.push_back({std::move(name), type, std::move(shape)});
+  return *this;
+}
+
+header_builder& header_builder::add_metadata(std::string key, std::string value) {
+  metadata_.insert_or_assign(std::move(key), std::move(value));
+  return *this;
+}
+
+const tensor_info* header_table::find(std::string_view name) const noexcept {
+  const auto found = index_by_name_.find(name);
+  return found == index_by_name_.end() ? nullptr : &tensors[found->second];
+}
+
+const tensor_info& header_table::at(std::string_view name) const {
+  if (const tensor_info* tensor = find(name)) return *tensor;
+  throw std::out_of_range("safetensors file " + printable(file_name) + ": no tensor named " +
+                          printable(name));
+}
+
+std::uint64_t header_length(std::span<const std::byte> first_bytes, std::uint64_t file_size,
+                            std::string_view file_name) {
+  if (file_size < 8)
+    fail(file_name, "file is " + std::to_string(file_size) +
+                        " bytes, expected at least 8 (the header length)");
+  if (first_bytes.size() < 8)
+    fail(file_name, "first_bytes holds " + std::to_string(first_bytes.size()) +
+                        " bytes, expected at least 8 (the header length)");
+  std::uint64_t length = 0;
+  for (int byte = 7; byte >= 0; --byte)
+    length = (length << 8) | std::to_integer<std::uint64_t>(first_bytes[static_cast<std::size_t>(byte)]);
+  if (length > max_header_bytes)
+    fail(file_name, "header length " + std::to_string(length) + " is absurd, expected at most " +
+                        std::to_string(max_header_bytes) + " bytes");
+  if (length > file_size - 8)
+    fail(file_name, "header length " + std::to_string(length) + " is larger than the file (" +
+                        std::to_string(file_size) + " bytes, so at most " +
+                        std::to_string(file_size - 8) + " after the length)");
+  return length;
+}
+
+header_table parse_header(std::span<const std::byte> file_prefix, std::uint64_t file_size,
+                          std::string_view file_name) {
+  if (file_prefix.size() > file_size)
+    throw std::invalid_argument("parse_header: file_size = " + std::to_string(file_size) +
+                                " is smaller than file_prefix (" +
+                                std::to_string(file_prefix.size()) +
+                                " bytes), expected the size of the whole file");
+  const std::uint64_t length = header_length(file_prefix, file_size, file_name);
+  if (file_prefix.size() - 8 < length)
+    fail(file_name, "file_prefix holds " + std::to_string(file_prefix.size()) +
+                        " bytes, but the header needs 8 + " + std::to_string(length) +
+                        "; read that many bytes first");
+  const std::string_view json(reinterpret_cast<const char*>(file_prefix.data()) + 8,
+                              static_cast<std::size_t>(length));
+
+  // Pass 1: syntax of the whole text, and nothing but whitespace after the value.
+  {
+    json_reader syntax(json, file_name);
+    syntax.skip_value(0);
+    syntax.skip_whitespace();
+    if (!syntax.at_end()) syntax.syntax_error("expected the end of the header after the JSON value");
+  }
+
+  // Pass 2: meaning.
+  header_table table;
+  table.file_name = std::string(file_name);
+  table.file_size = file_size;
+  table.data_offset = 8 + length;
+  std::vector<parsed_tensor> parsed;
+  header_reader(json, file_name).read_into(table, parsed);
+
+  const std::uint64_t data_bytes = file_size - table.data_offset;
+  for (const auto& tensor : parsed) {
+    const auto [begin, end] = *tensor.offsets;
+    const std::string offsets_text =
+        "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+    if (begin > end) fail_tensor(file_name, tensor.name, offsets_text + " end before begin");
+    const auto bytes = byte_count(*tensor.shape, *tensor.type);
+    if (!bytes)
+      fail_tensor(file_name, tensor.name,
+                  "shape " + shape_text(*tensor.shape) + " of " +
+                      std::string(dtype_name(*tensor.type)) + " has more than 2^64 bytes");
+    if (*bytes != end - begin)
+      fail_tensor(file_name, tensor.name,
+                  "shape " + shape_text(*tensor.shape) + " of " +
+                      std::string(dtype_name(*tensor.type)) + " (" +
+                      std::to_string(dtype_size(*tensor.type)) + " bytes each) is " +
+                      std::to_string(*bytes) + " bytes, but " + offsets_text + " span " +
+                      std::to_string(end - begin));
+    if (end > data_bytes)
+      fail_tensor(file_name, tensor.name,
+                  offsets_text + " go past the end of the data section, which has " +
+                      std::to_string(data_bytes) + " bytes (file of " + std::to_string(file_size) +
+                      " bytes, data from byte " + std::to_string(table.data_offset) + ")");
+  }
+
+  // The ranges, in file order, must tile the data section exactly: no overlap, no hole.
+  std::vector<std::size_t> order(parsed.size());
+  for (std::size_t index = 0; index < order.size(); ++index) order[index] = index;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return *parsed[a].offsets < *parsed[b].offsets;
+  });
+  std::uint64_t covered = 0;
+  const parsed_tensor* previous = nullptr;
+  for (const std::size_t index : order) {
+    const auto& tensor = parsed[index];
+    const auto [begin, end] = *tensor.offsets;
+    if (begin < covered)
+      fail_tensor(file_name, tensor.name,
+                  "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                      "] overlap tensor " + printable(previous->name) + ", which ends at " +
+                      std::to_string(covered));
+    if (begin > covered)
+      fail_tensor(file_name, tensor.name,
+                  "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                      "] leave a hole: bytes [" + std::to_string(covered) + ", " +
+                      std::to_string(begin) + ") of the data section belong to no tensor");
+    covered = end;
+    previous = &tensor;
+  }
+  if (covered != data_bytes)
+    fail(file_name, "bytes [" + std::to_string(covered) + ", " + std::to_string(data_bytes) +
+                        ") at the end of the data section belong to no tensor" +
+                        (previous ? " (the last is " + printable(previous->name) + ")"
+                                  : std::string(" (the header has no tensors)")));
+
+  table.tensors.reserve(parsed.size());
+  for (const std::size_t index : order) {
+    auto& tensor = parsed[index];
+    table.index_by_name_.emplace(tensor.name, table.tensors.size());
+    table.tensors.push_back({std::move(tensor.name), *tensor.type, std::move(*tensor.shape),
+                             table.data_offset + (*tensor.offsets)[0],
+                             table.data_offset + (*tensor.offsets)[1]});
+  }
+  return table;
+}
+
+}  // namespace kfsdp::io
