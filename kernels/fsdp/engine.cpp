@@ -367,13 +367,23 @@ void fsdp_engine<Scalar>::load_original_state_dict(const state_dict& full) {
 
 template <class Scalar>
 state_dict fsdp_engine<Scalar>::original_state_dict(bool rank0_only) {
+  return gather_full(shards_, rank0_only);
+}
+
+template <class Scalar>
+state_dict fsdp_engine<Scalar>::original_grad_dict(bool rank0_only) {
+  return gather_full(grads_, rank0_only);
+}
+
+template <class Scalar>
+state_dict fsdp_engine<Scalar>::gather_full(const sharded_storage<Scalar>& storage, bool rank0_only) {
   const bool keep = !rank0_only || rank_ == 0;
   std::vector<tensor> tensors;
   std::vector<flat_view> on_device;  // when not moving each parameter to the host at once
   for (std::size_t p = 0; p < table_.size(); ++p) {
     const param_shard& s = plan_.params[p];
     flat_view gathered = allocate("kfsdp::state_dict_param", s.chunk_numel() * static_cast<std::size_t>(world_size_));
-    const flat_view chunk = shards_.chunk(p);
+    const flat_view chunk = storage.chunk(p);
     comm_.iall_gather(as_const_span(chunk), as_span(gathered)).wait();
     bytes_communicated_ += gathered.extent(0) * sizeof(Scalar);
     if (keep) {

@@ -53,6 +53,7 @@ struct param_range {
 template <class Scalar>
 class fsdp_engine {
  public:
+  using scalar_type = Scalar;
   using flat_view = Kokkos::View<Scalar*>;
   using initializer = std::function<param_init(const param_info&)>;
 
@@ -83,6 +84,8 @@ class fsdp_engine {
   // The full, unpadded parameters under their names, gathered one at a time (collective).
   // rank0_only: the other ranks return an empty state dict.
   [[nodiscard]] state_dict original_state_dict(bool rank0_only = false);
+  // The same for the gradient shards: the full, averaged gradients under the parameters' names.
+  [[nodiscard]] state_dict original_grad_dict(bool rank0_only = false);
 
   // --- one bucket's collectives ---
   void begin_unshard(std::size_t bucket);   // issue the all-gather (non-blocking)
@@ -132,6 +135,7 @@ class fsdp_engine {
   // Every rank fills its own rows: fill(param, first_global_element, count, out).
   void fill_local(const std::function<void(std::size_t, std::size_t, std::size_t, flat_view)>& fill);
   [[nodiscard]] std::string validate(const state_dict& full) const;
+  [[nodiscard]] state_dict gather_full(const sharded_storage<Scalar>& storage, bool rank0_only);
 
   std::vector<param_info> table_;
   comm::any_communicator comm_;
