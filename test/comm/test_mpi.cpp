@@ -3,7 +3,9 @@
 // rank never leaves the others waiting.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <numeric>
 #include <span>
@@ -160,6 +162,122 @@ TEST_CASE_TEMPLATE("mpi: reduce_scatter_sum gives each rank the sum of its chunk
   }
   CHECK_FALSE(pending.in_flight());
   CHECK(shard == scattered_sum<T>(world.rank(), world.size(), count));
+}
+
+// Chunk sizes around the ring's segments: one element, one segment, and several with a partial
+// last one (ring_segment_bytes is 256 KiB); every sum stays an exact integer in float.
+template <class T>
+std::vector<std::size_t> ring_test_counts() {
+  const std::size_t segment = 256 * 1024 / sizeof(T);
+  return {1, 7, segment, 2 * segment + 3};
+}
+
+TEST_CASE_TEMPLATE("mpi: reduce_scatter_sum is exact through both paths, blocking and not", T,
+                   float, double, std::int64_t, std::uint64_t) {
+  comm::mpi world;
+  const auto ranks = static_cast<std::size_t>(world.size());
+  for (const bool ring : {false, true}) {
+    CAPTURE(ring);
+    world.set_reduce_scatter_ring_min_bytes(ring ? 1 : SIZE_MAX);
+    for (const std::size_t count : ring_test_counts<T>()) {
+      CAPTURE(count);
+      const auto full_gradient = contributions<T>(world.rank(), count * ranks);
+      const auto expected = scattered_sum<T>(world.rank(), world.size(), count);
+      std::vector<T> shard(count, T(-1));
+      world.reduce_scatter_sum(full_gradient, std::span(shard));
+      CHECK(shard == expected);
+
+      std::fill(shard.begin(), shard.end(), T(-1));
+      comm::request polled = world.ireduce_scatter_sum(full_gradient, std::span(shard));
+      while (!polled.test()) {
+      }
+      CHECK(shard == expected);
+
+      std::fill(shard.begin(), shard.end(), T(-1));
+      world.ireduce_scatter_sum(full_gradient, std::span(shard)).wait();
+      CHECK(shard == expected);
+    }
+  }
+}
+
+TEST_CASE("mpi: the default threshold sends big chunks through the ring and small through MPI") {
+  comm::mpi world;
+  const std::size_t threshold = world.reduce_scatter_ring_min_bytes();
+  CHECK(threshold == comm::mpi::default_reduce_scatter_ring_min_bytes);
+  const auto ranks = static_cast<std::size_t>(world.size());
+  for (const std::size_t count : {threshold / sizeof(float) - 1, threshold / sizeof(float) + 5}) {
+    CAPTURE(count);
+    const auto full_gradient = contributions<float>(world.rank(), count * ranks);
+    std::vector<float> shard(count, -1.0F);
+    world.reduce_scatter_sum(full_gradient, std::span(shard));
+    CHECK(shard == scattered_sum<float>(world.rank(), world.size(), count));
+  }
+}
+
+TEST_CASE("mpi: ring reduce-scatters in flight together, waited in any order, never cross") {
+  comm::mpi world;
+  world.set_reduce_scatter_ring_min_bytes(1);
+  const auto ranks = static_cast<std::size_t>(world.size());
+  const std::size_t big = 2 * 256 * 1024 / sizeof(double) + 1;  // three segments per round
+  const auto gradient_a = contributions<double>(world.rank(), big * ranks);
+  auto gradient_b = contributions<double>(world.rank(), 5 * ranks);
+  for (double& value : gradient_b) value *= 2;
+  const auto shard = contributions<float>(world.rank(), 3);
+  std::vector<double> reduced_a(big), reduced_b(5);
+  std::vector<float> full(3 * ranks);
+
+  comm::request a = world.ireduce_scatter_sum(gradient_a, std::span(reduced_a));
+  comm::request gather = world.iall_gather(shard, std::span(full));
+  comm::request b = world.ireduce_scatter_sum(gradient_b, std::span(reduced_b));
+  // Ranks advance the operations in different orders: the last rank polls a first.
+  if (world.rank() == world.size() - 1) (void)a.test();
+  b.wait();
+  gather.wait();
+  a.wait();
+
+  CHECK(reduced_a == scattered_sum<double>(world.rank(), world.size(), big));
+  auto expected_b = scattered_sum<double>(world.rank(), world.size(), 5);
+  for (double& value : expected_b) value *= 2;
+  CHECK(reduced_b == expected_b);
+  CHECK(full == gathered<float>(world.size(), 3));
+}
+
+TEST_CASE("mpi: the ring sums block b in the documented order ((x[b+1] + x[b+2]) + ...) + x[b]") {
+  comm::mpi world;
+  world.set_reduce_scatter_ring_min_bytes(1);
+  const int ranks = world.size();
+  const std::size_t count = 256 * 1024 / sizeof(float) + 9;  // two segments per round
+  // Values whose float sums round, so another association would show in the last bits.
+  const auto inexact = [](int rank, std::size_t index) {
+    return 1.0F / static_cast<float>(3 + 7 * rank + static_cast<int>(index % 1013));
+  };
+  std::vector<float> full_gradient(count * static_cast<std::size_t>(ranks));
+  for (std::size_t i = 0; i < full_gradient.size(); ++i) full_gradient[i] = inexact(world.rank(), i);
+
+  std::vector<float> first(count), second(count);
+  world.reduce_scatter_sum(std::span<const float>(full_gradient), std::span(first));
+  world.ireduce_scatter_sum(std::span<const float>(full_gradient), std::span(second)).wait();
+  CHECK(first == second);  // bit for bit: the order is fixed
+
+  const int block = world.rank();
+  std::vector<float> expected(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t index = static_cast<std::size_t>(block) * count + i;
+    float sum = inexact((block + 1) % ranks, index);
+    for (int step = 2; step <= ranks; ++step) sum += inexact((block + step) % ranks, index);
+    expected[i] = sum;
+  }
+  CHECK(first == expected);
+}
+
+TEST_CASE("mpi: the ring threshold moves with the communicator") {
+  comm::mpi first;
+  first.set_reduce_scatter_ring_min_bytes(12345);
+  comm::mpi second(std::move(first));
+  CHECK(second.reduce_scatter_ring_min_bytes() == 12345);
+  comm::mpi third;
+  third = std::move(second);
+  CHECK(third.reduce_scatter_ring_min_bytes() == 12345);
 }
 
 TEST_CASE_TEMPLATE("mpi: broadcast from every root", T, float, double, std::int64_t,

@@ -2,7 +2,8 @@
 // kfsdp::comm::mpi — the MPI communicator backend (opt-in: this header includes mpi.h).
 //
 // It wraps MPI_COMM_WORLD, or any MPI_Comm you pass, duplicated with MPI_Comm_dup so kfsdp's
-// messages never match yours; the duplicate is freed in the destructor. Errors come back as
+// messages never match yours; the duplicate is freed in the destructor (kfsdp's ring
+// reduce-scatter sends point-to-point messages on it, tags 0-32767: send none of your own there). Errors come back as
 // exceptions (MPI_ERRORS_RETURN is set on the duplicate), never as an abort.
 //
 //   int main(int argc, char** argv) {
@@ -16,8 +17,10 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -100,13 +103,19 @@ class mpi {
   }
 
   mpi(mpi&& other) noexcept
-      : comm_(std::exchange(other.comm_, MPI_COMM_NULL)), rank_(other.rank_), size_(other.size_) {}
+      : comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
+        rank_(other.rank_),
+        size_(other.size_),
+        ring_min_bytes_(other.ring_min_bytes_),
+        ring_calls_(other.ring_calls_) {}
   mpi& operator=(mpi&& other) noexcept {
     if (this != &other) {
       free_communicator();
       comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
       rank_ = other.rank_;
       size_ = other.size_;
+      ring_min_bytes_ = other.ring_min_bytes_;
+      ring_calls_ = other.ring_calls_;
     }
     return *this;
   }
@@ -143,25 +152,49 @@ class mpi {
 
   // Rank r's recv[i] = sum over ranks of send[r*recv.size() + i];
   // send.size() == size()*recv.size().
+  //
+  // Chunks of at least reduce_scatter_ring_min_bytes() (recv.size()*sizeof(T)) go through kfsdp's
+  // ring (ring_reduce_scatter below), smaller ones through MPI_Reduce_scatter_block: OpenMPI 4.1's
+  // reached only ~0.7 GB/s for 1-64 MiB chunks on shared memory. Either way the sum order is fixed
+  // by (size(), recv.size()), so the same inputs give the same bits on every run.
   template <element T>
   void reduce_scatter_sum(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
     constexpr std::string_view function = "kfsdp::comm::mpi::reduce_scatter_sum";
     const int count = prepare_reduce_scatter<T>(function, send, recv);
+    if (uses_ring(recv.size_bytes())) {
+      ring_reduce_scatter<T>(comm_, rank_, size_, next_ring_tag(), send, recv, function).wait();
+      return;
+    }
     check(MPI_Reduce_scatter_block(send.data(), recv.data(), count, detail::mpi_datatype<T>(),
                                    MPI_SUM, comm_),
           function, "MPI_Reduce_scatter_block");
   }
+  // The ring's request advances a round each time test() finds the previous one complete, and
+  // wait() runs the remaining rounds; rounds only advance inside test() and wait().
   template <element T>
   [[nodiscard]] request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send,
                                             std::span<T> recv) {
     constexpr std::string_view function = "kfsdp::comm::mpi::ireduce_scatter_sum";
     const int count = prepare_reduce_scatter<T>(function, send, recv);
+    if (uses_ring(recv.size_bytes())) {
+      return request(ring_reduce_scatter<T>(comm_, rank_, size_, next_ring_tag(), send, recv,
+                                            function));
+    }
     MPI_Request handle = MPI_REQUEST_NULL;
     check(MPI_Ireduce_scatter_block(send.data(), recv.data(), count, detail::mpi_datatype<T>(),
                                     MPI_SUM, comm_, &handle),
           function, "MPI_Ireduce_scatter_block");
     return request(pending_mpi_request{handle, function});
   }
+
+  // Per-rank chunk size (bytes) from which reduce_scatter_sum uses the ring. Every rank must set
+  // the same value before the same call: the two paths do not talk to each other.
+  [[nodiscard]] std::size_t reduce_scatter_ring_min_bytes() const noexcept {
+    return ring_min_bytes_;
+  }
+  void set_reduce_scatter_ring_min_bytes(std::size_t bytes) noexcept { ring_min_bytes_ = bytes; }
+  // Measured with bench/collectives at 2 and 4 ranks (docs/performance.md).
+  static constexpr std::size_t default_reduce_scatter_ring_min_bytes = 64 * 1024;
 
   // Every rank's data becomes root's; 0 <= root < size().
   template <element T>
@@ -223,6 +256,137 @@ class mpi {
     void wait() { check(MPI_Wait(&handle, MPI_STATUS_IGNORE), function, "MPI_Wait"); }
   };
 
+  // A reduce-scatter as size()-1 rounds of a ring (rank r sends to r+1, receives from r-1).
+  // In round s rank r receives the partial sum of block b = (r-s-2) mod n (the contributions of
+  // ranks b+1 ... r-1), adds its own block b and, next round, passes it on; after n-1 rounds it
+  // holds block r. The sum of block b is therefore associated as
+  //   ((x[b+1] + x[b+2]) + ...) + x[b]      (rank indices mod n)
+  // which differs from MPI_Reduce_scatter_block's order (so float results may differ from it in
+  // the last bits) but is fixed by (n, count): the same inputs give the same bits on every run.
+  //
+  // Each round moves the block in segments of ring_segment_bytes, two in flight: the add of one
+  // segment overlaps the transfer of the next, and the scratch space stays two segments whatever
+  // the bucket size. Each call gets its own tag, so several reduce-scatters in flight never cross.
+  static constexpr std::size_t ring_segment_bytes = 256 * 1024;
+
+  template <class T>
+  class ring_reduce_scatter {
+   public:
+    ring_reduce_scatter(MPI_Comm comm, int rank, int size, int tag, std::span<const T> send,
+                        std::span<T> recv, std::string_view function)
+        : comm_(comm),
+          rank_(rank),
+          size_(size),
+          tag_(tag),
+          send_(send.data()),
+          recv_(recv.data()),
+          count_(recv.size()),
+          segment_(std::max<std::size_t>(1, ring_segment_bytes / sizeof(T))),
+          segments_per_round_((count_ + segment_ - 1) / segment_),
+          steps_(static_cast<std::size_t>(size_ - 1) * segments_per_round_),
+          // A round's first segment may only leave once the last round computed it.
+          depth_(segments_per_round_ >= 2 ? 2 : 1),
+          function_(function) {
+      if (size_ == 1) {
+        std::copy(send.begin(), send.end(), recv.begin());
+        return;
+      }
+      incoming_.reset(new T[2 * std::min(segment_, count_)]);  // every element is received first
+      post_ready_steps();
+    }
+
+    bool test() {
+      while (finished_ < steps_) {
+        int complete = 0;
+        check(MPI_Testall(2, pending_[finished_ % 2], &complete, MPI_STATUSES_IGNORE), function_,
+              "MPI_Testall");
+        if (complete == 0) return false;
+        finish_step();
+      }
+      return true;
+    }
+    void wait() {
+      while (finished_ < steps_) {
+        check(MPI_Waitall(2, pending_[finished_ % 2], MPI_STATUSES_IGNORE), function_,
+              "MPI_Waitall");
+        finish_step();
+      }
+    }
+
+   private:
+    struct step_range {
+      int round;
+      std::size_t offset;  // into the block
+      std::size_t length;
+    };
+    [[nodiscard]] step_range range_of(std::size_t step) const {
+      const std::size_t offset = (step % segments_per_round_) * segment_;
+      return {static_cast<int>(step / segments_per_round_), offset,
+              std::min(segment_, count_ - offset)};
+    }
+    [[nodiscard]] const T* own_block(int block) const {
+      return send_ + static_cast<std::size_t>(block) * count_;
+    }
+    [[nodiscard]] T* scratch(std::size_t step) const {
+      return incoming_.get() + (step % 2) * std::min(segment_, count_);
+    }
+
+    void post_ready_steps() {
+      const int left = (rank_ - 1 + size_) % size_;
+      const int right = (rank_ + 1) % size_;
+      for (; posted_ < steps_ && posted_ - finished_ < depth_; ++posted_) {
+        const step_range step = range_of(posted_);
+        const int length = static_cast<int>(step.length);  // count <= INT_MAX, checked by caller
+        // Round 0 passes on this rank's own block r-1; later rounds the partial sum kept in recv.
+        const T* outgoing = (step.round == 0 ? own_block(left) : recv_) + step.offset;
+        MPI_Request* requests = pending_[posted_ % 2];
+        check(MPI_Irecv(scratch(posted_), length, detail::mpi_datatype<T>(), left, tag_, comm_,
+                        &requests[0]),
+              function_, "MPI_Irecv");
+        check(MPI_Isend(outgoing, length, detail::mpi_datatype<T>(), right, tag_, comm_,
+                        &requests[1]),
+              function_, "MPI_Isend");
+      }
+    }
+
+    // The step's two messages are done, so its slice of recv may become partial + own block.
+    void finish_step() {
+      const step_range step = range_of(finished_);
+      const int block = ((rank_ - step.round - 2) % size_ + size_) % size_;
+      const T* own = own_block(block) + step.offset;
+      const T* partial = scratch(finished_);
+      T* sum = recv_ + step.offset;
+      for (std::size_t i = 0; i < step.length; ++i) sum[i] = partial[i] + own[i];
+      ++finished_;
+      post_ready_steps();
+    }
+
+    MPI_Comm comm_;
+    int rank_;
+    int size_;
+    int tag_;
+    const T* send_;
+    T* recv_;
+    std::size_t count_;
+    std::size_t segment_;             // elements per message
+    std::size_t segments_per_round_;
+    std::size_t steps_;               // (size - 1) rounds of segments_per_round_ messages
+    std::size_t depth_;               // steps in flight at once
+    std::string_view function_;
+    std::unique_ptr<T[]> incoming_;   // heap, so the posted receives survive moving the state
+    MPI_Request pending_[2][2] = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL},
+                                  {MPI_REQUEST_NULL, MPI_REQUEST_NULL}};
+    std::size_t posted_ = 0;
+    std::size_t finished_ = 0;
+  };
+
+  [[nodiscard]] bool uses_ring(std::size_t chunk_bytes) const noexcept {
+    return size_ > 1 && chunk_bytes > 0 && chunk_bytes >= ring_min_bytes_;
+  }
+  // Every rank makes the same calls in the same order, so the counters agree without talking.
+  int next_ring_tag() noexcept { return static_cast<int>(ring_calls_++ % ring_tag_count); }
+  static constexpr std::uint64_t ring_tag_count = 32768;  // MPI guarantees MPI_TAG_UB >= 32767
+
   template <class T>
   int prepare_all_gather(std::string_view function, std::span<const T> send,
                          std::span<T> recv) const {
@@ -263,6 +427,8 @@ class mpi {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
+  std::size_t ring_min_bytes_ = default_reduce_scatter_ring_min_bytes;
+  std::uint64_t ring_calls_ = 0;  // ring reduce-scatters started: the next one's tag
 };
 
 // RAII guard: MPI_Init_thread with at least `required_thread_level` (MPI_THREAD_FUNNELED by

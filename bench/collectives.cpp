@@ -1,0 +1,255 @@
+// bench/collectives — one bucket's collectives in kfsdp against raw MPI on the same bytes.
+//
+// For each shard size S (bytes per rank, float, powers of 4 from --min-bytes to --max-bytes):
+//   all-gather:     kfsdp fsdp_engine::unshard (allocate + all-gather + unpack when k > 1),
+//                   kfsdp::comm::mpi::all_gather alone, and raw MPI_Allgather;
+//   reduce-scatter: kfsdp fsdp_engine::reduce_gradients (pack when k > 1 + reduce-scatter +
+//                   average into the gradient shard), kfsdp::comm::mpi::reduce_scatter_sum alone
+//                   (the ring above its threshold) and raw MPI_Reduce_scatter_block.
+// Each repeat starts after a barrier and counts the slowest rank; the table shows medians.
+// Bus bandwidth follows nccl-tests: busbw = (n-1)/n * (n*S) / time.
+//
+//   mpirun -np 2 build/bench/bench_collectives --bucket-params 4
+//   mpirun -np 4 --oversubscribe build/bench/bench_collectives --max-bytes 67108864
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/environment.hpp>
+#include <kfsdp/fsdp/engine.hpp>
+#include <kfsdp/model/param_table.hpp>
+
+namespace {
+
+struct bench_options {
+  std::size_t min_bytes = 4 * 1024;
+  std::size_t max_bytes = 256 * 1024 * 1024;
+  std::size_t repeats = 30;       // at small sizes; fewer from 1 MiB up (at least min_repeats)
+  std::size_t bucket_params = 1;  // 1: the gathered buffer is the parameter, no unpack
+  std::size_t memory_budget_bytes = std::size_t{6} << 30;  // all ranks of the node together
+  std::size_t ring_min_bytes = kfsdp::comm::mpi::default_reduce_scatter_ring_min_bytes;
+  bool help = false;
+};
+
+constexpr std::string_view usage =
+    "usage: bench_collectives [--min-bytes N] [--max-bytes N] [--repeats N] [--bucket-params K] "
+    "[--memory-budget-bytes N] [--ring-min-bytes N]\n";
+
+constexpr std::size_t min_repeats = 5;
+
+std::size_t parse_size(std::string_view flag, std::string_view text) {
+  std::size_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size())
+    throw std::invalid_argument(fmt::format("{}: '{}' is not a non-negative integer", flag, text));
+  return value;
+}
+
+bench_options parse_options(int argc, char** argv) {
+  bench_options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--help") {
+      options.help = true;
+      return options;
+    }
+    if (i + 1 == argc) throw std::invalid_argument(fmt::format("{} needs a value", flag));
+    const std::size_t value = parse_size(flag, argv[++i]);
+    if (flag == "--min-bytes") options.min_bytes = value;
+    else if (flag == "--max-bytes") options.max_bytes = value;
+    else if (flag == "--repeats") options.repeats = value;
+    else if (flag == "--bucket-params") options.bucket_params = value;
+    else if (flag == "--memory-budget-bytes") options.memory_budget_bytes = value;
+    else if (flag == "--ring-min-bytes") options.ring_min_bytes = value;
+    else throw std::invalid_argument(fmt::format("unknown flag {} (see --help)", flag));
+  }
+  if (options.bucket_params == 0) throw std::invalid_argument("--bucket-params is 0, expected >= 1");
+  if (options.repeats == 0) throw std::invalid_argument("--repeats is 0, expected >= 1");
+  if (options.min_bytes < options.bucket_params * sizeof(float))
+    throw std::invalid_argument(fmt::format("--min-bytes {} leaves a parameter with no element",
+                                            options.min_bytes));
+  return options;
+}
+
+// Fewer repeats for big shards: the medians of big transfers settle quickly.
+std::size_t repeats_for(const bench_options& options, std::size_t shard_bytes) {
+  constexpr std::size_t full_repeats_up_to = std::size_t{1} << 20;
+  if (shard_bytes <= full_repeats_up_to) return options.repeats;
+  return std::max(std::min(options.repeats, min_repeats),
+                  options.repeats * full_repeats_up_to / shard_bytes);
+}
+
+// Median over repeats of the slowest rank's time; `prepare` runs untimed before each repeat.
+double median_seconds(kfsdp::comm::mpi& world, std::size_t repeats,
+                      const std::function<void()>& prepare, const std::function<void()>& timed) {
+  prepare();
+  timed();  // warm-up: first touch of the buffers, MPI's connection setup
+  std::vector<double> slowest(repeats);
+  for (double& seconds : slowest) {
+    prepare();
+    world.barrier();
+    const double start = MPI_Wtime();
+    timed();
+    double mine = MPI_Wtime() - start;
+    MPI_Allreduce(&mine, &seconds, 1, MPI_DOUBLE, MPI_MAX, world.native());
+  }
+  std::nth_element(slowest.begin(), slowest.begin() + static_cast<std::ptrdiff_t>(repeats / 2),
+                   slowest.end());
+  return slowest[repeats / 2];
+}
+
+// k one-dimensional parameters of one layer (one bucket under layer bucketing) whose chunks add
+// up to shard_numel elements per rank; no padding, so every byte moved is a real element.
+std::vector<kfsdp::param_info> bucket_table(std::size_t shard_numel, std::size_t params,
+                                            std::size_t world_size) {
+  std::vector<kfsdp::param_info> table(params);
+  for (std::size_t p = 0; p < params; ++p) {
+    const std::size_t chunk = shard_numel / params + (p + 1 == params ? shard_numel % params : 0);
+    kfsdp::param_info& info = table[p];
+    info.name = kfsdp::inline_string<kfsdp::max_param_name>(fmt::format("bucket.p{}", p));
+    info.rank = 1;
+    info.shape[0] = chunk * world_size;
+    info.numel = info.shape[0];
+    info.layer = 0;
+  }
+  return table;
+}
+
+// Per-rank bytes alive at the worst moment: the engine's shards and gradient shards plus its
+// gathered and unpacked buffers (k > 1), or full gradients and the reduced shard (k = 1).
+std::size_t peak_bytes_per_rank(std::size_t shard_bytes, std::size_t ranks, std::size_t params) {
+  const std::size_t raw = (ranks + 1) * shard_bytes;
+  const std::size_t engine = params > 1 ? (2 * ranks + 2) * shard_bytes : (ranks + 3) * shard_bytes;
+  return std::max(raw, engine);
+}
+
+double bus_bandwidth_gbs(std::size_t shard_bytes, int ranks, double seconds) {
+  const double total = static_cast<double>(shard_bytes) * ranks;
+  return seconds > 0 ? (ranks - 1.0) / ranks * total / seconds / 1e9 : 0.0;
+}
+
+struct timings {
+  double engine = 0;  // fsdp_engine: unshard or reduce_gradients
+  double comm = 0;    // kfsdp::comm::mpi collective alone
+  double raw = 0;     // MPI_Allgather or MPI_Reduce_scatter_block
+};
+
+void print_row(std::string_view operation, std::size_t shard_bytes, int ranks, const timings& t) {
+  fmt::print("{:<15} {:>11} {:>11.4f} {:>11.4f} {:>11.4f} {:>9.2f} {:>9.2f} {:>10.2f} {:>10.2f}\n",
+             operation, shard_bytes, t.engine * 1e3, t.comm * 1e3, t.raw * 1e3, t.engine / t.raw,
+             t.comm / t.raw, bus_bandwidth_gbs(shard_bytes, ranks, t.engine),
+             bus_bandwidth_gbs(shard_bytes, ranks, t.raw));
+}
+
+void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size_t shard_bytes) {
+  const int ranks = world.size();
+  const auto world_size = static_cast<std::size_t>(ranks);
+  const std::size_t shard_numel = shard_bytes / sizeof(float);
+  const std::size_t repeats = repeats_for(options, shard_bytes);
+  const auto nothing = [] {};
+  timings gather, scatter;
+
+  {  // raw MPI and kfsdp::comm on the same two buffers: shard (S) and gathered (n*S)
+    std::vector<float> shard(shard_numel, 1.0F), gathered(shard_numel * world_size, 1.0F);
+    const int count = static_cast<int>(shard_numel);
+    gather.raw = median_seconds(world, repeats, nothing, [&] {
+      MPI_Allgather(shard.data(), count, MPI_FLOAT, gathered.data(), count, MPI_FLOAT,
+                    world.native());
+    });
+    gather.comm = median_seconds(world, repeats, nothing, [&] {
+      world.all_gather(std::span<const float>(shard), std::span(gathered));
+    });
+    scatter.raw = median_seconds(world, repeats, nothing, [&] {
+      MPI_Reduce_scatter_block(gathered.data(), shard.data(), count, MPI_FLOAT, MPI_SUM,
+                               world.native());
+    });
+    scatter.comm = median_seconds(world, repeats, nothing, [&] {
+      world.reduce_scatter_sum(std::span<const float>(gathered), std::span(shard));
+    });
+  }
+  {  // the engine, with one bucket of bucket_params parameters
+    const kfsdp::fsdp_options fsdp{.bucketing_strategy = kfsdp::bucketing::layer};
+    kfsdp::fsdp_engine<float> engine(bucket_table(shard_numel, options.bucket_params, world_size),
+                                     world, fsdp);
+    Kokkos::deep_copy(engine.shards().flat(), 1.0F);
+    gather.engine = median_seconds(world, repeats, [&] { engine.reshard(0); },
+                                   [&] { engine.unshard(0); });
+    engine.reshard(0);
+    const auto fill_full_grads = [&] {
+      for (std::size_t p = 0; p < options.bucket_params; ++p)
+        Kokkos::deep_copy(engine.full_grad(p), 1.0F);
+    };
+    scatter.engine = median_seconds(world, repeats, fill_full_grads,
+                                    [&] { engine.reduce_gradients(0); });
+  }
+  if (world.rank() == 0) {
+    print_row("all-gather", shard_bytes, ranks, gather);
+    print_row("reduce-scatter", shard_bytes, ranks, scatter);
+    std::fflush(stdout);
+  }
+}
+
+int run(int argc, char** argv) {
+  const bench_options options = parse_options(argc, argv);
+  kfsdp::comm::mpi world;
+  if (options.help) {
+    if (world.rank() == 0) fmt::print("{}", usage);
+    return 0;
+  }
+  world.set_reduce_scatter_ring_min_bytes(options.ring_min_bytes);
+  const int ranks = world.size();
+  if (world.rank() == 0) {
+    fmt::print("# bench_collectives: {} ranks, float, one bucket of {} parameter(s), kfsdp ring "
+               "reduce-scatter from {} B chunks; median of the slowest rank over repeats "
+               "({} up to 1 MiB shards, fewer above)\n",
+               ranks, options.bucket_params, options.ring_min_bytes, options.repeats);
+    fmt::print("# engine: fsdp_engine unshard / reduce_gradients; comm: kfsdp::comm::mpi alone; "
+               "raw: MPI_Allgather / MPI_Reduce_scatter_block; busbw = (n-1)/n * n*S / time\n");
+    fmt::print("{:<15} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9} {:>10} {:>10}\n", "operation",
+               "shard_B", "engine_ms", "comm_ms", "raw_ms", "eng/raw", "comm/raw",
+               "eng_GB/s", "raw_GB/s");
+  }
+  for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 4) {
+    const std::size_t node_bytes =
+        peak_bytes_per_rank(bytes, static_cast<std::size_t>(ranks), options.bucket_params) *
+        static_cast<std::size_t>(ranks);
+    if (node_bytes > options.memory_budget_bytes) {
+      if (world.rank() == 0)
+        fmt::print("# {} B shards skipped: about {} MiB over all ranks, above "
+                   "--memory-budget-bytes {}\n",
+                   bytes, node_bytes >> 20, options.memory_budget_bytes);
+      continue;
+    }
+    bench_size(world, options, bytes);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kfsdp::comm::mpi::environment mpi_up(argc, argv);
+  kfsdp::environment kokkos(argc, argv);
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "bench_collectives: {}\n", error.what());
+    MPI_Abort(MPI_COMM_WORLD, 2);  // a rank alone in an error would leave the others waiting
+    return 2;
+  }
+}
