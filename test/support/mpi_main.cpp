@@ -105,7 +105,8 @@ struct totals_listener : doctest::IReporter {
 DOCTEST_REGISTER_LISTENER("kfsdp_mpi_totals", 1, totals_listener);
 
 int main(int argc, char** argv) {
-  kfsdp::comm::mpi::environment mpi_up(argc, argv);
+  // SERIALIZED: tests of comm::threaded make their MPI calls from its worker thread.
+  kfsdp::comm::mpi::environment mpi_up(argc, argv, MPI_THREAD_SERIALIZED);
   int verdict = 0;
   {
 #ifdef KFSDP_TEST_WITH_KOKKOS
