@@ -135,10 +135,15 @@ void fsdp_engine<Scalar>::begin_unshard(std::size_t b) {
   check_bucket(b, "begin_unshard");
   bucket_state& s = buckets_[b];
   if (s.unsharded || s.gathering) return;
+  // The limit on all-gathers in flight: complete the oldest before issuing one more.
+  while (options_.limit_all_gathers > 0 && inflight_.size() >= options_.limit_all_gathers)
+    finish_unshard(inflight_.front());
   s.gathered = allocate("kfsdp::gathered", plan_.gathered_numel(b));
   const flat_view local = shards_.bucket(b);
   s.pending = comm_.iall_gather(as_const_span(local), as_span(s.gathered));
   s.gathering = true;
+  inflight_.push_back(b);
+  max_inflight_ = std::max(max_inflight_, inflight_.size());
   bytes_communicated_ += plan_.gathered_numel(b) * sizeof(Scalar);
 }
 
@@ -150,6 +155,7 @@ void fsdp_engine<Scalar>::finish_unshard(std::size_t b) {
   if (!s.gathering) begin_unshard(b);
   s.pending.wait();
   s.gathering = false;
+  std::erase(inflight_, b);
   if (!single(b)) {  // a one-parameter bucket's gathered buffer already is the padded parameter
     const bucket_shard& bucket = plan_.buckets[b];
     std::size_t full = 0;
@@ -170,6 +176,7 @@ void fsdp_engine<Scalar>::reshard(std::size_t b) {
   bucket_state& s = buckets_[b];
   s.pending.wait();  // never free a buffer a collective still writes
   s.gathering = false;
+  std::erase(inflight_, b);
   s.unsharded = false;
   release(s.gathered);
   release(s.unpacked);

@@ -108,3 +108,29 @@ TEST_CASE("bad input to the engine is a clear exception") {
                        "kfsdp::fsdp: broadcast_from is 1, expected a rank in [0, 1)", std::invalid_argument);
   CHECK_THROWS_AS(fsdp_engine<float>(make_param_table(thunder_padding{}), one, {.device = 0}), std::invalid_argument);
 }
+
+TEST_CASE("limit_all_gathers: never more than N all-gathers in flight, N = 1, 2, 3, zero2 and zero3") {
+  comm::self one;
+  const auto model = tiny_gpt{};
+  const std::vector<param_range> stages{{0, 2}, {2, 14}, {14, 26}, {26, 29}};
+  auto run = [&](auto& e) {
+    for (std::size_t s = 0; s < stages.size(); ++s) {
+      e.before_forward(stages[s], s + 1 < stages.size() ? std::optional(stages[s + 1]) : std::nullopt);
+      e.after_forward(stages[s]);
+    }
+    for (std::size_t s = stages.size(); s-- > 0;) {
+      e.before_backward(stages[s], s > 0 ? std::optional(stages[s - 1]) : std::nullopt);
+      e.after_backward(stages[s]);
+    }
+    return e.max_inflight_all_gathers();
+  };
+  for (std::size_t limit : {1u, 2u, 3u}) {
+    CAPTURE(limit);
+    fsdp<tiny_gpt, float, zero3, layer_bucketing> z3(model, one, {.limit_all_gathers = limit});
+    fsdp<tiny_gpt, float, zero2, layer_bucketing> z2(model, one, {.limit_all_gathers = limit});
+    CHECK(run(z3) == limit);  // a block stage and its prefetched successor are 12 buckets: the limit binds
+    CHECK(run(z2) == limit);
+  }
+  fsdp<tiny_gpt, float, zero3, layer_bucketing> unlimited(model, one);
+  CHECK(run(unlimited) == 12);
+}

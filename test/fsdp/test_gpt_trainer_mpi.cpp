@@ -7,6 +7,7 @@
 
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/comm/self.hpp>
+#include <kfsdp/comm/threaded.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/fsdp/gpt_trainer.hpp>
 #include <kfsdp/model/gpt.hpp>
@@ -92,6 +93,19 @@ TEST_CASE("losses at world size N equal world size 1, every sharding x bucketing
       CAPTURE(to_string(b));
       check_close<double>(train<double>(world, {.sharding_strategy = s, .bucketing_strategy = b}), reference, 1e-10);
     }
+}
+
+TEST_CASE("overlap on a communication thread with a limit on all-gathers in flight: the same training") {
+  comm::mpi world;
+  comm::self one;
+  comm::threaded overlapped(world);
+  const run_result reference = train<double>(one, {});
+  for (std::size_t limit : {1u, 2u}) {
+    CAPTURE(limit);
+    check_close<double>(train<double>(overlapped, {.sharding_strategy = sharding_strategy::zero3,
+                                                   .bucketing_strategy = bucketing::layer, .limit_all_gathers = limit}),
+                        reference, 1e-10);
+  }
 }
 
 TEST_CASE("float: the same within 1e-4; SGD with momentum too") {

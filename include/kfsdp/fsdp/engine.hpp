@@ -15,6 +15,7 @@
 #ifndef KFSDP_MODULE
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <span>
 #include <string>
@@ -109,6 +110,10 @@ class fsdp_engine {
   // Buckets a range of parameters touches.
   [[nodiscard]] std::pair<std::size_t, std::size_t> buckets_of(param_range range) const;
 
+  // The most all-gathers that were in flight at once (issued, not yet unpacked) since the last reset.
+  [[nodiscard]] std::size_t max_inflight_all_gathers() const noexcept { return max_inflight_; }
+  void reset_max_inflight_all_gathers() noexcept { max_inflight_ = inflight_.size(); }
+
   [[nodiscard]] memory_report memory() const noexcept;
   void reset_peak_memory() noexcept { peak_bytes_ = live_bytes_; }
   // Bytes of every collective buffer so far (all-gathers and reduce-scatters of the full bucket).
@@ -148,6 +153,8 @@ class fsdp_engine {
   sharded_storage<Scalar> shards_;
   sharded_storage<Scalar> grads_;
   std::vector<bucket_state> buckets_;
+  std::deque<std::size_t> inflight_;  // buckets whose all-gather is issued, oldest first
+  std::size_t max_inflight_ = 0;
   std::size_t live_bytes_ = 0;
   std::size_t peak_bytes_ = 0;
   std::size_t bytes_communicated_ = 0;

@@ -42,6 +42,9 @@ struct fsdp_options {
   std::optional<int> device{};
   // Gathered full parameters move to host memory as each all-gather finishes.
   bool move_state_dict_to_cpu = true;
+  // At most this many bucket all-gathers in flight (FSDP's limit_all_gathers) bounds the unsharded
+  // memory of prefetching; issuing one more first completes the oldest. 0: no limit.
+  std::size_t limit_all_gathers = 0;
 };
 
 // Policy tags: fsdp<Model, Scalar, zero3, block_bucketing> (any order, each with a default).
