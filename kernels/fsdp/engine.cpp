@@ -140,6 +140,7 @@ void fsdp_engine<Scalar>::begin_unshard(std::size_t b) {
     finish_unshard(inflight_.front());
   s.gathered = allocate("kfsdp::gathered", plan_.gathered_numel(b));
   const flat_view local = shards_.bucket(b);
+  if (trace_) s.issued_at = trace_->now();
   s.pending = comm_.iall_gather(as_const_span(local), as_span(s.gathered));
   s.gathering = true;
   inflight_.push_back(b);
@@ -156,7 +157,13 @@ void fsdp_engine<Scalar>::finish_unshard(std::size_t b) {
   s.pending.wait();
   s.gathering = false;
   std::erase(inflight_, b);
-  if (!single(b)) {  // a one-parameter bucket's gathered buffer already is the padded parameter
+  // From issue to the wait's return: with an overlapping backend most of it hides behind compute.
+  if (trace_)
+    trace_->complete("all_gather", "comm", trace_recorder::comm_lane, s.issued_at, std::int64_t(b),
+                     plan_.gathered_numel(b) * sizeof(Scalar));
+  if (!single(b)) {
+    // (a one-parameter bucket needs none: its gathered buffer already is the padded parameter)
+    const trace_recorder::scope region(trace_, "unpack", "compute", trace_recorder::compute_lane, std::int64_t(b), 0);
     const bucket_shard& bucket = plan_.buckets[b];
     std::size_t full = 0;
     for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p)
@@ -245,7 +252,11 @@ void fsdp_engine<Scalar>::reduce_gradients(std::size_t b) {
   }
   flat_view reduced = allocate("kfsdp::reduced_grads", bucket.shard_numel);
   Kokkos::fence();
-  comm_.ireduce_scatter_sum(as_const_span(send), as_span(reduced)).wait();
+  {
+    const trace_recorder::scope region(trace_, "reduce_scatter", "comm", trace_recorder::comm_lane, std::int64_t(b),
+                                       plan_.gathered_numel(b) * sizeof(Scalar));
+    comm_.ireduce_scatter_sum(as_const_span(send), as_span(reduced)).wait();
+  }
   bytes_communicated_ += plan_.gathered_numel(b) * sizeof(Scalar);
   // The average over ranks: as if one process had seen the global batch with a mean loss.
   kernels::accumulate_scaled<Scalar>(grads_.bucket(b), as_const(reduced), Scalar(1) / Scalar(world_size_));

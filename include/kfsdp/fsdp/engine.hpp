@@ -28,6 +28,7 @@
 #include <kfsdp/comm/any_communicator.hpp>
 #include <kfsdp/fsdp/options.hpp>
 #include <kfsdp/fsdp/pack.hpp>
+#include <kfsdp/fsdp/trace.hpp>
 #include <kfsdp/io/state_dict.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
@@ -114,6 +115,10 @@ class fsdp_engine {
   [[nodiscard]] std::size_t max_inflight_all_gathers() const noexcept { return max_inflight_; }
   void reset_max_inflight_all_gathers() noexcept { max_inflight_ = inflight_.size(); }
 
+  // Record every collective (and unpack / pack) into `trace` (nullptr: stop recording).
+  void set_trace(trace_recorder* trace) noexcept { trace_ = trace; }
+  [[nodiscard]] trace_recorder* trace() const noexcept { return trace_; }
+
   [[nodiscard]] memory_report memory() const noexcept;
   void reset_peak_memory() noexcept { peak_bytes_ = live_bytes_; }
   // Bytes of every collective buffer so far (all-gathers and reduce-scatters of the full bucket).
@@ -125,6 +130,7 @@ class fsdp_engine {
     flat_view unpacked;    // the bucket's full parameters, when it holds more than one
     flat_view full_grads;  // the bucket's full gradients (padded layout for one parameter)
     comm::request pending;
+    double issued_at = 0;  // trace time of the all-gather's issue
     bool gathering = false;
     bool unsharded = false;
   };
@@ -155,6 +161,7 @@ class fsdp_engine {
   std::vector<bucket_state> buckets_;
   std::deque<std::size_t> inflight_;  // buckets whose all-gather is issued, oldest first
   std::size_t max_inflight_ = 0;
+  trace_recorder* trace_ = nullptr;
   std::size_t live_bytes_ = 0;
   std::size_t peak_bytes_ = 0;
   std::size_t bytes_communicated_ = 0;

@@ -93,13 +93,19 @@ class gpt_trainer {
     const std::size_t stages = ranges_.size();
     for (std::size_t s = 0; s < stages; ++s) {
       engine_.before_forward(ranges_[s], s + 1 < stages ? std::optional(ranges_[s + 1]) : std::nullopt);
+      const trace_recorder::scope region(engine_.trace(), "forward " + stage_name(s), "compute",
+                                         trace_recorder::compute_lane, -1, 0);
       compute_.forward(s, stage_params(s));
       engine_.after_forward(ranges_[s]);
     }
     const double local_loss = double(compute_.loss());
     for (std::size_t s = stages; s-- > 0;) {
       engine_.before_backward(ranges_[s], s > 0 ? std::optional(ranges_[s - 1]) : std::nullopt);
-      compute_.backward(s, stage_params(s), stage_grads(s));
+      {
+        const trace_recorder::scope region(engine_.trace(), "backward " + stage_name(s), "compute",
+                                           trace_recorder::compute_lane, -1, 0);
+        compute_.backward(s, stage_params(s), stage_grads(s));
+      }
       engine_.after_backward(ranges_[s], sync);
     }
     return local_loss;
@@ -127,7 +133,10 @@ class gpt_trainer {
       const double scale = optim::clip_scale(result.grad_norm, max_norm);
       if (scale < 1) optim::scale_in_place(engine_.grads().flat(), scale);
     }
-    optimizer.step(engine_.shards().flat(), engine_.grads().flat());
+    {
+      const trace_recorder::scope region(engine_.trace(), "optimizer", "compute", trace_recorder::compute_lane, -1, 0);
+      optimizer.step(engine_.shards().flat(), engine_.grads().flat());
+    }
     return result;
   }
 
@@ -197,6 +206,10 @@ class gpt_trainer {
   }
 
  private:
+  [[nodiscard]] std::string stage_name(std::size_t s) const {
+    return s == 0 ? "embeddings" : s <= config_.layers ? "block " + std::to_string(s - 1) : "head";
+  }
+
   template <class Element, class Lookup>
   nn::gpt_stage_tensors<Element> stage_views(std::size_t s, Lookup&& flat) const {
     std::size_t p = ranges_.at(s).first;
