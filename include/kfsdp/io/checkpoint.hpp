@@ -1,0 +1,152 @@
+#pragma once
+// kfsdp::io checkpoint — the full model (and the training state beside it) in ONE standard
+// safetensors file, written and read in parallel with MPI-IO (opt-in: this header includes mpi.h).
+//
+// Because kfsdp shards along dim 0, rank r's rows of a parameter are one contiguous byte range of
+// the full row-major tensor: every rank writes (MPI_File_write_at_all) and reads
+// (MPI_File_read_at_all) only its own rows, padding left out, so no rank ever holds the full model,
+// the file is the same at every world size, and a file written at 3 ranks loads at 1, 2 or 4.
+//
+//   file  = [header: tensors in model order, then each named shard group | __metadata__]
+//           [transformer.wte.weight][...][lm_head.weight]                     the weights
+//           [optimizer.exp_avg.transformer.wte.weight][...]                   save_checkpoint only
+//   __metadata__: "checksum.<tensor>" per tensor, "kfsdp.parameters", "kfsdp.numel",
+//                 "kfsdp.dtype", "kfsdp.header_checksum", and the caller's keys (step, rng, ...)
+//
+// Nothing lost: the file is written under a temporary name in the same directory, synced, and
+// renamed over `path` by rank 0 only after every rank reported success; a job killed mid-write
+// leaves the previous file intact. On load every tensor's checksum (combined over the ranks' rows)
+// is verified, and every malformed file raises format_error naming the file and the tensor on
+// EVERY rank, with the engine's shards (and the caller's views) left as they were.
+//
+//   kfsdp::comm::mpi world;
+//   kfsdp::fsdp_engine<float> engine(kfsdp::make_param_table(model), world, {});
+//   kfsdp::optim::adamw<float> optimizer(engine.plan().shard_numel);
+//   kfsdp::io::checkpoint_state<float> state{
+//       .metadata = {{"step", "1000"}, {"data.position", "4096000"}, {"optimizer", "adamw"}},
+//       .shards = {{"optimizer.exp_avg", optimizer.exp_avg()},
+//                  {"optimizer.exp_avg_sq", optimizer.exp_avg_sq()}}};
+//   kfsdp::io::save_checkpoint("run/ckpt.safetensors", engine, world, state);
+//   ...                                                  // later, at any world size:
+//   kfsdp::io::load_checkpoint("run/ckpt.safetensors", engine, world, state);
+//   optimizer.set_step_count(std::stoll(state.metadata.at("step")));
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <Kokkos_Core.hpp>
+
+#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/fsdp/engine.hpp>
+#include <kfsdp/io/checksum.hpp>
+#include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/io/state_dict.hpp>
+
+namespace kfsdp::io {
+
+/// A flat view with the layout of the engine's flat shard (optimizer moments, say), saved as one
+/// full tensor per parameter named "<name>.<parameter name>".
+///
+///   kfsdp::io::named_shard<float>{"optimizer.exp_avg", optimizer.exp_avg()}
+///   // -> tensors "optimizer.exp_avg.transformer.wte.weight", ...
+template <class Scalar>
+struct named_shard {
+  std::string name;
+  Kokkos::View<Scalar*> flat;  // plan().shard_numel elements, padding rows zero
+};
+
+/// What a checkpoint holds beside the weights: progress as strings in `__metadata__` (step, data
+/// position, RNG state, optimizer kind and hyper-parameters: the caller chooses the keys) and the
+/// flat views to save, and to restore in place on load.
+///
+///   checkpoint_state<double> state{.metadata = {{"step", "20"}},
+///                                  .shards = {{"optimizer.momentum_buffer", sgd.momentum_buffer()}}};
+template <class Scalar>
+struct checkpoint_state {
+  metadata_map metadata;
+  std::vector<named_shard<Scalar>> shards;
+};
+
+/// Metadata keys that the writer sets itself; a caller's key equal to one of these (or starting
+/// with "checksum.") is an error.
+inline constexpr std::string_view checksum_key_prefix = "checksum.";
+inline constexpr std::string_view header_checksum_key = "kfsdp.header_checksum";
+inline constexpr std::string_view parameters_key = "kfsdp.parameters";  // weight tensors in the file
+inline constexpr std::string_view numel_key = "kfsdp.numel";            // elements of the weights
+inline constexpr std::string_view dtype_key = "kfsdp.dtype";            // "F32" or "F64"
+
+/// Writes the full model as one safetensors file at `path` (collective over `comm`, which must be
+/// the engine's ranks in the engine's order). `metadata` must be the same on every rank (checked).
+/// Byte-identical to save_state_dict_file(path, engine.original_state_dict(), metadata).
+/// Throws on every rank: std::invalid_argument (a reserved or non-UTF-8 metadata key, ranks that
+/// disagree), std::runtime_error (the file system); `path` is then left as it was.
+///
+///   kfsdp::io::save_model("gpt.safetensors", engine, world, {{"model.layers", "4"}});
+template <class Scalar>
+void save_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+                const metadata_map& metadata = {});
+
+/// save_model plus every view of state.shards as full tensors and state.metadata, in the same
+/// file (one rename, so weights and optimizer state can never come from two different saves).
+///
+///   kfsdp::io::save_checkpoint("ckpt.safetensors", engine, world, state);
+template <class Scalar>
+void save_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+                     comm::mpi& comm, const checkpoint_state<Scalar>& state);
+
+/// Loads the weights of `path` into the engine's shards: each rank reads only its rows, at any
+/// world size; padding rows are set to zero; checksums are verified. Tensors of the file that the
+/// model does not have (optimizer state) are ignored. Returns the file's `__metadata__`.
+/// Throws format_error on every rank for a malformed file, a missing tensor, a dtype or shape that
+/// is not the model's, or a checksum mismatch (the message names the file and the tensor); the
+/// shards are then unchanged.
+///
+///   kfsdp::io::load_model("gpt.safetensors", engine, world);
+template <class Scalar>
+metadata_map load_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+                        comm::mpi& comm);
+
+/// load_model plus every view of state.shards (restored in place from "<name>.<parameter>"), and
+/// state.metadata replaced by the file's `__metadata__`. Nothing is changed unless everything
+/// verified on every rank.
+///
+///   kfsdp::io::load_checkpoint("ckpt.safetensors", engine, world, state);
+///   std::int64_t step = std::stoll(state.metadata.at("step"));
+template <class Scalar>
+void load_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+                     comm::mpi& comm, checkpoint_state<Scalar>& state);
+
+/// The plain sequential writer of a full (gathered) state dict, from one process (rank 0): the
+/// same bytes as save_model for the same weights and metadata; also temporary name + fsync +
+/// rename. Throws std::invalid_argument for a reserved metadata key, std::runtime_error for I/O.
+///
+///   auto full = engine.original_state_dict(/*rank0_only=*/true);
+///   if (world.rank() == 0) kfsdp::io::save_state_dict_file("gathered.safetensors", full, {});
+void save_state_dict_file(const std::filesystem::path& path, const state_dict& full,
+                          const metadata_map& metadata = {});
+
+/// Reads a whole file written by save_model, save_checkpoint or save_state_dict_file from one
+/// process, every tensor checksum-verified (F32 and F64 tensors only). Throws format_error naming
+/// the file and the tensor.
+///
+///   kfsdp::state_dict full = kfsdp::io::load_state_dict_file("gpt.safetensors");
+[[nodiscard]] state_dict load_state_dict_file(const std::filesystem::path& path,
+                                              metadata_map* metadata = nullptr);
+
+namespace testing {
+/// Test hook standing in for a kill: called on every rank once the temporary file holds the header
+/// but not the data, with the temporary file's path. When it returns true on any rank, the writers
+/// stop there as a killed job would (no sync, no rename, the partial temporary file left behind)
+/// and throw std::runtime_error on every rank. An empty function (the default) disables it.
+///
+///   kfsdp::io::testing::set_stop_after_header([](const std::filesystem::path&) { return true; });
+void set_stop_after_header(std::function<bool(const std::filesystem::path&)> hook);
+}  // namespace testing
+
+}  // namespace kfsdp::io

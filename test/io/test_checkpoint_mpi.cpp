@@ -1,0 +1,528 @@
+// Tests for include/kfsdp/io/checkpoint.hpp under mpirun with 1, 2, 3 and 4 ranks: the parallel
+// file equals the gathered one byte for byte, a file written at world size 3 loads at 1, 2 and 4,
+// optimizer moments and metadata round-trip, a kill mid-write leaves the old file, and every
+// malformed file raises format_error naming the file and the tensor on every rank, shards untouched.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/fsdp/fsdp.hpp>
+#include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/optim/adamw.hpp>
+
+#include "../fsdp/engine_checks.hpp"
+
+using namespace kfsdp;
+using namespace kfsdp::testing;
+using kfsdp::io::format_error;
+using kfsdp::io::metadata_map;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string broadcast_from_rank0(comm::mpi& world, std::string text) {
+  std::uint64_t length = text.size();
+  MPI_Bcast(&length, 1, MPI_UINT64_T, 0, world.native());
+  text.resize(length);
+  MPI_Bcast(text.data(), static_cast<int>(length), MPI_CHAR, 0, world.native());
+  return text;
+}
+
+// A directory under the system's temporary directory, unique per run, removed at the end.
+struct scratch_directory {
+  explicit scratch_directory(comm::mpi& world) : world_(world) {
+    std::string name;
+    if (world.rank() == 0) {
+      std::random_device entropy;
+      const fs::path made = fs::temp_directory_path() /
+                            ("kfsdp-checkpoint-test-" + io::format_hex64((std::uint64_t{entropy()} << 32) ^ entropy()));
+      fs::create_directories(made);
+      name = made.string();
+    }
+    path = broadcast_from_rank0(world, name);
+  }
+  ~scratch_directory() {
+    world_.barrier();
+    if (world_.rank() == 0) fs::remove_all(path);
+  }
+  scratch_directory(const scratch_directory&) = delete;
+  scratch_directory& operator=(const scratch_directory&) = delete;
+
+  fs::path path;
+
+ private:
+  comm::mpi& world_;
+};
+
+// The ranks of `world` with the same colour as a communicator of their own (none for no colour).
+std::optional<comm::mpi> split(comm::mpi& world, std::optional<int> colour) {
+  MPI_Comm sub = MPI_COMM_NULL;
+  MPI_Comm_split(world.native(), colour ? *colour : MPI_UNDEFINED, world.rank(), &sub);
+  if (sub == MPI_COMM_NULL) return std::nullopt;
+  std::optional<comm::mpi> wrapped(std::in_place, sub);
+  MPI_Comm_free(&sub);
+  return wrapped;
+}
+
+std::vector<char> file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_file(const fs::path& path, const std::vector<char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+bool same_tensors(const state_dict& a, const state_dict& b) {
+  if (a.size() != b.size()) return false;
+  for (const tensor& t : a) {
+    const tensor* other = b.find(t.name);
+    if (other == nullptr || other->shape != t.shape || other->type != t.type || other->bytes != t.bytes)
+      return false;
+  }
+  return true;
+}
+
+// A moment value that depends only on (group, parameter, global element): the same at every world size.
+template <class Scalar>
+Scalar moment_value(int group, std::size_t param, std::size_t element) {
+  return Scalar(group * 1000 + static_cast<int>(param)) + Scalar(element) / Scalar(1024);
+}
+
+// Fills `view` (the flat shard layout) with moment_value in the real rows, zero in the padding.
+template <class Scalar>
+void fill_moments(const fsdp_engine<Scalar>& engine, const Kokkos::View<Scalar*>& view, int group) {
+  std::vector<Scalar> host(view.extent(0), Scalar{0});
+  const auto rank = static_cast<std::size_t>(engine.rank());
+  for (std::size_t p = 0; p < engine.plan().params.size(); ++p) {
+    const param_shard& s = engine.plan().params[p];
+    for (std::size_t j = 0; j < s.valid_rows(rank) * s.row_numel; ++j)
+      host[s.storage_offset + j] = moment_value<Scalar>(group, p, rank * s.chunk_numel() + j);
+  }
+  Kokkos::deep_copy(view, Kokkos::View<Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                              host.data(), host.size()));
+}
+
+// The positions where `view` differs from what fill_moments writes (padding must be zero).
+template <class Scalar>
+std::size_t moment_mismatches(const fsdp_engine<Scalar>& engine, const Kokkos::View<Scalar*>& view, int group) {
+  const std::vector<Scalar> host = to_host(view);
+  const auto rank = static_cast<std::size_t>(engine.rank());
+  std::size_t wrong = 0;
+  for (std::size_t p = 0; p < engine.plan().params.size(); ++p) {
+    const param_shard& s = engine.plan().params[p];
+    for (std::size_t j = 0; j < s.chunk_numel(); ++j) {
+      const Scalar expected = j < s.valid_rows(rank) * s.row_numel
+                                  ? moment_value<Scalar>(group, p, rank * s.chunk_numel() + j)
+                                  : Scalar{0};
+      wrong += host[s.storage_offset + j] != expected;
+    }
+  }
+  return wrong;
+}
+
+// Padding elements of the engine's weight shards that are not zero.
+template <class Scalar>
+std::size_t nonzero_padding(fsdp_engine<Scalar>& engine) {
+  const std::vector<Scalar> host = to_host(engine.shards().flat());
+  const auto rank = static_cast<std::size_t>(engine.rank());
+  std::size_t nonzero = 0;
+  for (const param_shard& s : engine.plan().params)
+    for (std::size_t j = s.valid_rows(rank) * s.row_numel; j < s.chunk_numel(); ++j)
+      nonzero += host[s.storage_offset + j] != Scalar{0};
+  return nonzero;
+}
+
+// True when every rank holds the same `text`.
+bool same_on_every_rank(comm::mpi& world, const std::string& text) {
+  const std::uint64_t digest = io::checksum_digest(io::checksum_of(std::as_bytes(std::span(text.data(), text.size()))));
+  std::uint64_t extremes[2] = {digest, ~digest};
+  MPI_Allreduce(MPI_IN_PLACE, extremes, 2, MPI_UINT64_T, MPI_MAX, world.native());
+  return extremes[0] == ~extremes[1];
+}
+
+// "format_error: <what>", "other: <what>", or "no error".
+template <class Scalar>
+std::string load_error(const fs::path& path, fsdp_engine<Scalar>& engine, comm::mpi& world) {
+  try {
+    (void)io::load_model(path, engine, world);
+  } catch (const format_error& error) {
+    return std::string("format_error: ") + error.what();
+  } catch (const std::exception& error) {
+    return std::string("other: ") + error.what();
+  }
+  return "no error";
+}
+
+const metadata_map sample_metadata{{"step", "7"}, {"data.position", "3584"}, {"note", "grüße"}};
+
+template <class Model, class Scalar>
+void check_parallel_file_equals_gathered(comm::mpi& world, const fs::path& directory,
+                                         const std::string& tag, param_init (*choose)(const param_info&)) {
+  CAPTURE(tag);
+  for (bucketing b : {bucketing::none, bucketing::block}) {
+    fsdp_engine<Scalar> engine(make_param_table(Model{}), world, {.bucketing_strategy = b});
+    engine.initialize(5, choose);
+    const fs::path parallel = directory / (tag + ".parallel.safetensors");
+    const fs::path gathered = directory / (tag + ".gathered.safetensors");
+    io::save_model(parallel, engine, world, sample_metadata);
+    const state_dict full = engine.original_state_dict(/*rank0_only=*/true);
+    if (world.rank() == 0) io::save_state_dict_file(gathered, full, sample_metadata);
+    world.barrier();
+    if (world.rank() == 0) {
+      const std::vector<char> parallel_bytes = file_bytes(parallel);
+      CHECK(!parallel_bytes.empty());
+      CHECK(parallel_bytes == file_bytes(gathered));
+      metadata_map metadata;
+      CHECK(same_tensors(io::load_state_dict_file(parallel, &metadata), full));
+      CHECK(metadata.at("step") == "7");
+      CHECK(metadata.at("kfsdp.parameters") == std::to_string(engine.params().size()));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the parallel file is byte-identical to the gathered-to-rank-0 file") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  check_parallel_file_equals_gathered<tiny_gpt, float>(world, scratch.path, "gpt_float", gpt_like_init);
+  check_parallel_file_equals_gathered<tiny_gpt, double>(world, scratch.path, "gpt_double", gpt_like_init);
+  check_parallel_file_equals_gathered<thunder_padding, float>(world, scratch.path, "padding", all_normal);
+}
+
+TEST_CASE("written at world size 3, loaded at 1, 2 and 4: identical state dicts and moments, padding zero") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  const fs::path file = scratch.path / "ckpt.safetensors";
+  const fs::path file_at_1 = scratch.path / "ckpt_at_1.safetensors";
+  const int writers = std::min(3, world.size());
+  const auto table = make_param_table(tiny_gpt{});
+
+  // The reference: the same initialisation on one rank alone.
+  std::optional<comm::mpi> alone = split(world, world.rank());
+  fsdp_engine<float> reference(table, *alone, {});
+  reference.initialize(21, all_normal);
+  const state_dict expected = reference.original_state_dict();
+
+  // One file written by `writers` ranks, one by rank 0 alone: the same bytes.
+  const auto save_with = [&](comm::mpi& comm, const fs::path& path) {
+    fsdp_engine<float> engine(table, comm, {.bucketing_strategy = bucketing::layer});
+    engine.initialize(21, all_normal);
+    Kokkos::View<float*> exp_avg("exp_avg", engine.plan().shard_numel);
+    Kokkos::View<float*> exp_avg_sq("exp_avg_sq", engine.plan().shard_numel);
+    fill_moments(engine, exp_avg, 1);
+    fill_moments(engine, exp_avg_sq, 2);
+    io::save_checkpoint(path, engine, comm,
+                        io::checkpoint_state<float>{.metadata = {{"step", "300"}},
+                                                    .shards = {{"optimizer.exp_avg", exp_avg},
+                                                               {"optimizer.exp_avg_sq", exp_avg_sq}}});
+  };
+  if (std::optional<comm::mpi> writing = split(world, world.rank() < writers ? std::optional(0) : std::nullopt))
+    save_with(*writing, file);
+  if (world.rank() == 0) save_with(*alone, file_at_1);
+  world.barrier();
+  if (world.rank() == 0) CHECK(file_bytes(file) == file_bytes(file_at_1));
+
+  for (int loaders : {1, 2, 4, world.size()}) {
+    if (loaders > world.size()) continue;
+    CAPTURE(loaders);
+    const int group = world.rank() / loaders;
+    const bool member = (group + 1) * loaders <= world.size();
+    std::optional<comm::mpi> loading = split(world, member ? std::optional(group) : std::nullopt);
+    if (!loading) continue;
+    fsdp_engine<float> engine(table, *loading, {.bucketing_strategy = bucketing::block});
+    Kokkos::deep_copy(engine.shards().flat(), 99.0f);  // garbage everywhere, padding included
+    Kokkos::View<float*> exp_avg("exp_avg", engine.plan().shard_numel);
+    Kokkos::View<float*> exp_avg_sq("exp_avg_sq", engine.plan().shard_numel);
+    Kokkos::deep_copy(exp_avg, 99.0f);
+    Kokkos::deep_copy(exp_avg_sq, 99.0f);
+    io::checkpoint_state<float> state{.metadata = {},
+                                      .shards = {{"optimizer.exp_avg", exp_avg},
+                                                 {"optimizer.exp_avg_sq", exp_avg_sq}}};
+    io::load_checkpoint(file, engine, *loading, state);
+    CHECK(nonzero_padding(engine) == 0);
+    CHECK(moment_mismatches(engine, exp_avg, 1) == 0);
+    CHECK(moment_mismatches(engine, exp_avg_sq, 2) == 0);
+    CHECK(state.metadata.at("step") == "300");
+    CHECK(same_tensors(engine.original_state_dict(), expected));
+  }
+}
+
+TEST_CASE("AdamW moments and progress round-trip; the resumed optimizer steps exactly as the original") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  const fs::path file = scratch.path / "train.safetensors";
+  const optim::adamw_options options{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1};
+
+  fsdp_engine<double> engine(make_param_table(thunder_padding{}), world, {.bucketing_strategy = bucketing::layer});
+  engine.initialize(8, all_normal);
+  optim::adamw<double> optimizer(engine.plan().shard_numel, options);
+  fill_moments(engine, engine.grads().flat(), 3);  // a gradient with zero padding
+  optimizer.step(engine.shards().flat(), engine.grads().flat());
+  optimizer.step(engine.shards().flat(), engine.grads().flat());
+  const metadata_map progress{{"step", std::to_string(optimizer.step_count())},
+                              {"data.position", "123456"},
+                              {"rng", "9e3779b97f4a7c15"},
+                              {"optimizer", "adamw"},
+                              {"optimizer.lr", fmt::format("{}", options.lr)},
+                              {"optimizer.betas", fmt::format("{},{}", options.beta1, options.beta2)}};
+  io::save_checkpoint(file, engine, world,
+                      {.metadata = progress,
+                       .shards = {{"optimizer.exp_avg", optimizer.exp_avg()},
+                                  {"optimizer.exp_avg_sq", optimizer.exp_avg_sq()}}});
+
+  fsdp_engine<double> resumed(make_param_table(thunder_padding{}), world, {.bucketing_strategy = bucketing::none});
+  optim::adamw<double> resumed_optimizer(resumed.plan().shard_numel, options);
+  io::checkpoint_state<double> state{.metadata = {},
+                                     .shards = {{"optimizer.exp_avg", resumed_optimizer.exp_avg()},
+                                                {"optimizer.exp_avg_sq", resumed_optimizer.exp_avg_sq()}}};
+  io::load_checkpoint(file, resumed, world, state);
+  for (const auto& [key, value] : progress) CHECK(state.metadata.at(key) == value);
+  resumed_optimizer.set_step_count(std::stoll(state.metadata.at("step")));
+  CHECK(to_host(resumed.shards().flat()) == to_host(engine.shards().flat()));
+  CHECK(to_host(resumed_optimizer.exp_avg()) == to_host(optimizer.exp_avg()));
+  CHECK(to_host(resumed_optimizer.exp_avg_sq()) == to_host(optimizer.exp_avg_sq()));
+
+  fill_moments(resumed, resumed.grads().flat(), 3);
+  optimizer.step(engine.shards().flat(), engine.grads().flat());
+  resumed_optimizer.step(resumed.shards().flat(), resumed.grads().flat());
+  CHECK(to_host(resumed.shards().flat()) == to_host(engine.shards().flat()));
+
+  // load_model reads the weights of a checkpoint file and ignores the optimizer's tensors.
+  fsdp_engine<double> weights_only(make_param_table(thunder_padding{}), world, {});
+  (void)io::load_model(file, weights_only, world);
+  CHECK(same_tensors(weights_only.original_state_dict(), resumed.original_state_dict()) ==
+        false);  // `resumed` stepped once more since the save
+  fsdp_engine<double> saved_weights(make_param_table(thunder_padding{}), world, {});
+  io::checkpoint_state<double> nothing_else{};
+  io::load_checkpoint(file, saved_weights, world, nothing_else);
+  CHECK(same_tensors(weights_only.original_state_dict(), saved_weights.original_state_dict()));
+}
+
+TEST_CASE("a job killed mid-write leaves the previous checkpoint intact and loadable") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  const fs::path file = scratch.path / "model.safetensors";
+  const auto table = make_param_table(tiny_gpt{});
+  fsdp_engine<float> engine(table, world, {});
+  engine.initialize(1, gpt_like_init);
+  io::save_model(file, engine, world);
+  const std::vector<float> old_shard = to_host(engine.shards().flat());
+
+  for (const bool only_last_rank : {false, true}) {
+    CAPTURE(only_last_rank);
+    engine.initialize(2, all_normal);
+    io::testing::set_stop_after_header([&](const fs::path&) {
+      return !only_last_rank || world.rank() == world.size() - 1;
+    });
+    CHECK_THROWS_AS(io::save_model(file, engine, world), std::runtime_error);
+    io::testing::set_stop_after_header({});
+
+    fsdp_engine<float> restarted(table, world, {});
+    (void)io::load_model(file, restarted, world);
+    CHECK(to_host(restarted.shards().flat()) == old_shard);
+
+    // The partial temporary file is left behind, as a kill would leave it, and does not load.
+    std::string leftover;
+    if (world.rank() == 0)
+      for (const auto& entry : fs::directory_iterator(scratch.path))
+        if (entry.path().filename().string().starts_with("model.safetensors.tmp.")) leftover = entry.path().string();
+    leftover = broadcast_from_rank0(world, leftover);
+    CHECK(!leftover.empty());
+    if (leftover.empty()) continue;
+    const std::string error = load_error(leftover, restarted, world);
+    CHECK(error.starts_with("format_error"));
+    CHECK(to_host(restarted.shards().flat()) == old_shard);
+    world.barrier();
+    if (world.rank() == 0) fs::remove(leftover);
+  }
+
+  // The sequential writer too.
+  const fs::path gathered = scratch.path / "gathered.safetensors";
+  const state_dict old_full = engine.original_state_dict(true);
+  engine.initialize(3, all_normal);
+  const state_dict new_full = engine.original_state_dict(true);
+  if (world.rank() == 0) {
+    io::save_state_dict_file(gathered, old_full);
+    io::testing::set_stop_after_header([](const fs::path&) { return true; });
+    CHECK_THROWS_AS(io::save_state_dict_file(gathered, new_full), std::runtime_error);
+    io::testing::set_stop_after_header({});
+    CHECK(same_tensors(io::load_state_dict_file(gathered), old_full));
+  }
+
+  // The next save goes through and replaces the old file.
+  io::save_model(file, engine, world);
+  fsdp_engine<float> restarted(table, world, {});
+  (void)io::load_model(file, restarted, world);
+  CHECK(to_host(restarted.shards().flat()) == to_host(engine.shards().flat()));
+}
+
+namespace {
+
+// The 8-byte length, the JSON header and the data section of a file.
+struct file_parts {
+  std::string json;
+  std::vector<char> data;
+};
+
+file_parts split_file(const std::vector<char>& bytes) {
+  std::uint64_t length = 0;
+  for (int byte = 7; byte >= 0; --byte) length = (length << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(byte)]);
+  return {std::string(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(length)),
+          std::vector<char>(bytes.begin() + 8 + static_cast<std::ptrdiff_t>(length), bytes.end())};
+}
+
+std::vector<char> join_file(const file_parts& parts) {
+  std::vector<char> bytes(8);
+  for (int byte = 0; byte < 8; ++byte) bytes[static_cast<std::size_t>(byte)] = static_cast<char>((parts.json.size() >> (8 * byte)) & 0xff);
+  bytes.insert(bytes.end(), parts.json.begin(), parts.json.end());
+  bytes.insert(bytes.end(), parts.data.begin(), parts.data.end());
+  return bytes;
+}
+
+// Shifts the data_offsets of `tensor` in the JSON by `shift` bytes (both ends).
+std::string shift_offsets(std::string json, const std::string& tensor, std::int64_t shift) {
+  const std::size_t at = json.find("\"" + tensor + "\"");
+  const std::size_t open = json.find('[', json.find("data_offsets", at));
+  const std::size_t close = json.find(']', open);
+  const std::string inside = json.substr(open + 1, close - open - 1);
+  const std::size_t comma = inside.find(',');
+  const std::int64_t begin = std::stoll(inside.substr(0, comma)) + shift;
+  const std::int64_t end = std::stoll(inside.substr(comma + 1)) + shift;
+  return json.replace(open, close - open + 1, fmt::format("[{},{}]", begin, end));
+}
+
+// Replaces the first `from` after `tensor`'s name by `to`.
+std::string replace_after(std::string json, const std::string& tensor, const std::string& from, const std::string& to) {
+  const std::size_t at = json.find(from, json.find("\"" + tensor + "\""));
+  return json.replace(at, from.size(), to);
+}
+
+struct malformed_case {
+  std::string name;    // the file, under the scratch directory
+  std::string tensor;  // the tensor the message must name ("" when none is involved)
+};
+
+template <class Model, class Scalar>
+void save_other_model(comm::mpi& world, const fs::path& path) {
+  fsdp_engine<Scalar> engine(make_param_table(Model{}), world, {});
+  engine.initialize(4, gpt_like_init);
+  io::save_model(path, engine, world);
+}
+
+}  // namespace
+
+TEST_CASE("every malformed file raises format_error naming the file and the tensor on every rank, shards untouched") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  const auto table = make_param_table(tiny_gpt{});
+  const fs::path good = scratch.path / "good.safetensors";
+  {
+    fsdp_engine<float> writer(table, world, {});
+    writer.initialize(3, gpt_like_init);
+    io::save_model(good, writer, world, {{"step", "42"}});
+  }
+  const std::string corrupted_tensor = "transformer.h.1.mlp.c_fc.weight";
+  const std::string last_tensor = "lm_head.weight";
+  const std::string middle_tensor = "transformer.h.0.attn.c_proj.weight";
+  if (world.rank() == 0) {
+    const std::vector<char> bytes = file_bytes(good);
+    const file_parts parts = split_file(bytes);
+    const auto write_json = [&](const std::string& name, const std::string& json) {
+      write_file(scratch.path / name, join_file({json, parts.data}));
+    };
+    write_file(scratch.path / "truncated.safetensors", std::vector<char>(bytes.begin(), bytes.end() - 52));
+    write_file(scratch.path / "truncated_header.safetensors", std::vector<char>(bytes.begin(), bytes.begin() + 20));
+    write_file(scratch.path / "shorter_than_length.safetensors", std::vector<char>(bytes.begin(), bytes.begin() + 6));
+    // One byte flipped inside the data of `corrupted_tensor`.
+    const auto table_of_good = io::parse_header(std::as_bytes(std::span(bytes.data(), bytes.size())), bytes.size(), "good");
+    std::vector<char> corrupted = bytes;
+    const io::tensor_info& hit = table_of_good.at(corrupted_tensor);
+    corrupted[(hit.begin + hit.end) / 2] ^= 0x10;
+    write_file(scratch.path / "corrupted.safetensors", corrupted);
+    write_json("past_end.safetensors", shift_offsets(parts.json, last_tensor, 8));
+    write_json("overlap.safetensors", shift_offsets(parts.json, middle_tensor, -4));
+    write_json("wrong_dtype_text.safetensors", replace_after(parts.json, middle_tensor, "F32", "F64"));
+    write_json("wrong_shape_text.safetensors", replace_after(parts.json, middle_tensor, "[8, 8]", "[4, 16]"));
+    write_json("bad_json.safetensors", replace_after(parts.json, middle_tensor, ":", ";"));
+    write_json("not_json.safetensors", std::string(parts.json.size(), 'x'));
+    write_json("metadata_lies.safetensors", replace_after(parts.json, "step", "42", "43"));
+    write_json("renamed.safetensors", replace_after(parts.json, middle_tensor, "c_proj", "c_prox"));
+  }
+  save_other_model<tiny_gpt, double>(world, scratch.path / "double.safetensors");
+  save_other_model<gpt<2, 16, 5>, float>(world, scratch.path / "wider.safetensors");
+  save_other_model<gpt<1, 8, 5>, float>(world, scratch.path / "shallower.safetensors");
+  save_other_model<gpt<3, 8, 5>, float>(world, scratch.path / "deeper.safetensors");
+  world.barrier();
+
+  const malformed_case cases[] = {
+      {"truncated.safetensors", last_tensor},
+      {"truncated_header.safetensors", ""},
+      {"shorter_than_length.safetensors", ""},
+      {"corrupted.safetensors", corrupted_tensor},
+      {"past_end.safetensors", last_tensor},
+      {"overlap.safetensors", middle_tensor},
+      {"wrong_dtype_text.safetensors", middle_tensor},
+      {"wrong_shape_text.safetensors", middle_tensor},
+      {"bad_json.safetensors", ""},
+      {"not_json.safetensors", ""},
+      {"metadata_lies.safetensors", ""},
+      {"renamed.safetensors", middle_tensor},
+      {"double.safetensors", "transformer.wte.weight"},
+      {"wider.safetensors", "transformer.wte.weight"},
+      {"shallower.safetensors", "transformer.h.1.ln_1.weight"},
+      {"deeper.safetensors", ""},
+  };
+  fsdp_engine<float> engine(table, world, {.bucketing_strategy = bucketing::layer});
+  engine.initialize(99, all_normal);
+  const std::vector<float> before = to_host(engine.shards().flat());
+  for (const malformed_case& bad : cases) {
+    CAPTURE(bad.name);
+    const std::string error = load_error(scratch.path / bad.name, engine, world);
+    CAPTURE(error);
+    CHECK(error.starts_with("format_error: "));
+    CHECK(error.find(bad.name) != std::string::npos);
+    if (!bad.tensor.empty()) CHECK(error.find("'" + bad.tensor + "'") != std::string::npos);
+    CHECK(same_on_every_rank(world, error));
+    CHECK(to_host(engine.shards().flat()) == before);
+  }
+  // A file that is not there: an I/O error, on every rank, shards untouched.
+  const std::string missing = load_error(scratch.path / "absent.safetensors", engine, world);
+  CHECK(missing.starts_with("other: "));
+  CHECK(missing.find("absent.safetensors") != std::string::npos);
+  CHECK(same_on_every_rank(world, missing));
+  CHECK(to_host(engine.shards().flat()) == before);
+  // The good file still loads into the same engine.
+  CHECK(load_error(good, engine, world) == "no error");
+}
+
+TEST_CASE("bad arguments to the writer raise std::invalid_argument on every rank and leave no file") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  fsdp_engine<float> engine(make_param_table(tiny_gpt{}), world, {});
+  engine.initialize(1, gpt_like_init);
+  const fs::path file = scratch.path / "never.safetensors";
+  CHECK_THROWS_AS(io::save_model(file, engine, world, {{"checksum.lm_head.weight", "0"}}), std::invalid_argument);
+  CHECK_THROWS_AS(io::save_model(file, engine, world, {{"kfsdp.dtype", "F16"}}), std::invalid_argument);
+  if (world.size() > 1)
+    CHECK_THROWS_AS(io::save_model(file, engine, world, {{"rank", std::to_string(world.rank())}}),
+                    std::invalid_argument);
+  Kokkos::View<float*> too_short("too_short", engine.plan().shard_numel + 1);
+  CHECK_THROWS_AS(io::save_checkpoint(file, engine, world, {.metadata = {}, .shards = {{"optimizer.exp_avg", too_short}}}),
+                  std::invalid_argument);
+  world.barrier();
+  CHECK(!fs::exists(file));
+  if (world.rank() == 0)
+    for (const auto& entry : fs::directory_iterator(scratch.path)) CHECK(entry.path().string() == "");
+}
