@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/threaded.hpp>
 #include <kfsdp/environment.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/fsdp/gpt_trainer.hpp>
@@ -33,7 +34,9 @@ namespace {
 using kfsdp::examples::cli;
 
 struct settings {
-  std::string data, save, load;
+  std::string data, save, load, trace, resume;
+  std::size_t save_every = 0;
+  bool overlap = true;
   kfsdp::gpt_config model;
   std::size_t batch, steps, grad_accum, eval_windows, sample_bytes, log_every;
   double lr, momentum, weight_decay, clip;
@@ -66,11 +69,16 @@ cli make_cli() {
       .flag("grad-accum", "1", "micro-batches per step (each of --batch windows)")
       .flag("grad-accum-mode", "unsharded", "unsharded (no_sync: reduce once) | sharded (reduce every micro-batch)")
       .flag("broadcast-from", "", "rank whose initial weights everyone starts from")
-      .flag("save", "", "write the weights here (safetensors) at the end")
+      .flag("save", "", "write weights + optimizer state here (safetensors) at the end")
+      .flag("save-every", "0", "with --save: also every k steps (0: only at the end)")
+      .flag("resume", "", "continue the run saved in this checkpoint (weights, optimizer, step)")
       .flag("load", "", "start from these weights (safetensors)")
       .flag("eval", "0", "with --load: print eval_loss over the first W windows and exit")
       .flag("sample", "200", "bytes of generated text printed at the end (0: none)")
-      .flag("log-every", "1", "print every k-th step");
+      .flag("log-every", "1", "print every k-th step")
+      .flag("trace", "", "write a Chrome/Perfetto timeline of the steps here (one file per rank: FILE.rank<r>.json)")
+      .flag("overlap", "off", "on: collectives run on a communication thread, overlapping compute | off")
+      .flag("limit-all-gathers", "2", "at most this many bucket all-gathers in flight (0: no limit)");
   return c;
 }
 
@@ -96,10 +104,16 @@ settings read(const cli& c, int world_size) {
   s.fsdp.sharding_strategy = kfsdp::parse_sharding(c.str("sharding"));
   s.fsdp.bucketing_strategy = kfsdp::parse_bucketing(c.str("bucketing"));
   if (!c.str("broadcast-from").empty()) s.fsdp.broadcast_from = static_cast<int>(c.size("broadcast-from"));
+  s.fsdp.limit_all_gathers = c.size("limit-all-gathers");
+  s.trace = c.str("trace");
+  if (c.str("overlap") != "on" && c.str("overlap") != "off") throw std::invalid_argument("train_gpt: --overlap is '" + c.str("overlap") + "', expected on or off");
+  s.overlap = c.str("overlap") == "on";
   s.save = c.str("save");
+  s.save_every = c.size("save-every");
+  s.resume = c.str("resume");
   s.load = c.str("load");
   auto fail = [](const std::string& m) { throw std::invalid_argument("train_gpt: " + m); };
-  if (s.batch == 0 || s.batch % std::size_t(world_size) != 0)
+  if (s.eval_windows == 0 && (s.batch == 0 || s.batch % std::size_t(world_size) != 0))
     fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
   if (s.grad_accum == 0) fail("--grad-accum is 0, expected at least 1");
   if (s.model.heads == 0 || s.model.dim % s.model.heads != 0)
@@ -107,6 +121,8 @@ settings read(const cli& c, int world_size) {
   if (s.optimizer != "adamw" && s.optimizer != "sgd") fail("--optimizer is '" + s.optimizer + "', expected adamw or sgd");
   if (s.dtype != "f32" && s.dtype != "f64") fail("--dtype is '" + s.dtype + "', expected f32 or f64");
   if (s.eval_windows > 0 && s.load.empty()) fail("--eval needs --load FILE (the weights to evaluate)");
+  if (!s.resume.empty() && !s.load.empty()) fail("--resume and --load both given: --resume restores the weights too");
+  if (s.save_every > 0 && s.save.empty()) fail("--save-every needs --save FILE");
   return s;
 }
 
@@ -122,8 +138,14 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
   const std::size_t ws = std::size_t(world.size());
   const std::size_t local_batch = s.batch / ws;
 
-  return kfsdp::with_fsdp<Scalar>(model, world, s.fsdp, [&](auto& engine) {
+  // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
+  kfsdp::comm::threaded overlapped(world);
+  kfsdp::comm::any_communicator engine_comm = s.overlap ? kfsdp::comm::any_communicator(overlapped)
+                                                        : kfsdp::comm::any_communicator(world);
+  kfsdp::trace_recorder trace(world.rank());
+  return kfsdp::with_fsdp<Scalar>(model, engine_comm, s.fsdp, [&](auto& engine) {
     kfsdp::gpt_trainer trainer(engine, compute, local_batch);
+    if (!s.trace.empty()) engine.set_trace(&trace);
     if (s.load.empty())
       engine.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
     else
@@ -151,6 +173,42 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
                                   kfsdp::optim::sgd_options{.lr = s.lr, .momentum = s.momentum, .weight_decay = s.weight_decay});
     const std::size_t optimizer_bytes = (s.optimizer == "adamw" ? 2 : (s.momentum > 0 ? 1 : 0)) * shard * sizeof(Scalar);
 
+    // A checkpoint: weights, the optimizer's state (same layout as the shards) and the progress.
+    auto optimizer_state = [&] {
+      std::vector<kfsdp::io::named_shard<Scalar>> views;
+      if (auto* adam = std::get_if<0>(&optimizer)) {
+        views.push_back({"optimizer.exp_avg", adam->exp_avg()});
+        views.push_back({"optimizer.exp_avg_sq", adam->exp_avg_sq()});
+      } else if (s.momentum > 0) {
+        views.push_back({"optimizer.momentum_buffer", std::get<1>(optimizer).momentum_buffer()});
+      }
+      return views;
+    };
+    auto save = [&](std::size_t steps_done) {
+      kfsdp::io::checkpoint_state<Scalar> state{.metadata = {{"format", "pt"},
+                                                             {"layers", std::to_string(s.model.layers)},
+                                                             {"dim", std::to_string(s.model.dim)},
+                                                             {"heads", std::to_string(s.model.heads)},
+                                                             {"seq", std::to_string(s.model.seq)},
+                                                             {"vocab", std::to_string(s.model.vocab)},
+                                                             {"step", std::to_string(steps_done)},
+                                                             {"optimizer", s.optimizer},
+                                                             {"seed", std::to_string(s.seed)}},
+                                                .shards = optimizer_state()};
+      kfsdp::io::save_checkpoint(s.save, engine, world, state);
+    };
+    std::size_t first_step = 0;
+    if (!s.resume.empty()) {
+      kfsdp::io::checkpoint_state<Scalar> state{.metadata = {}, .shards = optimizer_state()};
+      kfsdp::io::load_checkpoint(s.resume, engine, world, state);
+      if (state.metadata["optimizer"] != s.optimizer)
+        throw std::invalid_argument("train_gpt: --resume " + s.resume + " was trained with --optimizer " +
+                                    state.metadata["optimizer"] + ", not " + s.optimizer);
+      first_step = std::stoull(state.metadata.at("step"));  // windows are keyed by step: the data resumes too
+      if (auto* adam = std::get_if<0>(&optimizer)) adam->set_step_count(static_cast<std::int64_t>(first_step));
+      if (root) fmt::print("resumed {} at step {}\n", s.resume, first_step);
+    }
+
     if (root)
       fmt::print("train_gpt: {} ranks, {} ({} parameters, {} per rank), {} / {} bucketing ({} buckets), {}, "
                  "batch {} x {} windows of {} bytes, {} windows in {}\n",
@@ -160,7 +218,7 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
     const bool terminal = root && isatty(STDERR_FILENO);
     std::vector<kfsdp::micro_batch> batches(s.grad_accum);
     double first_loss = 0, last_loss = 0;
-    for (std::size_t step = 0; step < s.steps; ++step) {
+    for (std::size_t step = first_step; step < s.steps; ++step) {
       for (std::size_t k = 0; k < s.grad_accum; ++k)
         data.rank_slice(data.micro_batch(s.sampling, s.seed, step * s.grad_accum + k, s.batch),
                         std::size_t(world.rank()), ws, batches[k].tokens, batches[k].targets);
@@ -170,12 +228,12 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
       const kfsdp::step_result r =
           std::visit([&](auto& opt) { return trainer.step(batches, opt, s.clip, s.accumulation); }, optimizer);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (step == 0) first_loss = r.loss;
+      if (step == first_step) first_loss = r.loss;
       last_loss = r.loss;
       if (root && (step % s.log_every == 0 || step + 1 == s.steps)) {
         const auto m = engine.memory();
         if (terminal) fmt::print(stderr, "\r\033[K");
-        fmt::print("step {:>4}/{} | loss {:.4f} | {:>7.0f} tokens/s | memory/rank {} (params {}, grads {}, optimizer {}, "
+        fmt::print("step {:>4}/{} | loss {:.6f} | {:>7.0f} tokens/s | memory/rank {} (params {}, grads {}, optimizer {}, "
                    "unsharded peak {}) | comm {}\n",
                    step + 1, s.steps, r.loss, double(s.grad_accum * s.batch * s.model.seq) / seconds,
                    mib(double(m.sharded_params + m.sharded_grads + optimizer_bytes + m.unsharded_peak)),
@@ -183,6 +241,7 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
                    mib(double(m.unsharded_peak)), mib(double(engine.bytes_communicated() - bytes_before)));
         std::fflush(stdout);
       }
+      if (s.save_every > 0 && (step + 1) % s.save_every == 0 && step + 1 < s.steps) save(step + 1);
       if (terminal) {
         const std::size_t width = 40, done = (step + 1) * width / s.steps;
         fmt::print(stderr, "\r[{}{}] {}/{}", std::string(done, '#'), std::string(width - done, '.'), step + 1, s.steps);
@@ -190,19 +249,24 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
       }
     }
     if (terminal) fmt::print(stderr, "\r\033[K");
-    if (root && s.steps > 0) fmt::print("loss {:.4f} -> {:.4f}\n", first_loss, last_loss);
+    if (!s.trace.empty()) {
+      engine.set_trace(nullptr);
+      const std::string file = fmt::format("{}.rank{}.json", s.trace, world.rank());
+      trace.write(file);
+      if (root) fmt::print("trace: {} events per rank in {}.rank<r>.json\n", trace.size(), s.trace);
+    }
+    if (root && s.steps > first_step) fmt::print("loss {:.4f} -> {:.4f}\n", first_loss, last_loss);
 
     if (!s.save.empty()) {
-      kfsdp::io::save_model(s.save, engine, world,
-                            {{"format", "pt"}, {"layers", std::to_string(s.model.layers)},
-                             {"dim", std::to_string(s.model.dim)}, {"heads", std::to_string(s.model.heads)},
-                             {"seq", std::to_string(s.model.seq)}, {"vocab", std::to_string(s.model.vocab)},
-                             {"steps", std::to_string(s.steps)}});
+      save(std::max(s.steps, first_step));
       if (root) fmt::print("saved {}\n", s.save);
     }
     if (s.sample_bytes > 0) {
       const std::string text = trainer.generate("And God said", s.sample_bytes, {.temperature = 0.8, .seed = s.seed});
-      if (root) fmt::print("sample:\n{}\n", text);
+      std::string printable = text;  // an undertrained byte model may emit bytes a terminal cannot show
+      for (char& c : printable)
+        if ((static_cast<unsigned char>(c) < 0x20 && c != '\n') || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+      if (root) fmt::print("sample:\n{}\n", printable);
     }
     return 0;
   });
@@ -211,7 +275,8 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  kfsdp::comm::mpi::environment mpi_up(argc, argv);
+  // SERIALIZED: with --overlap on, the communication thread makes the MPI calls.
+  kfsdp::comm::mpi::environment mpi_up(argc, argv, MPI_THREAD_SERIALIZED);
   kfsdp::environment kokkos_up(argc, argv);
   int status = 0;
   {
@@ -223,7 +288,7 @@ int main(int argc, char** argv) {
       status = s.dtype == "f32" ? run<float>(s, world) : run<double>(s, world);
     } catch (const std::exception& e) {
       // Every rank parses the same flags and meets the same collectives: each reports, rank 0 first.
-      if (world.rank() == 0) std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+      if (world.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
       status = 2;
     }
   }

@@ -86,8 +86,10 @@ std::size_t fsdp_engine<Scalar>::param_index(std::string_view name) const {
 }
 
 template <class Scalar>
-typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::allocate(const std::string& label, std::size_t numel) {
-  flat_view v(label, numel);
+typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::allocate(const std::string& label, std::size_t numel,
+                                                                       fill how) {
+  flat_view v = how == fill::zeros ? flat_view(label, numel)
+                                   : flat_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), numel);
   live_bytes_ += numel * sizeof(Scalar);
   peak_bytes_ = std::max(peak_bytes_, live_bytes_);
   return v;
@@ -230,7 +232,7 @@ typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_grad(std::size
       for (std::size_t q = bucket.first_param; q < bucket.first_param + bucket.param_count; ++q)
         n += plan_.params[q].full_numel();
     }
-    s.full_grads = allocate("kfsdp::full_grads", n);
+    s.full_grads = allocate("kfsdp::full_grads", n, fill::zeros);  // accumulated into; padding stays zero
   }
   const std::size_t n = plan_.params[p].full_numel();
   if (single(b)) return Kokkos::subview(s.full_grads, std::make_pair(std::size_t(0), n));

@@ -1,5 +1,6 @@
 // Pack/unpack around a bucket's collectives, scaled accumulation, deterministic initialisation.
 // Build: part of kfsdp_kernels; checked by test/fsdp/test_pack.cpp.
+#include <algorithm>
 #include <cmath>
 
 #include <kfsdp/fsdp/pack.hpp>
@@ -8,24 +9,33 @@ namespace kfsdp::kernels {
 
 using range = Kokkos::RangePolicy<Kokkos::IndexType<std::size_t>>;
 
+// Each rank's chunk is contiguous in both buffers: one contiguous copy per rank (a memcpy on the
+// host, a device copy on GPUs) instead of a division per element.
 template <class Scalar>
 void unpack_param(flat_view<const Scalar> gathered, std::size_t rank_stride, const param_slot& slot,
                   flat_view<Scalar> unpacked) {
-  const param_slot s = slot;
-  Kokkos::parallel_for("kfsdp::unpack_param", range(0, s.full_numel), KOKKOS_LAMBDA(std::size_t j) {
-    unpacked(s.full_offset + j) = gathered((j / s.chunk_numel) * rank_stride + s.bucket_offset + j % s.chunk_numel);
-  });
+  for (std::size_t rank = 0; rank * slot.chunk_numel < slot.full_numel; ++rank) {
+    const std::size_t first = rank * slot.chunk_numel;
+    const std::size_t count = std::min(slot.chunk_numel, slot.full_numel - first);
+    const std::size_t from = rank * rank_stride + slot.bucket_offset;
+    Kokkos::deep_copy(Kokkos::subview(unpacked, std::make_pair(slot.full_offset + first, slot.full_offset + first + count)),
+                      Kokkos::subview(gathered, std::make_pair(from, from + count)));
+  }
 }
 
 template <class Scalar>
 void pack_param(flat_view<const Scalar> unpacked, const param_slot& slot, std::size_t rank_stride,
                 std::size_t world_size, flat_view<Scalar> packed) {
-  const param_slot s = slot;
-  Kokkos::parallel_for("kfsdp::pack_param", range(0, world_size * s.chunk_numel), KOKKOS_LAMBDA(std::size_t j) {
-    const std::size_t rank = j / s.chunk_numel;
-    packed(rank * rank_stride + s.bucket_offset + j % s.chunk_numel) =
-        j < s.full_numel ? unpacked(s.full_offset + j) : Scalar(0);
-  });
+  for (std::size_t rank = 0; rank < world_size; ++rank) {
+    const std::size_t first = rank * slot.chunk_numel;
+    const std::size_t count = first >= slot.full_numel ? 0 : std::min(slot.chunk_numel, slot.full_numel - first);
+    const std::size_t to = rank * rank_stride + slot.bucket_offset;
+    if (count > 0)
+      Kokkos::deep_copy(Kokkos::subview(packed, std::make_pair(to, to + count)),
+                        Kokkos::subview(unpacked, std::make_pair(slot.full_offset + first, slot.full_offset + first + count)));
+    if (count < slot.chunk_numel)  // padding rows travel as zeros
+      Kokkos::deep_copy(Kokkos::subview(packed, std::make_pair(to + count, to + slot.chunk_numel)), Scalar(0));
+  }
 }
 
 template <class Scalar>

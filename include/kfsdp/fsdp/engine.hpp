@@ -135,7 +135,10 @@ class fsdp_engine {
     bool unsharded = false;
   };
 
-  flat_view allocate(const std::string& label, std::size_t numel);  // counted in memory()
+  // Counted in memory(). Buffers that are wholly overwritten (gathered, packed, reduced) skip the
+  // zero fill; gradients accumulate and start at zero.
+  enum class fill { zeros, none };
+  flat_view allocate(const std::string& label, std::size_t numel, fill how = fill::none);
   void release(flat_view& view);
   [[nodiscard]] kernels::param_slot slot(std::size_t param) const;
   [[nodiscard]] bool single(std::size_t bucket) const { return plan_.buckets[bucket].param_count == 1; }
