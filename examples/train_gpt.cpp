@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <optional>
+#include <type_traits>
 #include <string>
 #include <variant>
 
@@ -18,6 +20,9 @@
 
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/comm/threaded.hpp>
+#ifdef KFSDP_HAVE_NCCL
+#include <kfsdp/comm/nccl.hpp>
+#endif
 #include <kfsdp/environment.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/fsdp/gpt_trainer.hpp>
@@ -36,6 +41,7 @@ using kfsdp::examples::cli;
 struct settings {
   std::string data, save, load, trace, resume;
   std::size_t save_every = 0;
+  std::string backend;
   bool overlap = true;
   kfsdp::gpt_config model;
   std::size_t batch, steps, grad_accum, eval_windows, sample_bytes, log_every;
@@ -77,6 +83,7 @@ cli make_cli() {
       .flag("sample", "200", "bytes of generated text printed at the end (0: none)")
       .flag("log-every", "1", "print every k-th step")
       .flag("trace", "", "write a Chrome/Perfetto timeline of the steps here (one file per rank: FILE.rank<r>.json)")
+      .flag("backend", "mpi", "mpi | nccl (one GPU per rank; needs a CUDA build of Kokkos)")
       .flag("overlap", "off", "on: collectives run on a communication thread, overlapping compute | off")
       .flag("limit-all-gathers", "2", "at most this many bucket all-gathers in flight (0: no limit)");
   return c;
@@ -108,6 +115,8 @@ settings read(const cli& c, int world_size) {
   s.trace = c.str("trace");
   if (c.str("overlap") != "on" && c.str("overlap") != "off") throw std::invalid_argument("train_gpt: --overlap is '" + c.str("overlap") + "', expected on or off");
   s.overlap = c.str("overlap") == "on";
+  s.backend = c.str("backend");
+  if (s.backend != "mpi" && s.backend != "nccl") throw std::invalid_argument("train_gpt: --backend is '" + s.backend + "', expected mpi or nccl");
   s.save = c.str("save");
   s.save_every = c.size("save-every");
   s.resume = c.str("resume");
@@ -142,8 +151,21 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
   kfsdp::comm::threaded overlapped(world);
   kfsdp::comm::any_communicator engine_comm = s.overlap ? kfsdp::comm::any_communicator(overlapped)
                                                         : kfsdp::comm::any_communicator(world);
+  kfsdp::fsdp_options options = s.fsdp;
+#ifdef KFSDP_HAVE_NCCL
+  std::optional<kfsdp::comm::nccl> gpus;
+  if (s.backend == "nccl") {
+    gpus.emplace(world);  // the GPU of this rank's node-local index; throws clearly without one
+    if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>)
+      throw std::invalid_argument("train_gpt: --backend nccl needs Kokkos built with CUDA (the shards must live on the GPU)");
+    engine_comm = kfsdp::comm::any_communicator(*gpus);
+    options.device = gpus->device();
+  }
+#else
+  if (s.backend == "nccl") throw std::invalid_argument("train_gpt: this build has no NCCL backend (configure with -Dnccl=enabled)");
+#endif
   kfsdp::trace_recorder trace(world.rank());
-  return kfsdp::with_fsdp<Scalar>(model, engine_comm, s.fsdp, [&](auto& engine) {
+  return kfsdp::with_fsdp<Scalar>(model, engine_comm, options, [&](auto& engine) {
     kfsdp::gpt_trainer trainer(engine, compute, local_batch);
     if (!s.trace.empty()) engine.set_trace(&trace);
     if (s.load.empty())
