@@ -1,0 +1,334 @@
+// bench/step — one training step of the example GPT for every sharding × bucketing at the world
+// size it runs with: step time and tokens/s, the ZeRO3/ZeRO2 step-time ratio, the peak memory per
+// rank and the bytes communicated per step, each against its theory.
+//
+//   mpirun -np 2 build/bench/bench_step                 (default model of train_gpt, AdamW, float)
+//   mpirun -np 2 build/bench/bench_step --overlap off --steps 20 --trace step
+//
+// --rounds times over, every combination gets a fresh engine (same initial weights, same batches),
+// runs --warmup steps, then --steps timed steps; the rounds interleave the combinations, so a burst
+// of load from elsewhere on the machine does not fall on one of them alone. A step starts after a
+// barrier and lasts until the slowest rank is done; the table shows the median over every timed
+// step of every round. tokens/s = batch · seq / median step time (the global batch).
+//
+// Memory per rank (bytes, the most over ranks and timed steps):
+//   measured = engine.memory(): sharded_params + sharded_grads + unsharded_peak, plus the AdamW
+//              moments (exp_avg + exp_avg_sq). Activations of the layers are not counted.
+//   theory   = (2 + k)·Ψ/N (sharded parameters, gradients and optimizer state; k = 2 for AdamW;
+//              Ψ = padded parameter bytes = N · shard bytes) + U, where U, the unsharded bytes the
+//              schedule cannot do without, is the most over the step of
+//                P(stages whose parameters are unsharded) + P(the stage in backward)  (its gradient),
+//              with P(s) = the padded bytes of stage s's buckets (stages: embeddings, each block, head)
+//              and the schedule of kfsdp::fsdp with one-stage prefetch:
+//                ZeRO2: forward of s holds stages 0..s+1; backward of s holds 0..s and the gradient of s;
+//                ZeRO3: forward of s holds s, s+1;        backward of s holds s, s-1 and the gradient of s.
+//              U leaves out the transient copies: while a multi-parameter bucket unpacks, both its
+//              gathered and its unpacked buffer; while it reduces, the packed gradient and the reduced
+//              shard.
+// Bytes per step: engine.bytes_communicated() (every all-gather and reduce-scatter counts its full
+// buffer, N · bucket shard bytes) against ZeRO2: 2Ψ (gather once, reduce-scatter once), ZeRO3: 3Ψ
+// (gather again in backward). The two one-double all-reduces of the step (loss, gradient norm) are
+// not counted.
+//
+// --trace FILE records the last timed step of every combination (inside a "step <sharding>
+// <bucketing>" region) into FILE.rank<r>.json, one Chrome/Perfetto timeline per rank.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/environment.hpp>
+#include <kfsdp/fsdp/fsdp.hpp>
+#include <kfsdp/fsdp/gpt_trainer.hpp>
+#include <kfsdp/fsdp/trace.hpp>
+#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/model/gpt.hpp>
+#include <kfsdp/optim/adamw.hpp>
+
+#include "../examples/cli.hpp"
+
+namespace {
+
+using kfsdp::examples::cli;
+
+constexpr std::size_t adamw_states = 2;  // k: exp_avg and exp_avg_sq, one shard each
+
+struct settings {
+  std::string data, dtype, trace;
+  kfsdp::gpt_config model;
+  std::size_t batch = 0, steps = 0, warmup = 0, rounds = 0, limit_all_gathers = 0;
+  std::uint64_t seed = 0;
+  bool overlap = true;
+  std::vector<kfsdp::sharding_strategy> shardings;
+  std::vector<kfsdp::bucketing> bucketings;
+};
+
+struct result {
+  kfsdp::sharding_strategy sharding{};
+  kfsdp::bucketing bucketing{};
+  std::vector<double> seconds;      // every timed step of every round (slowest rank)
+  double loss = 0;                   // of the last timed step
+  std::size_t buckets = 0;
+  std::size_t psi = 0;               // padded parameter bytes (N · shard bytes)
+  std::size_t sharded = 0;           // measured: sharded params + grads + optimizer state
+  std::size_t unsharded_peak = 0;    // measured, the most over ranks and timed steps
+  std::size_t theory_unsharded = 0;  // U above
+  std::size_t bytes_per_step = 0;    // measured, the most over timed steps
+};
+
+cli make_cli() {
+  cli c("bench_step", "one training step of the example GPT for every sharding x bucketing (run under mpirun)");
+  c.flag("data", "data/kjv-genesis-exodus.txt", "training text (bytes)")
+      .flag("layers", "4", "transformer blocks")
+      .flag("dim", "128", "embedding width")
+      .flag("heads", "4", "attention heads")
+      .flag("seq", "64", "context length T (a window is T+1 bytes)")
+      .flag("batch", "16", "global batch in windows, split evenly over the ranks")
+      .flag("steps", "10", "timed steps per combination and round (the median over all is shown)")
+      .flag("warmup", "2", "untimed steps per combination and round first")
+      .flag("rounds", "3", "times over every combination (each with a fresh engine)")
+      .flag("dtype", "f32", "f32 | f64")
+      .flag("seed", "1337", "initialisation and sampling seed")
+      .flag("sharding", "all", "zero2 | zero3 | all")
+      .flag("bucketing", "all", "none | layer | block | all")
+      .flag("overlap", "on", "on: collectives run on a communication thread, overlapping compute | off")
+      .flag("limit-all-gathers", "2", "at most this many bucket all-gathers in flight (0: no limit)")
+      .flag("trace", "", "write the timeline of the last timed step of each combination (FILE.rank<r>.json)");
+  return c;
+}
+
+settings read(const cli& c, int world_size) {
+  settings s;
+  s.data = c.str("data");
+  s.model = {.layers = c.size("layers"), .dim = c.size("dim"), .heads = c.size("heads"), .seq = c.size("seq")};
+  s.batch = c.size("batch");
+  s.steps = c.size("steps");
+  s.warmup = c.size("warmup");
+  s.rounds = c.size("rounds");
+  s.dtype = c.str("dtype");
+  s.seed = c.size("seed");
+  s.limit_all_gathers = c.size("limit-all-gathers");
+  s.trace = c.str("trace");
+  auto fail = [](const std::string& m) { throw std::invalid_argument("bench_step: " + m); };
+  if (c.str("overlap") != "on" && c.str("overlap") != "off") fail("--overlap is '" + c.str("overlap") + "', expected on or off");
+  s.overlap = c.str("overlap") == "on";
+  if (s.batch == 0 || s.batch % std::size_t(world_size) != 0)
+    fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
+  if (s.steps == 0) fail("--steps is 0, expected at least 1");
+  if (s.rounds == 0) fail("--rounds is 0, expected at least 1");
+  if (s.model.heads == 0 || s.model.dim % s.model.heads != 0)
+    fail(fmt::format("--heads is {}, expected a divisor of --dim {}", s.model.heads, s.model.dim));
+  if (s.dtype != "f32" && s.dtype != "f64") fail("--dtype is '" + s.dtype + "', expected f32 or f64");
+  const std::string sh = c.str("sharding"), bu = c.str("bucketing");
+  if (sh == "all") s.shardings = {kfsdp::sharding_strategy::zero2, kfsdp::sharding_strategy::zero3};
+  else s.shardings = {kfsdp::parse_sharding(sh)};
+  if (bu == "all") s.bucketings = {kfsdp::bucketing::none, kfsdp::bucketing::layer, kfsdp::bucketing::block};
+  else s.bucketings = {kfsdp::parse_bucketing(bu)};
+  return s;
+}
+
+double mib(std::size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The most of `value` over ranks (an all-gather: the communicator has no all_reduce_max).
+double max_over_ranks(kfsdp::comm::any_communicator& comm, double value) {
+  std::vector<double> all(std::size_t(comm.size()));
+  const double mine[1] = {value};
+  comm.all_gather(std::span<const double>(mine), std::span<double>(all));
+  return *std::max_element(all.begin(), all.end());
+}
+
+// U of the header: the unsharded bytes of the schedule (parameters in flight + the gradient of the
+// stage in backward), from the engine's plan and the trainer's stages.
+template <class Engine, class Trainer>
+std::size_t theory_unsharded(const Engine& engine, const Trainer& trainer, std::size_t stages, bool zero3) {
+  using Scalar = typename Engine::scalar_type;
+  std::vector<std::size_t> p(stages, 0);
+  for (std::size_t s = 0; s < stages; ++s) {
+    const auto [first, last] = engine.buckets_of(trainer.stage_range(s));
+    for (std::size_t b = first; b < last; ++b) p[s] += engine.plan().gathered_numel(b) * sizeof(Scalar);
+  }
+  std::size_t most = 0;
+  for (std::size_t s = 0; s < stages; ++s) {
+    const std::size_t next = s + 1 < stages ? p[s + 1] : 0, previous = s > 0 ? p[s - 1] : 0;
+    std::size_t forward = 0, backward = 0;
+    if (zero3) {
+      forward = p[s] + next;
+      backward = p[s] + previous + p[s];
+    } else {
+      for (std::size_t t = 0; t <= s; ++t) backward += p[t];
+      forward = backward + next;
+      backward += p[s];
+    }
+    most = std::max({most, forward, backward});
+  }
+  return most;
+}
+
+// One round of one combination, added to r (trace: record the last timed step there).
+template <class Scalar>
+void bench_one(const settings& s, const kfsdp::io::text_windows& data, kfsdp::comm::any_communicator comm,
+               const kfsdp::fsdp_options& options, kfsdp::trace_recorder* trace, result& r) {
+  const auto model = kfsdp::make_gpt(s.model);
+  const kfsdp::nn::gpt_config compute{.layers = s.model.layers, .dim = s.model.dim, .heads = s.model.heads,
+                                      .seq_len = s.model.seq, .vocab = s.model.vocab};
+  const std::size_t ws = std::size_t(comm.size()), rank = std::size_t(comm.rank());
+  kfsdp::with_fsdp<Scalar>(model, comm, options, [&](auto& engine) {
+    kfsdp::gpt_trainer trainer(engine, compute, s.batch / ws);
+    engine.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
+    const std::size_t shard = engine.plan().shard_numel;
+    kfsdp::optim::adamw<Scalar> optimizer(shard, kfsdp::optim::adamw_options{.lr = 2e-3, .weight_decay = 0.01});
+    const std::size_t optimizer_bytes = (optimizer.exp_avg().extent(0) + optimizer.exp_avg_sq().extent(0)) * sizeof(Scalar);
+
+    r.sharding = options.sharding_strategy;
+    r.bucketing = options.bucketing_strategy;
+    r.buckets = engine.plan().buckets.size();
+    r.psi = ws * shard * sizeof(Scalar);
+    r.theory_unsharded = theory_unsharded(engine, trainer, s.model.layers + 2,
+                                          options.sharding_strategy == kfsdp::sharding_strategy::zero3);
+    std::vector<kfsdp::micro_batch> batches(1);
+    double unsharded_peak = 0, sharded = 0;
+    for (std::size_t step = 0; step < s.warmup + s.steps; ++step) {
+      data.rank_slice(data.micro_batch(kfsdp::io::window_sampling::random, s.seed, step, s.batch), rank, ws,
+                      batches[0].tokens, batches[0].targets);
+      const bool timed = step >= s.warmup, traced = trace != nullptr && step + 1 == s.warmup + s.steps;
+      if (traced) engine.set_trace(trace);
+      std::optional<kfsdp::trace_recorder::scope> region;
+      comm.barrier();
+      engine.reset_peak_memory();
+      const std::size_t bytes_before = engine.bytes_communicated();
+      const auto start = std::chrono::steady_clock::now();
+      if (traced)
+        region.emplace(trace, fmt::format("step {} {}", kfsdp::to_string(r.sharding), kfsdp::to_string(r.bucketing)),
+                       "compute", kfsdp::trace_recorder::compute_lane, -1, 0);
+      const kfsdp::step_result out = trainer.step(batches, optimizer, 1.0, kfsdp::grad_accumulation::unsharded);
+      region.reset();
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (traced) engine.set_trace(nullptr);
+      const double slowest = max_over_ranks(comm, elapsed);
+      if (!timed) continue;
+      r.seconds.push_back(slowest);
+      r.loss = out.loss;
+      r.bytes_per_step = std::max(r.bytes_per_step, engine.bytes_communicated() - bytes_before);
+      const kfsdp::memory_report m = engine.memory();
+      unsharded_peak = std::max(unsharded_peak, double(m.unsharded_peak));
+      sharded = std::max(sharded, double(m.sharded_params + m.sharded_grads + optimizer_bytes));
+    }
+    r.unsharded_peak = std::max(r.unsharded_peak, std::size_t(max_over_ranks(comm, unsharded_peak)));
+    r.sharded = std::max(r.sharded, std::size_t(max_over_ranks(comm, sharded)));
+  });
+}
+
+template <class Scalar>
+int run(const settings& s, kfsdp::comm::mpi& world) {
+  const bool root = world.rank() == 0;
+  const std::size_t ws = std::size_t(world.size());
+  const auto data = kfsdp::io::text_windows::from_file(s.data, s.model.seq);
+  kfsdp::comm::threaded overlapped(world);
+  kfsdp::comm::any_communicator comm =
+      s.overlap ? kfsdp::comm::any_communicator(overlapped) : kfsdp::comm::any_communicator(world);
+  std::optional<kfsdp::trace_recorder> trace;
+  if (!s.trace.empty()) trace.emplace(world.rank());
+
+  if (root)
+    fmt::print("bench_step: {} ranks, GPT layers {} dim {} heads {} seq {}, {}, AdamW (k = {}), global batch {} windows "
+               "({} tokens/step), overlap {}, limit_all_gathers {}; {} rounds of {} warm-up + {} timed steps per combination\n",
+               ws, s.model.layers, s.model.dim, s.model.heads, s.model.seq, s.dtype, adamw_states, s.batch,
+               s.batch * s.model.seq, s.overlap ? "on" : "off", s.limit_all_gathers, s.rounds, s.warmup, s.steps);
+  std::vector<result> results;
+  std::vector<kfsdp::fsdp_options> combinations;
+  for (const kfsdp::bucketing b : s.bucketings)
+    for (const kfsdp::sharding_strategy sh : s.shardings) {
+      kfsdp::fsdp_options options;
+      options.sharding_strategy = sh;
+      options.bucketing_strategy = b;
+      options.limit_all_gathers = s.limit_all_gathers;
+      combinations.push_back(options);
+    }
+  results.resize(combinations.size());
+  for (std::size_t round = 0; round < s.rounds; ++round)
+    for (std::size_t i = 0; i < combinations.size(); ++i) {
+      const bool last_round = round + 1 == s.rounds;
+      bench_one<Scalar>(s, data, comm, combinations[i], trace && last_round ? &*trace : nullptr, results[i]);
+      if (root && last_round) {
+        const result& r = results[i];
+        fmt::print("  {} / {}: median {:.1f} ms (min {:.1f}, max {:.1f}) over {} steps, loss {:.4f}\n",
+                   kfsdp::to_string(r.sharding), kfsdp::to_string(r.bucketing), 1e3 * median(r.seconds),
+                   1e3 * *std::min_element(r.seconds.begin(), r.seconds.end()),
+                   1e3 * *std::max_element(r.seconds.begin(), r.seconds.end()), r.seconds.size(), r.loss);
+        std::fflush(stdout);
+      }
+    }
+
+  if (root && !results.empty()) {
+    const std::size_t psi = results.front().psi;
+    fmt::print("\nPsi = {} bytes ({:.3f} MiB) padded parameters; shard {} bytes per rank\n", psi, mib(psi), psi / ws);
+    fmt::print("{:<6} {:<6} {:>7} {:>9} {:>10} {:>10} {:>10} {:>7} {:>10} {:>10} {:>7} {:>10} {:>10} {:>7}\n", "shard",
+               "bucket", "buckets", "step ms", "tokens/s", "peak MiB", "theory", "ratio", "unshard", "theory", "ratio",
+               "bytes/step", "theory", "ratio");
+    for (const result& r : results) {
+      const std::size_t theory_sharded = (2 + adamw_states) * r.psi / ws;
+      const std::size_t peak = r.sharded + r.unsharded_peak, theory_peak = theory_sharded + r.theory_unsharded;
+      const std::size_t theory_bytes = (r.sharding == kfsdp::sharding_strategy::zero3 ? 3 : 2) * r.psi;
+      fmt::print("{:<6} {:<6} {:>7} {:>9.1f} {:>10.0f} {:>10.3f} {:>10.3f} {:>7.3f} {:>10.3f} {:>10.3f} {:>7.3f} "
+                 "{:>10.3f} {:>10.3f} {:>7.3f}\n",
+                 kfsdp::to_string(r.sharding), kfsdp::to_string(r.bucketing), r.buckets, 1e3 * median(r.seconds),
+                 double(s.batch * s.model.seq) / median(r.seconds), mib(peak), mib(theory_peak),
+                 double(peak) / double(theory_peak), mib(r.unsharded_peak), mib(r.theory_unsharded),
+                 double(r.unsharded_peak) / double(r.theory_unsharded), mib(r.bytes_per_step), mib(theory_bytes),
+                 double(r.bytes_per_step) / double(theory_bytes));
+    }
+    fmt::print("(peak = sharded params + grads + AdamW moments + unsharded peak; theory = (2+k) Psi/N + U; "
+               "unshard = unsharded peak vs U; bytes/step in MiB vs 2 Psi (zero2) / 3 Psi (zero3))\n");
+    for (const kfsdp::bucketing b : s.bucketings) {
+      const result *z2 = nullptr, *z3 = nullptr;
+      for (const result& r : results)
+        if (r.bucketing == b) (r.sharding == kfsdp::sharding_strategy::zero2 ? z2 : z3) = &r;
+      if (z2 && z3)
+        fmt::print("step time zero3/zero2, {} bucketing: {:.3f}\n", kfsdp::to_string(b), median(z3->seconds) / median(z2->seconds));
+    }
+    std::fflush(stdout);
+  }
+  if (trace) {
+    trace->write(fmt::format("{}.rank{}.json", s.trace, world.rank()));
+    if (root) fmt::print("trace: {} events per rank in {}.rank<r>.json\n", trace->size(), s.trace);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // SERIALIZED: with --overlap on, the communication thread makes the MPI calls.
+  kfsdp::comm::mpi::environment mpi_up(argc, argv, MPI_THREAD_SERIALIZED);
+  kfsdp::environment kokkos_up(argc, argv);
+  int status = 0;
+  {
+    kfsdp::comm::mpi world;
+    try {
+      cli c = make_cli();
+      if (!c.parse(argc, argv)) return 0;
+      const settings s = read(c, world.size());
+      status = s.dtype == "f32" ? run<float>(s, world) : run<double>(s, world);
+    } catch (const std::exception& e) {
+      if (world.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
+      status = 2;
+    }
+  }
+  return status;
+}
