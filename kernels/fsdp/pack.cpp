@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/fsdp/pack.hpp>
 
 namespace kfsdp::kernels {
@@ -45,12 +46,6 @@ void accumulate_scaled(flat_view<Scalar> destination, flat_view<const Scalar> so
 }
 
 namespace {
-#if KOKKOS_VERSION >= 40000
-namespace kmath = Kokkos;
-#else
-namespace kmath = Kokkos::Experimental;  // Kokkos 3.x keeps device math here
-#endif
-
 // splitmix64: a counter-based generator, so element i's value needs no state but its key.
 KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t z) {
   z += 0x9e3779b97f4a7c15ull;
@@ -75,8 +70,8 @@ void fill_init(flat_view<Scalar> out, std::size_t count, std::size_t first_globa
       const double u1 = uniform01(mix64(key ^ (2 * g)));
       const double u2 = uniform01(mix64(key ^ (2 * g + 1)));
       // Box-Muller: one standard normal from two uniforms.
-      value = Scalar(init.std * kmath::sqrt(-2.0 * kmath::log(u1)) *
-                     kmath::cos(6.283185307179586 * u2));
+      value = Scalar(init.std * math::sqrt(-2.0 * math::log(u1)) *
+                     math::cos(6.283185307179586 * u2));
     }
     out(k) = value;
   });

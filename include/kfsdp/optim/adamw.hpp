@@ -20,6 +20,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <kfsdp/detail/kokkos_math.hpp>
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -96,15 +98,6 @@ namespace detail {
 // Throws std::invalid_argument unless step >= 1.
 void check_step(std::string_view who, std::int64_t step);
 
-// Kokkos 3.7 moved the math functions out of Kokkos::Experimental.
-template <class Scalar>
-KOKKOS_INLINE_FUNCTION Scalar square_root(Scalar value) {
-#if KOKKOS_VERSION >= 30700
-  return Kokkos::sqrt(value);
-#else
-  return Kokkos::Experimental::sqrt(value);
-#endif
-}
 }  // namespace detail
 
 // ---------------------------------------------------------------- definitions
@@ -148,7 +141,7 @@ void adamw_step(const Kokkos::View<Scalar*>& params,
         const Scalar first_next = small_lerp_weight ? first + lerp_weight * (gradient - first)
                                                     : gradient - (gradient - first) * lerp_complement;
         const Scalar second_next = v(i) * beta2 + (one_minus_beta2 * gradient) * gradient;
-        const Scalar denominator = detail::square_root(second_next) / bias_correction2_sqrt + eps;
+        const Scalar denominator = math::sqrt(second_next) / bias_correction2_sqrt + eps;
         m(i) = first_next;
         v(i) = second_next;
         p(i) = parameter + (negative_step_size * first_next) / denominator;

@@ -2,7 +2,7 @@
 // Definitions of kfsdp::nn::causal_self_attention; included by kernels/nn/attention.cpp.
 
 #include <kfsdp/nn/attention.hpp>
-#include <kfsdp/nn/detail/math.hpp>
+#include <kfsdp/detail/kokkos_math.hpp>
 
 #include <string>
 

@@ -3,7 +3,7 @@
 
 #include <kfsdp/nn/cross_entropy.hpp>
 #include <kfsdp/nn/detail/embedding_impl.hpp>
-#include <kfsdp/nn/detail/math.hpp>
+#include <kfsdp/detail/kokkos_math.hpp>
 
 #include <string>
 

@@ -1,7 +1,7 @@
 #pragma once
 // Definitions of kfsdp::nn::gelu; included by kernels/nn/gelu.cpp.
 
-#include <kfsdp/nn/detail/math.hpp>
+#include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/nn/gelu.hpp>
 
 namespace kfsdp::nn {

@@ -1,7 +1,7 @@
 #pragma once
 // Definitions of kfsdp::nn::layer_norm; included by kernels/nn/layer_norm.cpp.
 
-#include <kfsdp/nn/detail/math.hpp>
+#include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/nn/layer_norm.hpp>
 
 namespace kfsdp::nn {
