@@ -240,32 +240,50 @@ typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_grad(std::size
 }
 
 template <class Scalar>
-void fsdp_engine<Scalar>::reduce_gradients(std::size_t b) {
-  check_bucket(b, "reduce_gradients");
+void fsdp_engine<Scalar>::begin_reduce_gradients(std::size_t b) {
+  check_bucket(b, "begin_reduce_gradients");
   bucket_state& s = buckets_[b];
+  if (s.reducing) return;
   const bucket_shard& bucket = plan_.buckets[b];
   if (s.full_grads.data() == nullptr) (void)full_grad(bucket.first_param);  // no gradient reached it: zeros
-  flat_view send = s.full_grads;
+  s.packed_grads = s.full_grads;  // one parameter: already in the padded layout
   if (!single(b)) {
-    send = allocate("kfsdp::packed_grads", plan_.gathered_numel(b));
+    s.packed_grads = allocate("kfsdp::packed_grads", plan_.gathered_numel(b));
     for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p)
       kernels::pack_param<Scalar>(as_const(s.full_grads), slot(p), bucket.shard_numel,
-                                  static_cast<std::size_t>(world_size_), send);
+                                  static_cast<std::size_t>(world_size_), s.packed_grads);
+    release(s.full_grads);
   }
-  flat_view reduced = allocate("kfsdp::reduced_grads", bucket.shard_numel);
+  s.reduced_grads = allocate("kfsdp::reduced_grads", bucket.shard_numel);
   Kokkos::fence();
-  {
-    const trace_recorder::scope region(trace_, "reduce_scatter", "comm", trace_recorder::comm_lane, std::int64_t(b),
-                                       plan_.gathered_numel(b) * sizeof(Scalar));
-    comm_.ireduce_scatter_sum(as_const_span(send), as_span(reduced)).wait();
-  }
+  if (trace_) s.reduce_issued_at = trace_->now();
+  s.reduce_pending = comm_.ireduce_scatter_sum(as_const_span(s.packed_grads), as_span(s.reduced_grads));
+  s.reducing = true;
   bytes_communicated_ += plan_.gathered_numel(b) * sizeof(Scalar);
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::finish_reduce_gradients(std::size_t b) {
+  check_bucket(b, "finish_reduce_gradients");
+  bucket_state& s = buckets_[b];
+  if (!s.reducing) return;
+  s.reduce_pending.wait();
+  s.reducing = false;
+  if (trace_)
+    trace_->complete("reduce_scatter", "comm", trace_recorder::comm_lane, s.reduce_issued_at, std::int64_t(b),
+                     plan_.gathered_numel(b) * sizeof(Scalar));
   // The average over ranks: as if one process had seen the global batch with a mean loss.
-  kernels::accumulate_scaled<Scalar>(grads_.bucket(b), as_const(reduced), Scalar(1) / Scalar(world_size_));
+  kernels::accumulate_scaled<Scalar>(grads_.bucket(b), as_const(s.reduced_grads), Scalar(1) / Scalar(world_size_));
   Kokkos::fence();
-  release(reduced);
-  if (!single(b)) release(send);
+  release(s.reduced_grads);
+  if (s.packed_grads.data() == s.full_grads.data()) s.packed_grads = flat_view();  // the same buffer: count it once
+  release(s.packed_grads);
   release(s.full_grads);
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::finish_gradient_reductions() {
+  for (std::size_t b = 0; b < buckets_.size(); ++b) finish_reduce_gradients(b);
 }
 
 template <class Scalar>

@@ -68,7 +68,13 @@ TEST_CASE("the schedule: zero3 holds one stage in flight, zero2 keeps every buck
       e.before_backward(stages[s], s > 0 ? std::optional(stages[s - 1]) : std::nullopt);
       for (std::size_t p = stages[s].first; p < stages[s].last; ++p) Kokkos::deep_copy(e.full_grad(p), 1.0f);
       e.after_backward(stages[s]);
+      // Reduce-scatters run one stage behind the backward: this stage's are in flight, later ones done.
+      for (std::size_t t = s; t < stages.size(); ++t) {
+        const auto [first, last] = e.buckets_of(stages[t]);
+        for (std::size_t b = first; b < last; ++b) CHECK(e.is_reducing(b) == (t == s));
+      }
     }
+    e.finish_gradient_reductions();
   };
   run(z3, true);
   run(z2, false);
@@ -122,6 +128,7 @@ TEST_CASE("limit_all_gathers: never more than N all-gathers in flight, N = 1, 2,
       e.before_backward(stages[s], s > 0 ? std::optional(stages[s - 1]) : std::nullopt);
       e.after_backward(stages[s]);
     }
+    e.finish_gradient_reductions();
     return e.max_inflight_all_gathers();
   };
   for (std::size_t limit : {1u, 2u, 3u}) {

@@ -104,8 +104,17 @@ class fsdp_engine {
   // Where parameter `param`'s full gradient accumulates (zero when first asked for).
   [[nodiscard]] flat_view full_grad(std::size_t param);
   // Packs the bucket's full gradients, reduce-scatters them with SUM, divides by world size and
-  // adds the result to the gradient shards; frees the full gradients (collective).
-  void reduce_gradients(std::size_t bucket);
+  // adds the result to the gradient shards; frees the full gradients (collective). The begin /
+  // finish halves let the reduce-scatter run behind the next stage's backward.
+  void begin_reduce_gradients(std::size_t bucket);
+  void finish_reduce_gradients(std::size_t bucket);
+  void reduce_gradients(std::size_t bucket) {
+    begin_reduce_gradients(bucket);
+    finish_reduce_gradients(bucket);
+  }
+  [[nodiscard]] bool is_reducing(std::size_t bucket) const { return buckets_.at(bucket).reducing; }
+  // Finishes every reduce-scatter still in flight (before the optimizer reads the gradients).
+  void finish_gradient_reductions();
   void zero_grad();
 
   // Buckets a range of parameters touches.
@@ -131,6 +140,11 @@ class fsdp_engine {
     flat_view full_grads;  // the bucket's full gradients (padded layout for one parameter)
     comm::request pending;
     double issued_at = 0;  // trace time of the all-gather's issue
+    flat_view packed_grads;   // the reduce-scatter's input (the full gradients for one parameter)
+    flat_view reduced_grads;  // its output: this rank's summed shard
+    comm::request reduce_pending;
+    double reduce_issued_at = 0;
+    bool reducing = false;
     bool gathering = false;
     bool unsharded = false;
   };

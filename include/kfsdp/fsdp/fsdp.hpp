@@ -16,7 +16,9 @@
 //   before_forward(stage, next)  gather the stage's buckets, prefetch the next stage's
 //   after_forward(stage)         zero3: free them; zero2: keep them for backward
 //   before_backward(stage, next) zero3: gather again (prefetching the next); zero2: nothing to do
-//   after_backward(stage)        reduce-scatter the gradients, free the parameters
+//   after_backward(stage)        issue the gradients' reduce-scatters (they run behind the next
+//                                stage's backward: the previous stage's are finished here), free
+//                                the parameters; finish_gradient_reductions() before the optimizer
 
 #ifndef KFSDP_MODULE
 #include <optional>
@@ -58,10 +60,13 @@ class fsdp : public fsdp_engine<Scalar> {
   // sync = false (gradient accumulation, Thunder's no_sync): the full gradients are kept and
   // summed over micro-batches; the last micro-batch's after_backward(stage, true) reduces them.
   void after_backward(param_range stage, bool sync = true) {
-    for_buckets(stage, [&](std::size_t b) {
-      if (sync) this->reduce_gradients(b);
+    const auto [first, last] = this->buckets_of(stage);
+    for (std::size_t b = first; b < last; ++b) {
+      if (sync) this->begin_reduce_gradients(b);
       this->reshard(b);
-    });
+    }
+    // At most one stage of reduce-scatters in flight: the ones issued by later stages finish now.
+    for (std::size_t b = last; b < this->plan().buckets.size(); ++b) this->finish_reduce_gradients(b);
   }
 
  private:

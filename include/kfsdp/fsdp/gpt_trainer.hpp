@@ -108,6 +108,7 @@ class gpt_trainer {
       }
       engine_.after_backward(ranges_[s], sync);
     }
+    engine_.finish_gradient_reductions();
     return local_loss;
   }
 
