@@ -31,6 +31,7 @@ export module kfsdp;
 
 #include <kfsdp/meta/fixed_string.hpp>
 #include <kfsdp/meta/inline_string.hpp>
+#include <kfsdp/meta/shape_string.hpp>
 #include <kfsdp/meta/type_list.hpp>
 #include <kfsdp/model/descriptor.hpp>
 #include <kfsdp/model/layers.hpp>

@@ -358,13 +358,13 @@ std::string fsdp_engine<Scalar>::validate(const state_dict& full) const {
     const tensor* t = full.find(p.name.view());
     if (t == nullptr)
       return fmt::format("kfsdp::load_original_state_dict: parameter '{}' is missing (expected shape {}, dtype {})",
-                         p.name.view(), shape_string(expected), to_string(dtype_of<Scalar>()));
+                         p.name.view(), shape_string(expected), io::dtype_name(dtype_of<Scalar>));
     if (!std::equal(t->shape.begin(), t->shape.end(), expected.begin(), expected.end()))
       return fmt::format("kfsdp::load_original_state_dict: parameter '{}' has shape {}, expected {}",
                          p.name.view(), shape_string(t->shape), shape_string(expected));
-    if (t->type != dtype_of<Scalar>())
+    if (t->type != dtype_of<Scalar>)
       return fmt::format("kfsdp::load_original_state_dict: parameter '{}' has dtype {}, expected {}",
-                         p.name.view(), to_string(t->type), to_string(dtype_of<Scalar>()));
+                         p.name.view(), io::dtype_name(t->type), io::dtype_name(dtype_of<Scalar>));
     if (t->bytes.size() != p.numel * sizeof(Scalar))
       return fmt::format("kfsdp::load_original_state_dict: parameter '{}' holds {} bytes, expected {} for shape {}",
                          p.name.view(), t->bytes.size(), p.numel * sizeof(Scalar), shape_string(expected));
@@ -428,7 +428,7 @@ state_dict fsdp_engine<Scalar>::gather_full(const sharded_storage<Scalar>& stora
       const param_info& info = table_[p];
       tensors.push_back(tensor::zeros(std::string(info.name.view()),
                                       std::vector<std::size_t>(info.shape.begin(), info.shape.begin() + info.rank),
-                                      dtype_of<Scalar>()));
+                                      dtype_of<Scalar>));
       if (options_.move_state_dict_to_cpu) {
         auto dst = tensors.back().template values<Scalar>();
         Kokkos::View<Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(dst.data(), dst.size());

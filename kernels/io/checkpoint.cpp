@@ -40,14 +40,6 @@ constexpr std::uint64_t max_bytes_per_call = std::uint64_t{1} << 30;
 
 std::string quoted(const std::filesystem::path& path) { return fmt::format("'{}'", path.string()); }
 
-io::dtype to_io_dtype(kfsdp::dtype type) { return type == kfsdp::dtype::f32 ? dtype::F32 : dtype::F64; }
-
-std::string shape_text(std::span<const std::uint64_t> shape) {
-  std::string out = "[";
-  for (std::size_t d = 0; d < shape.size(); ++d) out += (d ? ", " : "") + std::to_string(shape[d]);
-  return out + "]";
-}
-
 std::span<const std::byte> bytes_of(std::string_view text) {
   return std::as_bytes(std::span(text.data(), text.size()));
 }
@@ -87,7 +79,7 @@ checksum_state header_fingerprint(std::span<const tensor_entry> tensors,
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     add(tensors[t].name);
     add(dtype_name(tensors[t].type));
-    add(shape_text(tensors[t].shape));
+    add(shape_string(tensors[t].shape));
     add(std::to_string(data_offsets[t]));
   }
   return state;
@@ -651,7 +643,7 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
                                       dtype_name(found->type), dtype_name(dtype_of<Scalar>)));
       if (found->shape != shape_of(param))
         fail(tensor.name, fmt::format("shape {} in the file, expected {} for the model",
-                                      shape_text(found->shape), shape_text(shape_of(param))));
+                                      shape_string(found->shape), shape_string(shape_of(param))));
       if (!table.metadata.contains(std::string(checksum_key_prefix) + tensor.name))
         fail(tensor.name, fmt::format("no '{}{}' in __metadata__, expected its checksum",
                                       checksum_key_prefix, tensor.name));
@@ -760,14 +752,14 @@ void save_state_dict_file(const std::filesystem::path& path, const state_dict& f
   std::uint64_t numel = 0;
   std::string weight_dtype;
   for (const tensor& t : full) {
-    if (t.bytes.size() != t.numel() * size_of(t.type))
+    if (t.bytes.size() != t.numel() * dtype_size(t.type))
       throw std::invalid_argument(fmt::format("{}: tensor '{}' of shape {} holds {} bytes, expected {}",
                                               function, t.name, shape_string(t.shape), t.bytes.size(),
-                                              t.numel() * size_of(t.type)));
-    entries.push_back({t.name, to_io_dtype(t.type), {t.shape.begin(), t.shape.end()}});
+                                              t.numel() * dtype_size(t.type)));
+    entries.push_back({t.name, t.type, {t.shape.begin(), t.shape.end()}});
     checksums.push_back(checksum_of(t.bytes));
     numel += t.numel();
-    const std::string name(to_string(t.type));
+    const std::string name(dtype_name(t.type));
     weight_dtype = weight_dtype.empty() || weight_dtype == name ? name : "mixed";
   }
   const file_layout layout = checkpoint_layout(entries, checksums, metadata, full.size(), numel, weight_dtype);
@@ -808,7 +800,7 @@ state_dict load_state_dict_file(const std::filesystem::path& path, metadata_map*
       throw format_error(fmt::format("{}: file {}: tensor '{}': dtype {}, expected F32 or F64",
                                      function, quoted(path), info.name, dtype_name(info.type)));
     tensor t{info.name, {info.shape.begin(), info.shape.end()},
-             info.type == dtype::F32 ? kfsdp::dtype::f32 : kfsdp::dtype::f64, {}};
+             info.type, {}};
     t.bytes.resize(info.size_bytes());
     if (read_fully(file.value, t.bytes, info.begin, function, path) != info.size_bytes())
       throw format_error(fmt::format("{}: file {}: tensor '{}': the file ended inside it",

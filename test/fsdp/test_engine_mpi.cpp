@@ -138,7 +138,7 @@ TEST_CASE("load_original_state_dict shards a full state dict; bad ones are rejec
   }
   {
     state_dict bad = full;
-    bad.add(tensor::zeros("transformer.h.2.ln_1.weight", {8}, dtype::f64));
+    bad.add(tensor::zeros("transformer.h.2.ln_1.weight", {8}, dtype::F64));
     rejected(bad, "kfsdp::load_original_state_dict: 'transformer.h.2.ln_1.weight' (shape [8]) is not a parameter of the model");
   }
   {
@@ -148,7 +148,7 @@ TEST_CASE("load_original_state_dict shards a full state dict; bad ones are rejec
   }
   {
     state_dict bad = full;
-    bad.at("transformer.wpe.weight") = tensor::zeros("transformer.wpe.weight", {5, 8}, dtype::f32);
+    bad.at("transformer.wpe.weight") = tensor::zeros("transformer.wpe.weight", {5, 8}, dtype::F32);
     rejected(bad, "kfsdp::load_original_state_dict: parameter 'transformer.wpe.weight' has dtype F32, expected F64");
   }
   if (world.size() > 1) {  // only the last rank is given a bad one: every rank still throws

@@ -19,32 +19,20 @@
 
 #include <fmt/format.h>
 
+#include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/meta/shape_string.hpp>
+
 namespace kfsdp {
 
-enum class dtype { f32, f64 };
-
-constexpr std::string_view to_string(dtype t) noexcept { return t == dtype::f32 ? "F32" : "F64"; }
-constexpr std::size_t size_of(dtype t) noexcept { return t == dtype::f32 ? 4 : 8; }
-
-template <class Scalar>
-constexpr dtype dtype_of() {
-  static_assert(std::is_same_v<Scalar, float> || std::is_same_v<Scalar, double>,
-                "kfsdp: parameters are float or double");
-  return std::is_same_v<Scalar, float> ? dtype::f32 : dtype::f64;
-}
-
-// "[768, 3072]"
-inline std::string shape_string(std::span<const std::size_t> shape) {
-  std::string out = "[";
-  for (std::size_t d = 0; d < shape.size(); ++d) out += (d ? ", " : "") + std::to_string(shape[d]);
-  return out + "]";
-}
+// A tensor's element type: safetensors' dtypes (kfsdp's parameters are F32 or F64).
+using io::dtype;
+using io::dtype_of;
 
 struct tensor {
   std::string name;
   std::vector<std::size_t> shape;
-  kfsdp::dtype type = dtype::f32;
-  std::vector<std::byte> bytes;  // row-major, numel · size_of(type)
+  kfsdp::dtype type = dtype::F32;
+  std::vector<std::byte> bytes;  // row-major, numel · dtype_size(type)
 
   [[nodiscard]] std::size_t numel() const {
     std::size_t n = 1;
@@ -65,16 +53,16 @@ struct tensor {
   // A tensor of zeros.
   static tensor zeros(std::string name, std::vector<std::size_t> shape, kfsdp::dtype type) {
     tensor t{std::move(name), std::move(shape), type, {}};
-    t.bytes.assign(t.numel() * size_of(type), std::byte{0});
+    t.bytes.assign(t.numel() * io::dtype_size(type), std::byte{0});
     return t;
   }
 
  private:
   template <class Scalar>
   void check_type() const {
-    if (dtype_of<Scalar>() != type)
+    if (dtype_of<Scalar> != type)
       throw std::invalid_argument(fmt::format("kfsdp::tensor '{}': dtype is {}, asked for {}", name,
-                                              to_string(type), to_string(dtype_of<Scalar>())));
+                                              io::dtype_name(type), io::dtype_name(dtype_of<Scalar>)));
   }
 };
 

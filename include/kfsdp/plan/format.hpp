@@ -18,16 +18,13 @@
 #endif
 
 #include <kfsdp/meta/export.hpp>
+#include <kfsdp/meta/shape_string.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
 KFSDP_EXPORT namespace kfsdp {
 
 // "[768, 3072]"
-inline std::string format_shape(const param_info& p) {
-  std::string out = "[";
-  for (std::size_t d = 0; d < p.rank; ++d) out += (d ? ", " : "") + std::to_string(p.shape[d]);
-  return out + "]";
-}
+inline std::string format_shape(const param_info& p) { return shape_string(std::span(p.shape.data(), p.rank)); }
 
 // The plan's per-parameter table, its totals and one line per bucket, as a text.
 template <class Params, class Buckets>
