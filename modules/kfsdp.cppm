@@ -1,5 +1,5 @@
 // The C++20 module `kfsdp`: the backend-free public API (descriptors, param tables, shard plans,
-// their fmt formatting), fmt's pattern: every std and third-party header in the global module
+// their fmt formatting, the communicator concept and the one-rank backend), fmt's pattern: every std and third-party header in the global module
 // fragment, then kfsdp's own headers with KFSDP_MODULE defined so that they skip their includes
 // and mark their contents `export`.
 //
@@ -12,6 +12,9 @@ module;
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
 #include <initializer_list>
 #include <limits>
 #include <span>
@@ -40,6 +43,9 @@ export module kfsdp;
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 #include <kfsdp/plan/format.hpp>
+#include <kfsdp/comm/argument_checks.hpp>
+#include <kfsdp/comm/communicator.hpp>
+#include <kfsdp/comm/self.hpp>
 
 // fmt is part of the interface (a plan formats with fmt::format): importers get it too.
 export namespace fmt {

@@ -2,7 +2,9 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 import kfsdp;
 
@@ -27,6 +29,15 @@ TEST_CASE("the module computes the plans the headers compute") {
       CHECK(kfsdp::fingerprint(plan) == header_plan_fingerprint(ws, static_cast<int>(b)));
       CHECK(plan.shard_numel == header_plan_shard_numel(ws, static_cast<int>(b)));
     }
+}
+
+TEST_CASE("the module's communicator concept and one-rank backend") {
+  static_assert(kfsdp::comm::communicator<kfsdp::comm::self>);
+  kfsdp::comm::self one;
+  std::vector<float> shard{1, 2}, full(2);
+  one.all_gather<float>(shard, std::span(full));
+  CHECK(full == shard);
+  kfsdp::comm::check_agreement(one, 42, "a constant");
 }
 
 TEST_CASE("the module's run-time descriptors, errors and formatter work") {
