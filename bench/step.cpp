@@ -185,8 +185,7 @@ template <class Scalar>
 void bench_one(const settings& s, const kfsdp::io::text_windows& data, kfsdp::comm::any_communicator comm,
                const kfsdp::fsdp_options& options, kfsdp::trace_recorder* trace, result& r) {
   const auto model = kfsdp::make_gpt(s.model);
-  const kfsdp::nn::gpt_config compute{.layers = s.model.layers, .dim = s.model.dim, .heads = s.model.heads,
-                                      .seq_len = s.model.seq, .vocab = s.model.vocab};
+  const kfsdp::gpt_config& compute = s.model;  // the same sizes for the descriptor and the layers
   const std::size_t ws = std::size_t(comm.size()), rank = std::size_t(comm.rank());
   kfsdp::with_fsdp<Scalar>(model, comm, options, [&](auto& engine) {
     kfsdp::gpt_trainer trainer(engine, compute, s.batch / ws);

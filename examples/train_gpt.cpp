@@ -142,8 +142,7 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
   const bool root = world.rank() == 0;
   const auto data = kfsdp::io::text_windows::from_file(s.data, s.model.seq);
   const auto model = kfsdp::make_gpt(s.model);
-  const kfsdp::nn::gpt_config compute{.layers = s.model.layers, .dim = s.model.dim, .heads = s.model.heads,
-                                      .seq_len = s.model.seq, .vocab = s.model.vocab};
+  const kfsdp::gpt_config& compute = s.model;  // the same sizes for the descriptor and the layers
   const std::size_t ws = std::size_t(world.size());
   const std::size_t local_batch = s.batch / ws;
 

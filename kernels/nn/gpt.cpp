@@ -3,20 +3,6 @@
 
 namespace kfsdp::nn {
 
-void gpt_config::validate() const {
-  auto require_positive = [](std::size_t value, const char* name) {
-    if (value == 0) throw std::invalid_argument(std::string("gpt_config: ") + name + " must be > 0");
-  };
-  require_positive(layers, "layers");
-  require_positive(dim, "dim");
-  require_positive(heads, "heads");
-  require_positive(seq_len, "seq_len");
-  require_positive(vocab, "vocab");
-  if (dim % heads != 0)
-    throw std::invalid_argument("gpt_config: heads = " + std::to_string(heads) +
-                                " must divide dim = " + std::to_string(dim));
-}
-
 template class gpt<float>;
 template class gpt<double>;
 template gpt_tensors<float> allocate_gpt_tensors<float>(const gpt_config&);

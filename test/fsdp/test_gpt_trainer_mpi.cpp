@@ -18,7 +18,7 @@
 using namespace kfsdp;
 
 namespace {
-const nn::gpt_config config{.layers = 2, .dim = 16, .heads = 2, .seq_len = 8};
+const gpt_config config{.layers = 2, .dim = 16, .heads = 2, .seq = 8};
 constexpr std::size_t global_batch = 12;  // divides over 1, 2, 3 and 4 ranks
 constexpr std::size_t steps = 3;
 
@@ -26,7 +26,7 @@ io::text_windows sample_text() {
   const std::string line = "In the beginning God created the heaven and the earth. And the earth was without form. ";
   std::string text;
   for (int i = 0; i < 6; ++i) text += line + std::to_string(i * 7919) + "\n";
-  return io::text_windows(std::vector<std::uint8_t>(text.begin(), text.end()), config.seq_len);
+  return io::text_windows(std::vector<std::uint8_t>(text.begin(), text.end()), config.seq);
 }
 
 struct run_result {
@@ -41,7 +41,7 @@ run_result train(comm::any_communicator comm, fsdp_options options, std::size_t 
                  std::size_t batch = global_batch, grad_accumulation accumulation = grad_accumulation::unsharded,
                  bool use_sgd = false, double clip = 0.5) {
   const auto data = sample_text();
-  const auto model = make_gpt({.layers = config.layers, .dim = config.dim, .heads = config.heads, .seq = config.seq_len});
+  const auto model = make_gpt(config);
   return with_fsdp<Scalar>(model, comm, options, [&](auto& engine) {
     const std::size_t ws = std::size_t(engine.world_size());
     gpt_trainer trainer(engine, config, batch / ws);
@@ -135,7 +135,7 @@ TEST_CASE("gradient accumulation of K micro-batches equals one batch K times lar
 
 TEST_CASE("clipping: the norm the engine computes is the norm of the gathered full gradient") {
   comm::mpi world;
-  const auto model = make_gpt({.layers = config.layers, .dim = config.dim, .heads = config.heads, .seq = config.seq_len});
+  const auto model = make_gpt(config);
   const auto data = sample_text();
   fsdp<decltype(model), double, zero3, layer_bucketing> engine(model, world);
   const std::size_t ws = std::size_t(world.size());
@@ -145,7 +145,7 @@ TEST_CASE("clipping: the norm the engine computes is the norm of the gathered fu
   data.rank_slice(data.micro_batch(io::window_sampling::random, 5, 0, global_batch), std::size_t(world.rank()), ws,
                   batch.tokens, batch.targets);
   engine.zero_grad();
-  trainer.forward_backward(batch, 1.0 / double(trainer.local_batch() * config.seq_len), true);
+  trainer.forward_backward(batch, 1.0 / double(trainer.local_batch() * config.seq), true);
   const double norm = trainer.global_grad_norm();
   double squared = 0;
   for (const tensor& t : engine.original_grad_dict())

@@ -9,7 +9,7 @@ using namespace kfsdp::nn::testing;
 
 namespace {
 
-const gpt_config tiny{.layers = 2, .dim = 16, .heads = 2, .seq_len = 8, .vocab = 256};
+const gpt_config tiny{.layers = 2, .dim = 16, .heads = 2, .seq = 8, .vocab = 256};
 constexpr std::size_t tiny_batch = 2;
 
 std::vector<int> bytes_of(const std::string& text, std::size_t from, std::size_t count) {

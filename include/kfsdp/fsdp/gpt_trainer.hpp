@@ -4,7 +4,7 @@
 // engine's schedule, the optimizer touches only the local shards.
 //
 //   kfsdp::with_fsdp<float>(model, world, options, [&](auto& engine) {
-//     kfsdp::gpt_trainer trainer(engine, {.layers = 4, .dim = 128, .heads = 4, .seq_len = 64}, local_batch);
+//     kfsdp::gpt_trainer trainer(engine, {.layers = 4, .dim = 128, .heads = 4, .seq = 64}, local_batch);
 //     engine.initialize(seed, kfsdp::gpt2_init(4));
 //     kfsdp::optim::adamw<float> adam(engine.plan().shard_numel, {.lr = 1e-3});
 //     auto result = trainer.step({micro_batch}, adam, /*clip=*/1.0, kfsdp::grad_accumulation::unsharded);

@@ -9,6 +9,9 @@
 
 #ifndef KFSDP_MODULE
 #include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <utility>
 #endif
 
 #include <kfsdp/meta/export.hpp>
@@ -37,13 +40,26 @@ using gpt = sequential<"",
                                   layer_norm<"ln_f", Dim>>,
                        linear<"lm_head", Dim, Vocab, false>>;
 
-// Sizes of the example GPT. heads does not shape a parameter; the layers use it.
+// Sizes of the example GPT, for the descriptor (make_gpt) and the layers (nn::gpt) alike; heads
+// does not shape a parameter, the attention uses it.
 struct gpt_config {
   std::size_t layers = 4;
   std::size_t dim = 128;
   std::size_t heads = 4;
   std::size_t seq = 64;
   std::size_t vocab = 256;
+
+  // Compute stages: the embeddings, one per block, the head.
+  [[nodiscard]] constexpr std::size_t stages() const noexcept { return layers + 2; }
+  // Throws std::invalid_argument naming the size that is zero, or heads not dividing dim.
+  constexpr void validate() const {
+    for (auto [value, name] : {std::pair{layers, "layers"}, std::pair{dim, "dim"}, std::pair{heads, "heads"},
+                               std::pair{seq, "seq"}, std::pair{vocab, "vocab"}})
+      if (value == 0) throw std::invalid_argument(std::string("kfsdp::gpt_config: ") + name + " is 0, expected at least 1");
+    if (dim % heads != 0)
+      throw std::invalid_argument("kfsdp::gpt_config: heads is " + std::to_string(heads) +
+                                  ", expected a divisor of dim = " + std::to_string(dim));
+  }
 };
 
 // The GPT descriptor for sizes known only at run time (vocab too); a zero size throws naming it.

@@ -7,7 +7,7 @@
 // Parameters are NOT owned: each call receives the stage's views (PyTorch layouts). The gpt object
 // owns the activations of one batch of `batch` windows of seq_len tokens (rows = batch · seq_len).
 //
-//   kfsdp::nn::gpt_config config{.layers = 2, .dim = 16, .heads = 2, .seq_len = 8};
+//   kfsdp::nn::gpt_config config{.layers = 2, .dim = 16, .heads = 2, .seq = 8};
 //   auto params = kfsdp::nn::allocate_gpt_tensors<double>(config);   // owned by the caller
 //   auto grads = kfsdp::nn::allocate_gpt_tensors<double>(config);    // zero-filled
 //   kfsdp::nn::init_gpt2(params, config, /*seed=*/1);
@@ -21,6 +21,7 @@
 // forward must run stage 0, 1, ..., L + 1 in order; backward L + 1, ..., 0 after a full forward
 // (std::logic_error otherwise). backward ACCUMULATES into the gradients (see views.hpp).
 
+#include <kfsdp/model/gpt.hpp>
 #include <kfsdp/nn/block.hpp>
 #include <kfsdp/nn/cross_entropy.hpp>
 #include <kfsdp/nn/embedding.hpp>
@@ -38,17 +39,8 @@
 
 namespace kfsdp::nn {
 
-struct gpt_config {
-  std::size_t layers = 0;
-  std::size_t dim = 0;
-  std::size_t heads = 0;
-  std::size_t seq_len = 0;
-  std::size_t vocab = 256;
-
-  [[nodiscard]] std::size_t stages() const noexcept { return layers + 2; }
-  // Throws std::invalid_argument for a zero size or heads not dividing dim.
-  void validate() const;
-};
+// The sizes: kfsdp::gpt_config (layers, dim, heads, seq, vocab), shared with the descriptor.
+using kfsdp::gpt_config;
 
 // Stage 0: transformer.wte.weight [V, D], transformer.wpe.weight [T, D].
 template <class Element>
@@ -163,12 +155,12 @@ class gpt {
   using params = gpt_stage_tensors<const Scalar>;
   using grads = gpt_stage_tensors<Scalar>;
 
-  // Activations for `batch` windows of config.seq_len tokens.
+  // Activations for `batch` windows of config.seq tokens.
   gpt(const gpt_config& config, std::size_t batch);
 
   [[nodiscard]] const gpt_config& config() const noexcept { return config_; }
   [[nodiscard]] std::size_t batch() const noexcept { return batch_; }
-  [[nodiscard]] std::size_t rows() const noexcept { return batch_ * config_.seq_len; }
+  [[nodiscard]] std::size_t rows() const noexcept { return batch_ * config_.seq; }
   [[nodiscard]] std::size_t stages() const noexcept { return config_.stages(); }
 
   // tokens and targets [rows]: row b·T + t is token t of window b, target its next byte.

@@ -52,7 +52,7 @@ void fill_normal(const View& view, double stddev, std::mt19937_64& rng) {
 template <class Scalar>
 gpt_tensors<Scalar> allocate_gpt_tensors(const gpt_config& config) {
   config.validate();
-  const std::size_t d = config.dim, v = config.vocab, t = config.seq_len;
+  const std::size_t d = config.dim, v = config.vocab, t = config.seq;
   using detail::zero_matrix;
   using detail::zero_vector;
   gpt_tensors<Scalar> tensors;
@@ -114,13 +114,13 @@ gpt<Scalar>::gpt(const gpt_config& config, std::size_t batch)
     : config_((config.validate(), config)),
       batch_(batch),
       wte_(config.vocab, config.dim),
-      wpe_(config.seq_len, config.dim),
-      block_(config.dim, config.heads, config.seq_len),
+      wpe_(config.seq, config.dim),
+      block_(config.dim, config.heads, config.seq),
       ln_f_(config.dim),
       lm_head_(config.dim, config.vocab, /*has_bias=*/false),
       loss_fn_(config.vocab) {
   if (batch == 0) throw std::invalid_argument("gpt: batch must be > 0");
-  const std::size_t n = rows(), d = config.dim, seq = config.seq_len;
+  const std::size_t n = rows(), d = config.dim, seq = config.seq;
   tokens_ = index_vector("kfsdp::nn::gpt::tokens", n);
   targets_ = index_vector("kfsdp::nn::gpt::targets", n);
   positions_ = index_vector("kfsdp::nn::gpt::positions", n);
@@ -299,7 +299,7 @@ std::vector<int> generate(
                                   " is not in [0, " + std::to_string(config.vocab) + ")");
   gpt<Scalar> model(config, 1);
   std::mt19937_64 rng(how.seed);
-  const std::size_t seq = config.seq_len;
+  const std::size_t seq = config.seq;
   std::vector<int> window(seq), targets(seq, 0);
   for (std::size_t step = 0; step < new_tokens; ++step) {
     // The last ≤ seq tokens, zero-padded after: causal masking keeps the padding out of them.
