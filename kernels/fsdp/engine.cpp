@@ -85,11 +85,27 @@ std::size_t fsdp_engine<Scalar>::param_index(std::string_view name) const {
   return it->second;
 }
 
+namespace {
+// At most this many freed buffers wait for reuse: enough for a stage's buckets to swap with the
+// next stage's of the same sizes (every block has the same), few enough to keep ZeRO3 lean.
+constexpr std::size_t max_spare_buffers = 8;
+}  // namespace
+
 template <class Scalar>
 typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::allocate(const std::string& label, std::size_t numel,
                                                                        fill how) {
-  flat_view v = how == fill::zeros ? flat_view(label, numel)
-                                   : flat_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), numel);
+  flat_view v;
+  for (std::size_t i = 0; i < spare_.size(); ++i)
+    if (spare_[i].extent(0) == numel) {
+      v = spare_[i];
+      spare_.erase(spare_.begin() + std::ptrdiff_t(i));
+      spare_bytes_ -= numel * sizeof(Scalar);
+      if (how == fill::zeros) Kokkos::deep_copy(v, Scalar(0));
+      break;
+    }
+  if (v.data() == nullptr)
+    v = how == fill::zeros ? flat_view(label, numel)
+                           : flat_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), numel);
   live_bytes_ += numel * sizeof(Scalar);
   peak_bytes_ = std::max(peak_bytes_, live_bytes_);
   return v;
@@ -99,6 +115,14 @@ template <class Scalar>
 void fsdp_engine<Scalar>::release(flat_view& view) {
   if (view.data() == nullptr) return;
   live_bytes_ -= view.extent(0) * sizeof(Scalar);
+  if (view.use_count() == 1) {  // no subview handed out is still alive: it may be reused
+    spare_.push_back(view);
+    spare_bytes_ += view.extent(0) * sizeof(Scalar);
+    if (spare_.size() > max_spare_buffers) {
+      spare_bytes_ -= spare_.front().extent(0) * sizeof(Scalar);
+      spare_.erase(spare_.begin());
+    }
+  }
   view = flat_view();
 }
 
@@ -452,7 +476,7 @@ state_dict fsdp_engine<Scalar>::gather_full(const sharded_storage<Scalar>& stora
 
 template <class Scalar>
 memory_report fsdp_engine<Scalar>::memory() const noexcept {
-  return {shards_.bytes(), grads_.bytes(), live_bytes_, peak_bytes_};
+  return {shards_.bytes(), grads_.bytes(), live_bytes_, peak_bytes_, spare_bytes_};
 }
 
 template class fsdp_engine<float>;

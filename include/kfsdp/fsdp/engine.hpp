@@ -44,6 +44,7 @@ struct memory_report {
   std::size_t sharded_grads = 0;   // flat gradient storage
   std::size_t unsharded_now = 0;   // gathered / unpacked parameters and full gradients alive now
   std::size_t unsharded_peak = 0;  // the most of those alive at once since the last reset
+  std::size_t cached = 0;          // freed buffers kept for reuse (not in unsharded_now)
 };
 
 // A contiguous range of parameters [first, last) that compute together (a stage of the model).
@@ -176,6 +177,10 @@ class fsdp_engine {
   sharded_storage<Scalar> shards_;
   sharded_storage<Scalar> grads_;
   std::vector<bucket_state> buckets_;
+  // Freed buffers kept for the next allocation of the same size: a fresh allocation of a large
+  // buffer costs page faults on the host and a device malloc on GPUs, every step.
+  std::vector<flat_view> spare_;
+  std::size_t spare_bytes_ = 0;
   std::deque<std::size_t> inflight_;  // buckets whose all-gather is issued, oldest first
   std::size_t max_inflight_ = 0;
   trace_recorder* trace_ = nullptr;
