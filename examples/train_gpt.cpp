@@ -33,6 +33,7 @@
 #include <kfsdp/optim/sgd.hpp>
 
 #include "cli.hpp"
+#include "mpi_program.hpp"
 
 namespace {
 
@@ -296,22 +297,10 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // SERIALIZED: with --overlap on, the communication thread makes the MPI calls.
-  kfsdp::comm::mpi::environment mpi_up(argc, argv, MPI_THREAD_SERIALIZED);
-  kfsdp::environment kokkos_up(argc, argv);
-  int status = 0;
-  {
-    kfsdp::comm::mpi world;
-    try {
-      cli c = make_cli();
-      if (!c.parse(argc, argv)) return 0;
-      const settings s = read(c, world.size());
-      status = s.dtype == "f32" ? run<float>(s, world) : run<double>(s, world);
-    } catch (const std::exception& e) {
-      // Every rank parses the same flags and meets the same collectives: each reports, rank 0 first.
-      if (world.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
-      status = 2;
-    }
-  }
-  return status;
+  return kfsdp::examples::mpi_program(argc, argv, [&](kfsdp::comm::mpi& world) {
+    cli c = make_cli();
+    if (!c.parse(argc, argv)) return 0;
+    const settings s = read(c, world.size());
+    return s.dtype == "f32" ? run<float>(s, world) : run<double>(s, world);
+  });
 }
