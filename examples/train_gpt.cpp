@@ -62,7 +62,7 @@ cli make_cli() {
       .flag("heads", "4", "attention heads")
       .flag("seq", "64", "context length T (a window is T+1 bytes)")
       .flag("batch", "16", "global batch in windows, split evenly over the ranks")
-      .flag("steps", "200", "optimizer steps")
+      .flag("steps", "400", "optimizer steps")
       .flag("lr", "0.002", "learning rate")
       .flag("optimizer", "adamw", "adamw | sgd")
       .flag("momentum", "0.9", "SGD momentum")
