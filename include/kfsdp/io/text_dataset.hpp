@@ -44,7 +44,7 @@ class text_windows {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw std::runtime_error(fmt::format("kfsdp: cannot open the data file '{}'", path.string()));
     std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    return text_windows(std::move(bytes), seq, "'" + path.string() + "'");
+    return text_windows(std::move(bytes), seq, fmt::format("'{}'", path.string()));
   }
 
   [[nodiscard]] std::size_t count() const noexcept { return bytes_.size() / (seq_ + 1); }
