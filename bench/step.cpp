@@ -89,17 +89,10 @@ struct result {
 
 cli make_cli() {
   cli c("bench_step", "one training step of the example GPT for every sharding x bucketing (run under mpirun)");
-  c.flag("data", "data/kjv-genesis-exodus.txt", "training text (bytes)")
-      .flag("layers", "4", "transformer blocks")
-      .flag("dim", "128", "embedding width")
-      .flag("heads", "4", "attention heads")
-      .flag("seq", "64", "context length T (a window is T+1 bytes)")
-      .flag("batch", "16", "global batch in windows, split evenly over the ranks")
+  kfsdp::examples::add_gpt_flags(c)
       .flag("steps", "10", "timed steps per combination and round (the median over all is shown)")
       .flag("warmup", "2", "untimed steps per combination and round first")
       .flag("rounds", "3", "times over every combination (each with a fresh engine)")
-      .flag("dtype", "f32", "f32 | f64")
-      .flag("seed", "1337", "initialisation and sampling seed")
       .flag("sharding", "all", "zero2 | zero3 | all")
       .flag("bucketing", "all", "none | layer | block | all")
       .flag("overlap", "on", "on: collectives run on a communication thread, overlapping compute | off")
@@ -111,25 +104,23 @@ cli make_cli() {
 settings read(const cli& c, int world_size) {
   settings s;
   s.data = c.str("data");
-  s.model = {.layers = c.size("layers"), .dim = c.size("dim"), .heads = c.size("heads"), .seq = c.size("seq")};
+  s.model = kfsdp::examples::gpt_config_of(c);
   s.batch = c.size("batch");
   s.steps = c.size("steps");
   s.warmup = c.size("warmup");
   s.rounds = c.size("rounds");
-  s.dtype = c.str("dtype");
+  s.dtype = c.choice("dtype", {"f32", "f64"});
   s.seed = c.size("seed");
   s.limit_all_gathers = c.size("limit-all-gathers");
   s.trace = c.str("trace");
   auto fail = [](const std::string& m) { throw std::invalid_argument("bench_step: " + m); };
-  if (c.str("overlap") != "on" && c.str("overlap") != "off") fail("--overlap is '" + c.str("overlap") + "', expected on or off");
-  s.overlap = c.str("overlap") == "on";
+  s.overlap = c.choice("overlap", {"on", "off"}) == "on";
   if (s.batch == 0 || s.batch % std::size_t(world_size) != 0)
     fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
   if (s.steps == 0) fail("--steps is 0, expected at least 1");
   if (s.rounds == 0) fail("--rounds is 0, expected at least 1");
   if (s.model.heads == 0 || s.model.dim % s.model.heads != 0)
     fail(fmt::format("--heads is {}, expected a divisor of --dim {}", s.model.heads, s.model.dim));
-  if (s.dtype != "f32" && s.dtype != "f64") fail("--dtype is '" + s.dtype + "', expected f32 or f64");
   const std::string sh = c.str("sharding"), bu = c.str("bucketing");
   if (sh == "all") s.shardings = {kfsdp::sharding_strategy::zero2, kfsdp::sharding_strategy::zero3};
   else s.shardings = {kfsdp::parse_sharding(sh)};

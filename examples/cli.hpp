@@ -4,6 +4,7 @@
 // names the flag and the value seen.
 
 #include <cstddef>
+#include <initializer_list>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include <fmt/format.h>
+
+#include <kfsdp/model/gpt.hpp>
 
 namespace kfsdp::examples {
 
@@ -81,6 +84,16 @@ class cli {
     return x;
   }
 
+  // The value of a flag that must be one of `allowed`; anything else is an error naming them.
+  [[nodiscard]] std::string choice(const std::string& name, std::initializer_list<std::string_view> allowed) const {
+    const std::string v = str(name);
+    for (std::string_view a : allowed)
+      if (v == a) return v;
+    std::string list;
+    for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+    throw std::invalid_argument(fmt::format("{}: --{} is '{}', expected one of {}", program_, name, v, list));
+  }
+
   [[nodiscard]] std::string help() const {
     std::string out = fmt::format("{} — {}\n\nflags:\n", program_, summary_);
     for (const auto& name : order_) {
@@ -104,5 +117,22 @@ class cli {
   std::vector<std::string> order_;
   std::map<std::string, entry_t> flags_;
 };
+
+// The example GPT's flags, shared by train_gpt and the benches: data, model sizes, batch, dtype, seed.
+inline cli& add_gpt_flags(cli& c) {
+  return c.flag("data", "data/kjv-genesis-exodus.txt", "training text (bytes)")
+      .flag("layers", "4", "transformer blocks")
+      .flag("dim", "128", "embedding width")
+      .flag("heads", "4", "attention heads")
+      .flag("seq", "64", "context length T (a window is T+1 bytes)")
+      .flag("batch", "16", "global batch in windows, split evenly over the ranks")
+      .flag("dtype", "f32", "f32 | f64")
+      .flag("seed", "1337", "initialisation and sampling seed");
+}
+
+// The sizes those flags give.
+inline kfsdp::gpt_config gpt_config_of(const cli& c) {
+  return {.layers = c.size("layers"), .dim = c.size("dim"), .heads = c.size("heads"), .seq = c.size("seq")};
+}
 
 }  // namespace kfsdp::examples

@@ -56,20 +56,13 @@ struct settings {
 
 cli make_cli() {
   cli c("train_gpt", "train the example GPT with FSDP (run under mpirun)");
-  c.flag("data", "data/kjv-genesis-exodus.txt", "training text (bytes)")
-      .flag("layers", "4", "transformer blocks")
-      .flag("dim", "128", "embedding width")
-      .flag("heads", "4", "attention heads")
-      .flag("seq", "64", "context length T (a window is T+1 bytes)")
-      .flag("batch", "16", "global batch in windows, split evenly over the ranks")
+  kfsdp::examples::add_gpt_flags(c)
       .flag("steps", "400", "optimizer steps")
       .flag("lr", "0.002", "learning rate")
       .flag("optimizer", "adamw", "adamw | sgd")
       .flag("momentum", "0.9", "SGD momentum")
       .flag("weight-decay", "0.01", "weight decay (AdamW decoupled, SGD L2)")
       .flag("clip", "1.0", "clip the global gradient norm to this (0: off)")
-      .flag("dtype", "f32", "f32 | f64")
-      .flag("seed", "1337", "initialisation and sampling seed")
       .flag("sampling", "random", "random | sequential windows")
       .flag("sharding", "zero2", "zero2 | zero3")
       .flag("bucketing", "block", "none | layer | block")
@@ -93,7 +86,7 @@ cli make_cli() {
 settings read(const cli& c, int world_size) {
   settings s;
   s.data = c.str("data");
-  s.model = {.layers = c.size("layers"), .dim = c.size("dim"), .heads = c.size("heads"), .seq = c.size("seq")};
+  s.model = kfsdp::examples::gpt_config_of(c);
   s.batch = c.size("batch");
   s.steps = c.size("steps");
   s.grad_accum = c.size("grad-accum");
@@ -104,8 +97,8 @@ settings read(const cli& c, int world_size) {
   s.momentum = c.real("momentum");
   s.weight_decay = c.real("weight-decay");
   s.clip = c.real("clip");
-  s.optimizer = c.str("optimizer");
-  s.dtype = c.str("dtype");
+  s.optimizer = c.choice("optimizer", {"adamw", "sgd"});
+  s.dtype = c.choice("dtype", {"f32", "f64"});
   s.seed = c.size("seed");
   s.sampling = kfsdp::io::parse_sampling(c.str("sampling"));
   s.accumulation = kfsdp::parse_grad_accumulation(c.str("grad-accum-mode"));
@@ -114,10 +107,8 @@ settings read(const cli& c, int world_size) {
   if (!c.str("broadcast-from").empty()) s.fsdp.broadcast_from = static_cast<int>(c.size("broadcast-from"));
   s.fsdp.limit_all_gathers = c.size("limit-all-gathers");
   s.trace = c.str("trace");
-  if (c.str("overlap") != "on" && c.str("overlap") != "off") throw std::invalid_argument("train_gpt: --overlap is '" + c.str("overlap") + "', expected on or off");
-  s.overlap = c.str("overlap") == "on";
-  s.backend = c.str("backend");
-  if (s.backend != "mpi" && s.backend != "nccl") throw std::invalid_argument("train_gpt: --backend is '" + s.backend + "', expected mpi or nccl");
+  s.overlap = c.choice("overlap", {"on", "off"}) == "on";
+  s.backend = c.choice("backend", {"mpi", "nccl"});
   s.save = c.str("save");
   s.save_every = c.size("save-every");
   s.resume = c.str("resume");
@@ -128,8 +119,6 @@ settings read(const cli& c, int world_size) {
   if (s.grad_accum == 0) fail("--grad-accum is 0, expected at least 1");
   if (s.model.heads == 0 || s.model.dim % s.model.heads != 0)
     fail(fmt::format("--heads is {}, expected a divisor of --dim {}", s.model.heads, s.model.dim));
-  if (s.optimizer != "adamw" && s.optimizer != "sgd") fail("--optimizer is '" + s.optimizer + "', expected adamw or sgd");
-  if (s.dtype != "f32" && s.dtype != "f64") fail("--dtype is '" + s.dtype + "', expected f32 or f64");
   if (s.eval_windows > 0 && s.load.empty()) fail("--eval needs --load FILE (the weights to evaluate)");
   if (!s.resume.empty() && !s.load.empty()) fail("--resume and --load both given: --resume restores the weights too");
   if (s.save_every > 0 && s.save.empty()) fail("--save-every needs --save FILE");
