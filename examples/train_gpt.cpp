@@ -79,7 +79,8 @@ cli make_cli() {
       .flag("trace", "", "write a Chrome/Perfetto timeline of the steps here (one file per rank: FILE.rank<r>.json)")
       .flag("backend", "mpi", "mpi | nccl (one GPU per rank; needs a CUDA build of Kokkos)")
       .flag("overlap", "off", "on: collectives run on a communication thread, overlapping compute | off")
-      .flag("limit-all-gathers", "2", "at most this many bucket all-gathers in flight (0: no limit)");
+      .flag("limit-all-gathers", "2", "at most this many bucket all-gathers in flight (0: no limit)")
+      .flag("overlap-reduce-scatter", "on", "on: a stage's reduce-scatters run behind the next backward | off: at once (less memory)");
   return c;
 }
 
@@ -106,6 +107,7 @@ settings read(const cli& c, int world_size) {
   s.fsdp.bucketing_strategy = kfsdp::parse_bucketing(c.str("bucketing"));
   if (!c.str("broadcast-from").empty()) s.fsdp.broadcast_from = static_cast<int>(c.size("broadcast-from"));
   s.fsdp.limit_all_gathers = c.size("limit-all-gathers");
+  s.fsdp.overlap_reduce_scatter = c.choice("overlap-reduce-scatter", {"on", "off"}) == "on";
   s.trace = c.str("trace");
   s.overlap = c.choice("overlap", {"on", "off"}) == "on";
   s.backend = c.choice("backend", {"mpi", "nccl"});

@@ -65,8 +65,10 @@ class fsdp : public fsdp_engine<Scalar> {
       if (sync) this->begin_reduce_gradients(b);
       this->reshard(b);
     }
-    // At most one stage of reduce-scatters in flight: the ones issued by later stages finish now.
-    for (std::size_t b = last; b < this->plan().buckets.size(); ++b) this->finish_reduce_gradients(b);
+    // At most one stage of reduce-scatters in flight: the ones issued by later stages finish now
+    // (and this stage's too without overlap_reduce_scatter).
+    const std::size_t keep_from = this->options().overlap_reduce_scatter ? last : first;
+    for (std::size_t b = keep_from; b < this->plan().buckets.size(); ++b) this->finish_reduce_gradients(b);
   }
 
  private:
