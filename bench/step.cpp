@@ -67,7 +67,8 @@ constexpr std::size_t adamw_states = 2;  // k: exp_avg and exp_avg_sq, one shard
 struct settings {
   std::string data, dtype, trace;
   kfsdp::gpt_config model;
-  std::size_t batch = 0, steps = 0, warmup = 0, rounds = 0, limit_all_gathers = 0;
+  std::size_t batch = 0, steps = 0, warmup = 0, rounds = 0;
+  kfsdp::fsdp_options schedule;  // limit_all_gathers, overlap_reduce_scatter
   std::uint64_t seed = 0;
   bool overlap = true;
   std::vector<kfsdp::sharding_strategy> shardings;
@@ -95,9 +96,8 @@ cli make_cli() {
       .flag("rounds", "3", "times over every combination (each with a fresh engine)")
       .flag("sharding", "all", "zero2 | zero3 | all")
       .flag("bucketing", "all", "none | layer | block | all")
-      .flag("overlap", "on", "on: collectives run on a communication thread, overlapping compute | off")
-      .flag("limit-all-gathers", "2", "at most this many bucket all-gathers in flight (0: no limit)")
       .flag("trace", "", "write the timeline of the last timed step of each combination (FILE.rank<r>.json)");
+  kfsdp::examples::add_schedule_flags(c, "on");
   return c;
 }
 
@@ -111,10 +111,9 @@ settings read(const cli& c, int world_size) {
   s.rounds = c.size("rounds");
   s.dtype = c.choice("dtype", {"f32", "f64"});
   s.seed = c.size("seed");
-  s.limit_all_gathers = c.size("limit-all-gathers");
   s.trace = c.str("trace");
   auto fail = [](const std::string& m) { throw std::invalid_argument("bench_step: " + m); };
-  s.overlap = c.choice("overlap", {"on", "off"}) == "on";
+  s.overlap = kfsdp::examples::read_schedule_flags(c, s.schedule);
   if (s.batch == 0 || s.batch % std::size_t(world_size) != 0)
     fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
   if (s.steps == 0) fail("--steps is 0, expected at least 1");
@@ -240,15 +239,14 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
     fmt::print("bench_step: {} ranks, GPT layers {} dim {} heads {} seq {}, {}, AdamW (k = {}), global batch {} windows "
                "({} tokens/step), overlap {}, limit_all_gathers {}; {} rounds of {} warm-up + {} timed steps per combination\n",
                ws, s.model.layers, s.model.dim, s.model.heads, s.model.seq, s.dtype, adamw_states, s.batch,
-               s.batch * s.model.seq, s.overlap ? "on" : "off", s.limit_all_gathers, s.rounds, s.warmup, s.steps);
+               s.batch * s.model.seq, s.overlap ? "on" : "off", s.schedule.limit_all_gathers, s.rounds, s.warmup, s.steps);
   std::vector<result> results;
   std::vector<kfsdp::fsdp_options> combinations;
   for (const kfsdp::bucketing b : s.bucketings)
     for (const kfsdp::sharding_strategy sh : s.shardings) {
-      kfsdp::fsdp_options options;
+      kfsdp::fsdp_options options = s.schedule;
       options.sharding_strategy = sh;
       options.bucketing_strategy = b;
-      options.limit_all_gathers = s.limit_all_gathers;
       combinations.push_back(options);
     }
   results.resize(combinations.size());

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include <kfsdp/fsdp/options.hpp>
 #include <kfsdp/model/gpt.hpp>
 
 namespace kfsdp::examples {
@@ -133,6 +134,21 @@ inline cli& add_gpt_flags(cli& c) {
 // The sizes those flags give.
 inline kfsdp::gpt_config gpt_config_of(const cli& c) {
   return {.layers = c.size("layers"), .dim = c.size("dim"), .heads = c.size("heads"), .seq = c.size("seq")};
+}
+
+// How the engine schedules its collectives, shared by train_gpt and the benches.
+inline cli& add_schedule_flags(cli& c, const char* overlap_default) {
+  return c.flag("overlap", overlap_default, "on: collectives run on a communication thread, overlapping compute | off")
+      .flag("limit-all-gathers", "2", "at most this many bucket all-gathers in flight (0: no limit)")
+      .flag("overlap-reduce-scatter", "on",
+            "on: a stage's reduce-scatters run behind the next backward | off: at once (less memory)");
+}
+
+// Puts those flags into `options`; returns whether collectives run on a communication thread.
+inline bool read_schedule_flags(const cli& c, kfsdp::fsdp_options& options) {
+  options.limit_all_gathers = c.size("limit-all-gathers");
+  options.overlap_reduce_scatter = c.choice("overlap-reduce-scatter", {"on", "off"}) == "on";
+  return c.choice("overlap", {"on", "off"}) == "on";
 }
 
 }  // namespace kfsdp::examples

@@ -77,10 +77,8 @@ cli make_cli() {
       .flag("sample", "200", "bytes of generated text printed at the end (0: none)")
       .flag("log-every", "1", "print every k-th step")
       .flag("trace", "", "write a Chrome/Perfetto timeline of the steps here (one file per rank: FILE.rank<r>.json)")
-      .flag("backend", "mpi", "mpi | nccl (one GPU per rank; needs a CUDA build of Kokkos)")
-      .flag("overlap", "off", "on: collectives run on a communication thread, overlapping compute | off")
-      .flag("limit-all-gathers", "2", "at most this many bucket all-gathers in flight (0: no limit)")
-      .flag("overlap-reduce-scatter", "on", "on: a stage's reduce-scatters run behind the next backward | off: at once (less memory)");
+      .flag("backend", "mpi", "mpi | nccl (one GPU per rank; needs a CUDA build of Kokkos)");
+  kfsdp::examples::add_schedule_flags(c, "off");
   return c;
 }
 
@@ -106,10 +104,8 @@ settings read(const cli& c, int world_size) {
   s.fsdp.sharding_strategy = kfsdp::parse_sharding(c.str("sharding"));
   s.fsdp.bucketing_strategy = kfsdp::parse_bucketing(c.str("bucketing"));
   if (!c.str("broadcast-from").empty()) s.fsdp.broadcast_from = static_cast<int>(c.size("broadcast-from"));
-  s.fsdp.limit_all_gathers = c.size("limit-all-gathers");
-  s.fsdp.overlap_reduce_scatter = c.choice("overlap-reduce-scatter", {"on", "off"}) == "on";
+  s.overlap = kfsdp::examples::read_schedule_flags(c, s.fsdp);
   s.trace = c.str("trace");
-  s.overlap = c.choice("overlap", {"on", "off"}) == "on";
   s.backend = c.choice("backend", {"mpi", "nccl"});
   s.save = c.str("save");
   s.save_every = c.size("save-every");

@@ -10,19 +10,38 @@ namespace kfsdp::nn {
 
 namespace detail {
 
+// The shape every attention kernel works on, and where thread `index` = (b·heads + h)·seq + t
+// finds its window b, head h, position t, its row of qkv and its q / k / v columns
+// (nanoGPT's split: q | k | v along the last dim, head h at columns h·head_dim of each part).
+template <class Scalar>
+struct attention_layout {
+  int windows, heads, seq, dim, head_dim;
+  Scalar scale;  // 1 / sqrt(head_dim)
+
+  attention_layout(std::size_t windows_, std::size_t heads_, std::size_t seq_, std::size_t dim_)
+      : windows(int(windows_)), heads(int(heads_)), seq(int(seq_)), dim(int(dim_)),
+        head_dim(int(dim_ / heads_)), scale(Scalar(1) / math::sqrt(Scalar(dim_ / heads_))) {}
+
+  struct place {
+    int b, h, t, row, q_col, k_col, v_col;
+  };
+  [[nodiscard]] int threads() const { return windows * heads * seq; }
+  KOKKOS_INLINE_FUNCTION place at(int index) const {
+    const int t = index % seq, h = (index / seq) % heads, b = index / (seq * heads);
+    return {b, h, t, b * seq + t, h * head_dim, dim + h * head_dim, 2 * dim + h * head_dim};
+  }
+};
+
 // One thread per (window b, head h, query t): scores, softmax, weighted sum of values.
 template <class Scalar>
 void attention_forward(const_matrix<Scalar> qkv, matrix<Scalar> y, tensor4<Scalar> probs) {
-  const int windows = int(probs.extent(0)), heads = int(probs.extent(1));
-  const int seq = int(probs.extent(2));
-  const int dim = int(y.extent(1)), head_dim = dim / heads;
-  const Scalar scale = Scalar(1) / math::sqrt(Scalar(head_dim));
+  const attention_layout<Scalar> shape(probs.extent(0), probs.extent(1), probs.extent(2), y.extent(1));
+  const int seq = shape.seq, head_dim = shape.head_dim;
+  const Scalar scale = shape.scale;
   Kokkos::parallel_for(
-      "kfsdp::nn::attention_forward",
-      Kokkos::RangePolicy<execution_space>(0, windows * heads * seq), KOKKOS_LAMBDA(int index) {
-        const int t = index % seq, h = (index / seq) % heads, b = index / (seq * heads);
-        const int q_row = b * seq + t, q_col = h * head_dim;
-        const int k_col = dim + h * head_dim, v_col = 2 * dim + h * head_dim;
+      "kfsdp::nn::attention_forward", Kokkos::RangePolicy<execution_space>(0, shape.threads()),
+      KOKKOS_LAMBDA(int index) {
+        const auto [b, h, t, q_row, q_col, k_col, v_col] = shape.at(index);
         Scalar max_score = 0;
         for (int s = 0; s <= t; ++s) {
           Scalar score = 0;
@@ -54,16 +73,13 @@ template <class Scalar>
 void attention_backward_queries(const_matrix<Scalar> qkv, const_matrix<Scalar> dy,
                                 tensor4<const Scalar> probs, tensor4<Scalar> dscores,
                                 matrix<Scalar> dqkv) {
-  const int windows = int(probs.extent(0)), heads = int(probs.extent(1));
-  const int seq = int(probs.extent(2));
-  const int dim = int(dy.extent(1)), head_dim = dim / heads;
-  const Scalar scale = Scalar(1) / math::sqrt(Scalar(head_dim));
+  const attention_layout<Scalar> shape(probs.extent(0), probs.extent(1), probs.extent(2), dy.extent(1));
+  const int seq = shape.seq, head_dim = shape.head_dim;
+  const Scalar scale = shape.scale;
   Kokkos::parallel_for(
-      "kfsdp::nn::attention_backward_queries",
-      Kokkos::RangePolicy<execution_space>(0, windows * heads * seq), KOKKOS_LAMBDA(int index) {
-        const int t = index % seq, h = (index / seq) % heads, b = index / (seq * heads);
-        const int q_row = b * seq + t, q_col = h * head_dim;
-        const int k_col = dim + h * head_dim, v_col = 2 * dim + h * head_dim;
+      "kfsdp::nn::attention_backward_queries", Kokkos::RangePolicy<execution_space>(0, shape.threads()),
+      KOKKOS_LAMBDA(int index) {
+        const auto [b, h, t, q_row, q_col, k_col, v_col] = shape.at(index);
         Scalar weighted = 0;
         for (int s = 0; s <= t; ++s) {
           Scalar dp = 0;
@@ -86,16 +102,14 @@ template <class Scalar>
 void attention_backward_keys(const_matrix<Scalar> qkv, const_matrix<Scalar> dy,
                              tensor4<const Scalar> probs, tensor4<const Scalar> dscores,
                              matrix<Scalar> dqkv) {
-  const int windows = int(probs.extent(0)), heads = int(probs.extent(1));
-  const int seq = int(probs.extent(2));
-  const int dim = int(dy.extent(1)), head_dim = dim / heads;
-  const Scalar scale = Scalar(1) / math::sqrt(Scalar(head_dim));
+  const attention_layout<Scalar> shape(probs.extent(0), probs.extent(1), probs.extent(2), dy.extent(1));
+  const int seq = shape.seq, head_dim = shape.head_dim;
+  const Scalar scale = shape.scale;
   Kokkos::parallel_for(
-      "kfsdp::nn::attention_backward_keys",
-      Kokkos::RangePolicy<execution_space>(0, windows * heads * seq), KOKKOS_LAMBDA(int index) {
-        const int s = index % seq, h = (index / seq) % heads, b = index / (seq * heads);
-        const int k_row = b * seq + s, q_col = h * head_dim;
-        const int k_col = dim + h * head_dim, v_col = 2 * dim + h * head_dim;
+      "kfsdp::nn::attention_backward_keys", Kokkos::RangePolicy<execution_space>(0, shape.threads()),
+      KOKKOS_LAMBDA(int index) {
+        // Here the thread's position is a key s (the same index layout).
+        const auto [b, h, s, k_row, q_col, k_col, v_col] = shape.at(index);
         for (int c = 0; c < head_dim; ++c) {
           Scalar dk = 0, dv = 0;
           for (int t = s; t < seq; ++t) {
