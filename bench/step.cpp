@@ -16,12 +16,12 @@
 //              moments (exp_avg + exp_avg_sq). Activations of the layers are not counted.
 //   theory   = (2 + k)·Ψ/N (sharded parameters, gradients and optimizer state; k = 2 for AdamW;
 //              Ψ = padded parameter bytes = N · shard bytes) + U, where U, the unsharded bytes the
-//              schedule cannot do without, is the most over the step of
-//                P(stages whose parameters are unsharded) + P(the stage in backward)  (its gradient),
-//              with P(s) = the padded bytes of stage s's buckets (stages: embeddings, each block, head)
-//              and the schedule of kfsdp::fsdp with one-stage prefetch:
-//                ZeRO2: forward of s holds stages 0..s+1; backward of s holds 0..s and the gradient of s;
-//                ZeRO3: forward of s holds s, s+1;        backward of s holds s, s-1 and the gradient of s.
+//              schedule cannot do without, is the most over the step of the bytes alive, with
+//              P(u) = the padded bytes of unit u's buckets (unit 0 the root: embeddings, ln_f, lm_head;
+//              units 1..L the blocks) and the schedule of kfsdp::trainer with one-unit prefetch — the
+//              root gathered first and kept, with its gradient, until the end of backward:
+//                ZeRO2: forward of u holds 0..u+1; backward of u holds 0..L and the gradients of 0 and u;
+//                ZeRO3: forward of u holds 0, u, u+1; backward of u holds 0, u, u-1 and the gradients of 0 and u.
 //              U leaves out the transient copies: while a multi-parameter bucket unpacks, both its
 //              gathered and its unpacked buffer; while it reduces, the packed gradient and the reduced
 //              shard.
@@ -49,7 +49,8 @@
 #include <kfsdp/comm/threaded.hpp>
 #include <kfsdp/environment.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
-#include <kfsdp/fsdp/gpt_trainer.hpp>
+#include <kfsdp/train/gpt.hpp>
+#include <kfsdp/train/trainer.hpp>
 #include <kfsdp/fsdp/trace.hpp>
 #include <kfsdp/io/text_dataset.hpp>
 #include <kfsdp/model/gpt.hpp>
@@ -144,31 +145,29 @@ double max_over_ranks(kfsdp::comm::any_communicator& comm, double value) {
   return *std::max_element(all.begin(), all.end());
 }
 
-// U of the header: the unsharded bytes of the schedule (parameters in flight + the gradient of the
-// stage in backward), from the engine's plan and the trainer's stages.
-template <class Engine, class Trainer>
-std::size_t theory_unsharded(const Engine& engine, const Trainer& trainer, std::size_t stages, bool zero3) {
+// U of the header: the unsharded bytes of the schedule (parameters in flight + the gradients of
+// the root and of the unit in backward), from the engine's plan and units.
+template <class Engine>
+std::size_t theory_unsharded(const Engine& engine, bool zero3) {
   using Scalar = typename Engine::scalar_type;
-  std::vector<std::size_t> p(stages, 0);
-  for (std::size_t s = 0; s < stages; ++s) {
-    const auto [first, last] = engine.buckets_of(trainer.stage_range(s));
-    for (std::size_t b = first; b < last; ++b) p[s] += engine.plan().gathered_numel(b) * sizeof(Scalar);
-  }
-  std::size_t most = 0;
-  for (std::size_t s = 0; s < stages; ++s) {
-    const std::size_t next = s + 1 < stages ? p[s + 1] : 0, previous = s > 0 ? p[s - 1] : 0;
-    std::size_t forward = 0, backward = 0;
+  const std::size_t n = engine.units().size();
+  std::vector<std::size_t> p(n + 1, 0);  // p[n] = 0: no unit after the last
+  for (std::size_t u = 0; u < n; ++u)
+    for (std::size_t b : engine.units()[u].buckets) p[u] += engine.plan().gathered_numel(b) * sizeof(Scalar);
+  std::size_t most = 0, all = 0;
+  for (std::size_t u = 0; u < n; ++u) all += p[u];
+  for (std::size_t u = 1; u < n; ++u) {
+    std::size_t forward = p[0], backward = p[0] + p[0] + p[u];  // the root and its gradient, the unit's gradient
     if (zero3) {
-      forward = p[s] + next;
-      backward = p[s] + previous + p[s];
+      forward += p[u] + p[u + 1];
+      backward += p[u] + (u > 1 ? p[u - 1] : 0);
     } else {
-      for (std::size_t t = 0; t <= s; ++t) backward += p[t];
-      forward = backward + next;
-      backward += p[s];
+      for (std::size_t t = 1; t <= u + 1 && t < n; ++t) forward += p[t];
+      backward += all - p[0];
     }
     most = std::max({most, forward, backward});
   }
-  return most;
+  return std::max(most, p[0] + p[0] + (n > 1 ? (zero3 ? p[n - 1] : all - p[0]) : 0));  // the head's backward
 }
 
 // One round of one combination, added to r (trace: record the last timed step there).
@@ -176,11 +175,11 @@ template <class Scalar>
 void bench_one(const settings& s, const kfsdp::io::text_windows& data, kfsdp::comm::any_communicator comm,
                const kfsdp::fsdp_options& options, kfsdp::trace_recorder* trace, result& r) {
   const auto model = kfsdp::make_gpt(s.model);
-  const kfsdp::gpt_config& compute = s.model;  // the same sizes for the descriptor and the layers
   const std::size_t ws = std::size_t(comm.size()), rank = std::size_t(comm.rank());
-  kfsdp::with_fsdp<Scalar>(model, comm, options, [&](auto& engine) {
-    kfsdp::gpt_trainer trainer(engine, compute, s.batch / ws);
-    engine.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
+  kfsdp::with_trainer<Scalar>(model, comm, options, {}, [&](auto& trainer) {
+    auto& engine = trainer.engine();
+    using batch = typename std::remove_reference_t<decltype(trainer)>::batch;
+    trainer.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
     const std::size_t shard = engine.plan().shard_numel;
     kfsdp::optim::adamw<Scalar> optimizer(shard, kfsdp::optim::adamw_options{.lr = 2e-3, .weight_decay = 0.01});
     const std::size_t optimizer_bytes = (optimizer.exp_avg().extent(0) + optimizer.exp_avg_sq().extent(0)) * sizeof(Scalar);
@@ -189,13 +188,13 @@ void bench_one(const settings& s, const kfsdp::io::text_windows& data, kfsdp::co
     r.bucketing = options.bucketing_strategy;
     r.buckets = engine.plan().buckets.size();
     r.psi = ws * shard * sizeof(Scalar);
-    r.theory_unsharded = theory_unsharded(engine, trainer, s.model.layers + 2,
-                                          options.sharding_strategy == kfsdp::sharding_strategy::zero3);
-    std::vector<kfsdp::micro_batch> batches(1);
+    r.theory_unsharded = theory_unsharded(engine, options.sharding_strategy == kfsdp::sharding_strategy::zero3);
+    std::vector<batch> batches(1);
     double unsharded_peak = 0, sharded = 0;
     for (std::size_t step = 0; step < s.warmup + s.steps; ++step) {
-      data.rank_slice(data.micro_batch(kfsdp::io::window_sampling::random, s.seed, step, s.batch), rank, ws,
-                      batches[0].tokens, batches[0].targets);
+      std::vector<int> tokens, targets;
+      data.rank_slice(data.micro_batch(kfsdp::io::window_sampling::random, s.seed, step, s.batch), rank, ws, tokens, targets);
+      batches[0] = {kfsdp::device_ids(tokens), kfsdp::device_ids(targets)};
       const bool timed = step >= s.warmup, traced = trace != nullptr && step + 1 == s.warmup + s.steps;
       if (traced) engine.set_trace(trace);
       std::optional<kfsdp::trace_recorder::scope> region;
@@ -206,7 +205,8 @@ void bench_one(const settings& s, const kfsdp::io::text_windows& data, kfsdp::co
       if (traced)
         region.emplace(trace, fmt::format("step {} {}", kfsdp::to_string(r.sharding), kfsdp::to_string(r.bucketing)),
                        "compute", kfsdp::trace_recorder::compute_lane, -1, 0);
-      const kfsdp::step_result out = trainer.step(batches, optimizer, 1.0, kfsdp::grad_accumulation::unsharded);
+      const kfsdp::step_result out =
+          trainer.step(std::span<const batch>(batches), optimizer, 1.0, kfsdp::grad_accumulation::unsharded);
       region.reset();
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (traced) engine.set_trace(nullptr);

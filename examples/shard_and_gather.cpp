@@ -8,7 +8,7 @@
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/environment.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
-#include <kfsdp/fsdp/gpt_trainer.hpp>  // gpt2_init
+#include <kfsdp/train/gpt.hpp>  // gpt2_init
 #include <kfsdp/model/gpt.hpp>
 
 int main(int argc, char** argv) {

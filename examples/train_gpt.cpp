@@ -3,7 +3,8 @@
 //   mpirun -np 2 build/examples/train_gpt --data data/kjv-genesis-exodus.txt
 //
 // Every rank holds 1/N of the parameters, gradients and optimizer state; each step all-gathers
-// the buckets it needs stage by stage and reduce-scatters the gradients (see README.md).
+// the buckets it needs unit by unit (each block; the rest is the root) and reduce-scatters the
+// gradients (see README.md). The model is one descriptor (kfsdp::make_gpt); kfsdp::trainer trains it.
 // One line per step: step, loss, tokens/s, per-rank memory, bytes communicated.
 
 #include <unistd.h>
@@ -24,13 +25,13 @@
 #include <kfsdp/comm/nccl.hpp>
 #endif
 #include <kfsdp/environment.hpp>
-#include <kfsdp/fsdp/fsdp.hpp>
-#include <kfsdp/fsdp/gpt_trainer.hpp>
 #include <kfsdp/io/checkpoint.hpp>
 #include <kfsdp/io/text_dataset.hpp>
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/sgd.hpp>
+#include <kfsdp/train/gpt.hpp>
+#include <kfsdp/train/trainer.hpp>
 
 #include "cli.hpp"
 #include "mpi_program.hpp"
@@ -130,9 +131,7 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
   const bool root = world.rank() == 0;
   const auto data = kfsdp::io::text_windows::from_file(s.data, s.model.seq);
   const auto model = kfsdp::make_gpt(s.model);
-  const kfsdp::gpt_config& compute = s.model;  // the same sizes for the descriptor and the layers
   const std::size_t ws = std::size_t(world.size());
-  const std::size_t local_batch = s.batch / ws;
 
   // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
   kfsdp::comm::threaded overlapped(world);
@@ -152,22 +151,25 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
   if (s.backend == "nccl") throw std::invalid_argument("train_gpt: this build has no NCCL backend (configure with -Dnccl=enabled)");
 #endif
   kfsdp::trace_recorder trace(world.rank());
-  return kfsdp::with_fsdp<Scalar>(model, engine_comm, options, [&](auto& engine) {
-    kfsdp::gpt_trainer trainer(engine, compute, local_batch);
+  return kfsdp::with_trainer<Scalar>(model, engine_comm, options, {}, [&](auto& trainer) {
+    auto& engine = trainer.engine();
+    using batch = typename std::remove_reference_t<decltype(trainer)>::batch;
     if (!s.trace.empty()) engine.set_trace(&trace);
     if (s.load.empty())
-      engine.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
+      trainer.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
     else
       kfsdp::io::load_model(s.load, engine, world);
 
     if (s.eval_windows > 0) {  // evaluation only: this rank's windows are rank, rank + N, ...
-      std::vector<kfsdp::micro_batch> windows;
-      for (std::size_t w = std::size_t(world.rank()); w < std::min(s.eval_windows, data.count()); w += ws) {
-        windows.emplace_back();
-        data.append(w, windows.back().tokens, windows.back().targets);
-      }
-      auto [sum, count] = trainer.eval_sum(windows);
-      double totals[2] = {sum, count};
+      double totals[2] = {0, 0};  // the sum of per-byte losses, the bytes
+      trainer.with_full_model([&] {  // ranks hold different counts of windows: gather once, compute locally
+        for (std::size_t w = std::size_t(world.rank()); w < std::min(s.eval_windows, data.count()); w += ws) {
+          std::vector<int> tokens, targets;
+          data.append(w, tokens, targets);
+          totals[0] += trainer.forward_loss({kfsdp::device_ids(tokens), kfsdp::device_ids(targets)}) * double(tokens.size());
+          totals[1] += double(tokens.size());
+        }
+      });
       world.all_reduce_sum(std::span<double>(totals));
       if (root) fmt::print("eval_loss {:.12g}\n", totals[0] / totals[1]);
       return 0;
@@ -225,17 +227,20 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
                  kfsdp::to_string(s.fsdp.bucketing_strategy), engine.plan().buckets.size(), s.optimizer,
                  s.grad_accum, s.batch, s.model.seq + 1, data.count(), s.data);
     const bool terminal = root && isatty(STDERR_FILENO);
-    std::vector<kfsdp::micro_batch> batches(s.grad_accum);
+    std::vector<batch> batches(s.grad_accum);
     double first_loss = 0, last_loss = 0;
     for (std::size_t step = first_step; step < s.steps; ++step) {
-      for (std::size_t k = 0; k < s.grad_accum; ++k)
+      for (std::size_t k = 0; k < s.grad_accum; ++k) {
+        std::vector<int> tokens, targets;
         data.rank_slice(data.micro_batch(s.sampling, s.seed, step * s.grad_accum + k, s.batch),
-                        std::size_t(world.rank()), ws, batches[k].tokens, batches[k].targets);
+                        std::size_t(world.rank()), ws, tokens, targets);
+        batches[k] = {kfsdp::device_ids(tokens), kfsdp::device_ids(targets)};
+      }
       const std::size_t bytes_before = engine.bytes_communicated();
       engine.reset_peak_memory();
       const auto start = std::chrono::steady_clock::now();
       const kfsdp::step_result r =
-          std::visit([&](auto& opt) { return trainer.step(batches, opt, s.clip, s.accumulation); }, optimizer);
+          std::visit([&](auto& opt) { return trainer.step(std::span<const batch>(batches), opt, s.clip, s.accumulation); }, optimizer);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (step == first_step) first_loss = r.loss;
       last_loss = r.loss;
@@ -271,7 +276,8 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
       if (root) fmt::print("saved {}\n", s.save);
     }
     if (s.sample_bytes > 0) {
-      const std::string text = trainer.generate("And God said", s.sample_bytes, {.temperature = 0.8, .seed = s.seed});
+      const std::string text =
+          kfsdp::generate(trainer, s.model, "And God said", s.sample_bytes, {.temperature = 0.8, .seed = s.seed});
       std::string printable = text;  // an undertrained byte model may emit bytes a terminal cannot show
       for (char& c : printable)
         if ((static_cast<unsigned char>(c) < 0x20 && c != '\n') || static_cast<unsigned char>(c) >= 0x7f) c = '?';

@@ -247,6 +247,7 @@ typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_grad(std::size
   check_param(p, "full_grad");
   const std::size_t b = plan_.params[p].bucket;
   bucket_state& s = buckets_[b];
+  if (s.reducing) finish_reduce_gradients(b);  // a reduce-scatter in flight may still read the buffer
   if (s.full_grads.data() == nullptr) {
     // One parameter: the padded layout, so the buffer is the reduce-scatter's input as it is.
     std::size_t n = plan_.gathered_numel(b);

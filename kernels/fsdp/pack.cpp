@@ -72,6 +72,10 @@ void fill_init(flat_view<Scalar> out, std::size_t count, std::size_t first_globa
       // Box-Muller: one standard normal from two uniforms.
       value = Scalar(init.std * math::sqrt(-2.0 * math::log(u1)) *
                      math::cos(6.283185307179586 * u2));
+    } else if (init.kind == param_init::uniform) {
+      // The first of normal's two uniforms, stretched from (0, 1) onto (−bound, bound).
+      const std::uint64_t g = first_global + k;
+      value = Scalar(init.std * (2.0 * uniform01(mix64(key ^ (2 * g))) - 1.0));
     }
     out(k) = value;
   });

@@ -1,8 +1,10 @@
 // The engine at world size 1 with the self backend (no MPI), and its schedule and errors.
 #include <doctest/doctest.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <kfsdp/comm/self.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
@@ -28,86 +30,132 @@ TEST_CASE("world size 1: the state dict is the initialised model, for every buck
   }
 }
 
-TEST_CASE("the schedule: zero3 holds one stage in flight, zero2 keeps every bucket until backward") {
-  comm::self one;
-  const auto model = tiny_gpt{};
-  const std::vector<param_range> stages{{0, 2}, {2, 14}, {14, 26}, {26, 29}};
+namespace {
+// Drives a whole step through the unit hooks, as kfsdp::trainer does: the root first (kept),
+// each block unit with the next one prefetched, backward in reverse. on_forward(u) runs inside
+// unit u's forward, on_backward(u) inside its backward (after its full gradients are set to 1).
+template <class E, class Forward, class Backward>
+void run_units(E& e, Forward&& on_forward, Backward&& on_backward) {
+  const std::size_t n = e.units().size();
+  auto next = [&](std::size_t u) { return u < n ? std::optional(u) : std::nullopt; };
+  e.before_forward(0, next(1));
+  for (std::size_t u = 1; u < n; ++u) {
+    e.before_forward(u, next(u + 1));
+    on_forward(u);
+    e.after_forward(u);
+  }
+  e.after_forward(0);
+  e.before_backward(0, next(n - 1));
+  for (std::size_t p : e.units()[0].params) Kokkos::deep_copy(e.full_grad(p), 1.0f);
+  for (std::size_t u = n - 1; u >= 1; --u) {
+    e.before_backward(u, u > 1 ? std::optional(u - 1) : std::nullopt);
+    for (std::size_t p : e.units()[u].params) Kokkos::deep_copy(e.full_grad(p), 1.0f);
+    e.after_backward(u);
+    on_backward(u);
+  }
+  e.after_backward(0);
+  e.finish_backward();
+}
 
-  fsdp<tiny_gpt, float, zero3, block_bucketing> z3(model, one);
-  fsdp<tiny_gpt, float, block_bucketing, zero2> z2(model, one);  // policies in any order
+// Units with a bucket unsharded or in flight right now.
+template <class E>
+std::vector<std::size_t> live_units(const E& e) {
+  std::vector<std::size_t> live;
+  for (std::size_t u = 0; u < e.units().size(); ++u)
+    for (std::size_t b : e.units()[u].buckets)
+      if (e.is_unsharded(b) || e.is_gathering(b)) {
+        live.push_back(u);
+        break;
+      }
+  return live;
+}
+}  // namespace
+
+TEST_CASE("the units of the GPT: the root, then one per block") {
+  comm::self one;
+  fsdp<tiny_gpt, float, zero3, block_bucketing> e(tiny_gpt{}, one);
+  REQUIRE(e.units().size() == 3);
+  CHECK(e.units()[0].name == "root");
+  CHECK(e.units()[0].params == std::vector<std::size_t>{0, 1, 26, 27, 28});  // wte, wpe, ln_f, lm_head
+  CHECK(e.units()[1].name == "transformer.h.0");
+  CHECK(e.units()[2].name == "transformer.h.1");
+  CHECK(e.units()[2].params.size() == 12);
+  // Two blocks per unit, or every layer its own.
+  fsdp<tiny_gpt, float, zero3, layer_bucketing> pairs(tiny_gpt{}, one, {.wrap = {.blocks_per_unit = 2}});
+  CHECK(pairs.units().size() == 2);
+  fsdp<tiny_gpt, float, zero3, layer_bucketing> layers(tiny_gpt{}, one, {.wrap = {.policy = wrap_policy::layers}});
+  CHECK(layers.units().size() == 1 + 2 + 2 * 6 + 2);  // an empty root, wte, wpe, 6 per block, ln_f, lm_head
+  CHECK(layers.units()[0].params.empty());
+}
+
+// Four blocks: enough for ZeRO3's one unit in flight to hold less than ZeRO2's whole model.
+using four_block_gpt = gpt<4, 8, 5>;
+
+TEST_CASE("the schedule: zero3 holds the root and one unit in flight, zero2 keeps every bucket until backward") {
+  comm::self one;
+  const auto model = four_block_gpt{};
+  fsdp<four_block_gpt, float, zero3, block_bucketing> z3(model, one);
+  fsdp<four_block_gpt, float, block_bucketing, zero2> z2(model, one);  // policies in any order
   static_assert(decltype(z2)::sharding == sharding_strategy::zero2);
   static_assert(decltype(z3)::bucketing_strategy == bucketing::block);
   for (auto* e : {static_cast<fsdp_engine<float>*>(&z3), static_cast<fsdp_engine<float>*>(&z2)}) e->initialize(1, gpt_like_init);
 
-  // Buckets unsharded or in flight right now, as stage indices (block bucketing: one per stage part).
-  auto live_stages = [&](auto& e) {
-    std::vector<std::size_t> live;
-    for (std::size_t s = 0; s < stages.size(); ++s) {
-      const auto [first, last] = e.buckets_of(stages[s]);
-      for (std::size_t b = first; b < last; ++b)
-        if (e.is_unsharded(b) || e.is_gathering(b)) {
-          live.push_back(s);
-          break;
-        }
-    }
-    return live;
+  auto check_reducing = [](auto& e, std::size_t u) {  // reduce-scatters run one unit behind the backward
+    for (std::size_t t = 1; t < e.units().size(); ++t)
+      for (std::size_t b : e.units()[t].buckets) CHECK(e.is_reducing(b) == (t == u));
   };
-  auto run = [&](auto& e, bool zero3) {
-    for (std::size_t s = 0; s < stages.size(); ++s) {
-      const bool has_next = s + 1 < stages.size();
-      e.before_forward(stages[s], has_next ? std::optional(stages[s + 1]) : std::nullopt);
-      if (zero3) {  // this stage and the prefetched next one, nothing else
-        std::vector<std::size_t> expect{s};
-        if (has_next) expect.push_back(s + 1);
-        CHECK(live_stages(e) == expect);
-      }
-      e.after_forward(stages[s]);
-    }
-    if (!zero3) CHECK(live_stages(e).size() == stages.size());  // all kept for backward
-    for (std::size_t s = stages.size(); s-- > 0;) {
-      e.before_backward(stages[s], s > 0 ? std::optional(stages[s - 1]) : std::nullopt);
-      for (std::size_t p = stages[s].first; p < stages[s].last; ++p) Kokkos::deep_copy(e.full_grad(p), 1.0f);
-      e.after_backward(stages[s]);
-      // Reduce-scatters run one stage behind the backward: this stage's are in flight, later ones done.
-      for (std::size_t t = s; t < stages.size(); ++t) {
-        const auto [first, last] = e.buckets_of(stages[t]);
-        for (std::size_t b = first; b < last; ++b) CHECK(e.is_reducing(b) == (t == s));
-      }
-    }
-    e.finish_gradient_reductions();
-  };
-  run(z3, true);
-  run(z2, false);
+  const std::size_t n = z3.units().size();
+  run_units(
+      z3,
+      [&](std::size_t u) {  // the root, this unit and the prefetched next one, nothing else
+        std::vector<std::size_t> expect{0, u};
+        if (u + 1 < n) expect.push_back(u + 1);
+        CHECK(live_units(z3) == expect);
+      },
+      [&](std::size_t u) { check_reducing(z3, u); });
+  run_units(
+      z2, [&](std::size_t u) { if (u + 1 == n) CHECK(live_units(z2).size() == n); },  // all kept for backward
+      [&](std::size_t u) { check_reducing(z2, u); });
   const std::size_t model_bytes = z2.plan().full_numel * sizeof(float);
   CHECK(z2.memory().unsharded_peak >= model_bytes);  // zero2 held every parameter unsharded at once
   CHECK(z3.memory().unsharded_peak < z2.memory().unsharded_peak);
   CHECK(z3.memory().unsharded_now == 0);
   CHECK(z2.memory().unsharded_now == 0);
-  // zero3 gathers twice (forward and backward), zero2 once; both reduce-scatter once: 3Ψ against 2Ψ.
-  CHECK(z3.bytes_communicated() == 3 * model_bytes);
+  // zero3 gathers the blocks twice (forward and backward), the root and zero2 everything once;
+  // both reduce-scatter once: 3Ψ - root against 2Ψ.
+  std::size_t root_bytes = 0;
+  for (std::size_t b : z3.units()[0].buckets) root_bytes += z3.plan().gathered_numel(b) * sizeof(float);
+  CHECK(z3.bytes_communicated() == 3 * model_bytes - root_bytes);
   CHECK(z2.bytes_communicated() == 2 * model_bytes);
   // The gradient of every element is 1, averaged over one rank.
-  const auto g = to_host(z3.grads().flat());
-  for (float x : g) CHECK(x == 1.0f);
+  for (float x : to_host(z3.grads().flat())) CHECK(x == 1.0f);
 }
 
-TEST_CASE("overlap_reduce_scatter = false finishes each stage's reduce-scatters at once: a lower peak") {
+TEST_CASE("a hook out of order names the unit and the state it was in") {
   comm::self one;
-  const std::vector<param_range> stages{{0, 2}, {2, 14}, {14, 26}, {26, 29}};
+  fsdp<tiny_gpt, float, zero3, block_bucketing> e(tiny_gpt{}, one);
+  CHECK_THROWS_WITH_AS(e.after_backward(1),
+                       "kfsdp::fsdp: after_backward(unit 1 'transformer.h.0') while the unit is 'sharded', expected 'backward'",
+                       std::logic_error);
+  CHECK_THROWS_WITH_AS(e.before_backward(2),
+                       "kfsdp::fsdp: before_backward(unit 2 'transformer.h.1') while the unit is 'sharded', expected 'forward done'",
+                       std::logic_error);
+  CHECK_THROWS_WITH_AS(e.before_forward(3), "kfsdp::fsdp: before_forward(unit 3): the model has units 0..2", std::out_of_range);
+  e.before_forward(1);
+  e.after_forward(1);
+  e.before_backward(1);
+  CHECK_THROWS_WITH_AS(e.finish_backward(),
+                       "kfsdp::fsdp: finish_backward() while unit 1 'transformer.h.0' is in backward (after_backward first)",
+                       std::logic_error);
+}
+
+TEST_CASE("overlap_reduce_scatter = false finishes each unit's reduce-scatters at once: a lower peak") {
+  comm::self one;
   auto peak = [&](bool overlap) {
-    fsdp<tiny_gpt, float, zero3, block_bucketing> e(tiny_gpt{}, one, {.overlap_reduce_scatter = overlap});
-    for (std::size_t s = 0; s < stages.size(); ++s) {
-      e.before_forward(stages[s], s + 1 < stages.size() ? std::optional(stages[s + 1]) : std::nullopt);
-      e.after_forward(stages[s]);
-    }
-    for (std::size_t s = stages.size(); s-- > 0;) {
-      e.before_backward(stages[s], s > 0 ? std::optional(stages[s - 1]) : std::nullopt);
-      for (std::size_t p = stages[s].first; p < stages[s].last; ++p) Kokkos::deep_copy(e.full_grad(p), 1.0f);
-      e.after_backward(stages[s]);
-      const auto [first, last] = e.buckets_of(stages[s]);
-      for (std::size_t b = first; b < last; ++b) CHECK(e.is_reducing(b) == overlap);
-    }
-    e.finish_gradient_reductions();
+    fsdp<four_block_gpt, float, zero3, block_bucketing> e(four_block_gpt{}, one, {.overlap_reduce_scatter = overlap});
+    run_units(e, [](std::size_t) {}, [&](std::size_t u) {
+      for (std::size_t b : e.units()[u].buckets) CHECK(e.is_reducing(b) == overlap);
+    });
     for (float x : testing::to_host(e.grads().flat())) CHECK(x == 1.0f);  // the same gradients either way
     return e.memory().unsharded_peak;
   };
@@ -121,7 +169,7 @@ TEST_CASE("with_fsdp dispatches Thunder's options to the policies") {
       model, one, {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::layer},
       [](auto& e) { return std::pair(e.sharding, e.plan().buckets.size()); });
   CHECK(sharding == sharding_strategy::zero3);
-  CHECK(buckets == 2 + 6 + 2);
+  CHECK(buckets == 2 + 6 + 2);  // wte, wpe, the block's 6 layers, ln_f, lm_head
 }
 
 TEST_CASE("bad input to the engine is a clear exception") {
@@ -141,24 +189,15 @@ TEST_CASE("bad input to the engine is a clear exception") {
 TEST_CASE("limit_all_gathers: never more than N all-gathers in flight, N = 1, 2, 3, zero2 and zero3") {
   comm::self one;
   const auto model = tiny_gpt{};
-  const std::vector<param_range> stages{{0, 2}, {2, 14}, {14, 26}, {26, 29}};
   auto run = [&](auto& e) {
-    for (std::size_t s = 0; s < stages.size(); ++s) {
-      e.before_forward(stages[s], s + 1 < stages.size() ? std::optional(stages[s + 1]) : std::nullopt);
-      e.after_forward(stages[s]);
-    }
-    for (std::size_t s = stages.size(); s-- > 0;) {
-      e.before_backward(stages[s], s > 0 ? std::optional(stages[s - 1]) : std::nullopt);
-      e.after_backward(stages[s]);
-    }
-    e.finish_gradient_reductions();
+    run_units(e, [](std::size_t) {}, [](std::size_t) {});
     return e.max_inflight_all_gathers();
   };
   for (std::size_t limit : {1u, 2u, 3u}) {
     CAPTURE(limit);
     fsdp<tiny_gpt, float, zero3, layer_bucketing> z3(model, one, {.limit_all_gathers = limit});
     fsdp<tiny_gpt, float, zero2, layer_bucketing> z2(model, one, {.limit_all_gathers = limit});
-    CHECK(run(z3) == limit);  // a block stage and its prefetched successor are 12 buckets: the limit binds
+    CHECK(run(z3) == limit);  // a block unit and its prefetched successor are 12 buckets: the limit binds
     CHECK(run(z2) == limit);
   }
   fsdp<tiny_gpt, float, zero3, layer_bucketing> unlimited(model, one);

@@ -1,6 +1,8 @@
 // The worked example of pack.hpp: 13 rows of 4 at world size 3 (chunk 5 rows, 2 padding rows).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <vector>
 
@@ -48,4 +50,36 @@ TEST_CASE("accumulate_scaled adds, fill_init is the same at every offset") {
   kernels::fill_init<double>(part, 30, 40, 9, 2, normal);  // elements 40..69 alone, as a rank computes them
   const auto w = testing::to_host(whole), p = testing::to_host(part);
   for (std::size_t k = 0; k < 30; ++k) CHECK(p[k] == w[40 + k]);
+}
+
+TEST_CASE("fill_init uniform: within the bound, mean near 0, the same at every split") {
+  const std::size_t n = 20000;
+  const param_init uniform{param_init::uniform, 0.25};
+  Kokkos::View<double*> whole("whole", n);
+  kernels::fill_init<double>(whole, n, 0, 5, 3, uniform);
+  const auto w = testing::to_host(whole);
+  double sum = 0, sum_sq = 0, low = 1, high = -1;
+  for (double v : w) sum += v, sum_sq += v * v, low = std::min(low, v), high = std::max(high, v);
+  CHECK(low >= -0.25);
+  CHECK(high < 0.25);
+  CHECK(std::abs(sum / n) < 0.005);                                    // σ of the mean ≈ 0.001
+  CHECK(sum_sq / n == doctest::Approx(0.25 * 0.25 / 3).epsilon(0.03));  // variance of U(−b, b): b²/3
+  CHECK(low < -0.249);  // and it spans the interval
+  CHECK(high > 0.249);
+  const std::size_t worlds[] = {2, 3, 7};
+  for (std::size_t world : worlds) {  // each rank's chunk computed alone, as at that world size
+    const std::size_t chunk = (n + world - 1) / world;
+    for (std::size_t rank = 0; rank < world; ++rank) {
+      const std::size_t first = rank * chunk, count = std::min(chunk, n - first);
+      Kokkos::View<double*> part("part", count);
+      kernels::fill_init<double>(part, count, first, 5, 3, uniform);
+      const auto p = testing::to_host(part);
+      std::size_t mismatches = 0;
+      for (std::size_t k = 0; k < count; ++k) mismatches += p[k] != w[first + k];
+      CHECK_MESSAGE(mismatches == 0, "world " << world << " rank " << rank);
+    }
+  }
+  Kokkos::View<double*> other("other", n);  // another parameter index: other values
+  kernels::fill_init<double>(other, n, 0, 5, 4, uniform);
+  CHECK(testing::to_host(other) != w);
 }

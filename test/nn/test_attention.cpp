@@ -2,12 +2,10 @@
 #include "nn_test_helpers.hpp"
 
 #include <kfsdp/nn/attention.hpp>
-#include <kfsdp/nn/layer.hpp>
 
 using namespace kfsdp::nn;
 using namespace kfsdp::nn::testing;
 
-static_assert(layer<causal_self_attention<double>>);
 
 TEST_CASE("attention forward, by hand: causal mask, softmax, nanoGPT's head layout") {
   // D = 2, H = 2 (hd = 1, scale 1), T = 2, one window. Columns: q0 q1 | k0 k1 | v0 v1.

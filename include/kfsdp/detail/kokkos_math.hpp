@@ -12,12 +12,14 @@ using Kokkos::erf;
 using Kokkos::exp;
 using Kokkos::log;
 using Kokkos::sqrt;
+using Kokkos::tanh;
 #else
 using Kokkos::Experimental::cos;
 using Kokkos::Experimental::erf;
 using Kokkos::Experimental::exp;
 using Kokkos::Experimental::log;
 using Kokkos::Experimental::sqrt;
+using Kokkos::Experimental::tanh;
 #endif
 
 }  // namespace kfsdp::math

@@ -13,6 +13,7 @@
 //   e.reshard(b);                          // free the unsharded buffers
 
 #ifndef KFSDP_MODULE
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -37,6 +38,19 @@
 namespace kfsdp {
 
 using kernels::param_init;
+
+// A parameter's default initialisation, from its layer's rule (param_info::init): nn.Linear's
+// U(±1/√fan_in), LayerNorm's ones and zeros, Embedding's N(0, 1).
+inline param_init default_init(const param_info& p) {
+  switch (p.init.kind) {
+    case init_rule::ones: return {param_init::ones, 0.0};
+    case init_rule::normal: return {param_init::normal, p.init.scale};
+    case init_rule::uniform:
+      return {param_init::uniform, p.init.fan_in > 0 ? 1.0 / std::sqrt(double(p.init.fan_in)) : p.init.scale};
+    case init_rule::zeros: break;
+  }
+  return {param_init::zeros, 0.0};
+}
 
 // Bytes a rank holds (memory accounting).
 struct memory_report {
@@ -81,6 +95,8 @@ class fsdp_engine {
   // Every parameter from choose(info): zeros, ones or normal(0, std) keyed by (seed, parameter,
   // global element), so the model starts from the same weights at every world size.
   void initialize(std::uint64_t seed, const initializer& choose);
+  // The same with every parameter's default_init.
+  void initialize(std::uint64_t seed) { initialize(seed, default_init); }
   // Shards a full state dict (every name, shape and dtype checked first: nothing half-loaded).
   // With broadcast_from = r only rank r's state dict is read; the others may pass an empty one.
   void load_original_state_dict(const state_dict& full);

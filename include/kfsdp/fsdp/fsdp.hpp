@@ -11,22 +11,29 @@
 //                                          .bucketing_strategy = kfsdp::bucketing::block},
 //                           [&](auto& sharded) { train(sharded); });
 //
-// The schedule works on stages: contiguous ranges of parameters that compute together (the GPT's
-// embeddings, each block, the head). Around a stage's forward and backward:
-//   before_forward(stage, next)  gather the stage's buckets, prefetch the next stage's
-//   after_forward(stage)         zero3: free them; zero2: keep them for backward
-//   before_backward(stage, next) zero3: gather again (prefetching the next); zero2: nothing to do
-//   after_backward(stage)        issue the gradients' reduce-scatters (they run behind the next
-//                                stage's backward: the previous stage's are finished here), free
-//                                the parameters; finish_gradient_reductions() before the optimizer
+// The schedule works on units (fsdp/units.hpp: each block, and the root). Around a unit's
+// forward and backward:
+//   before_forward(u, next)   gather u's buckets, prefetch the next unit's
+//   after_forward(u)          zero3: free them (the root stays); zero2: keep them for backward
+//   before_backward(u, next)  zero3: gather again (prefetching the next); zero2: nothing to do
+//   after_backward(u, sync)   issue the gradients' reduce-scatters (they run behind the next
+//                             unit's backward), free the parameters
+//   finish_backward()         finish every reduce-scatter, free the root: the gradients are ready
+// Each unit walks sharded -> forward -> forward done -> backward -> backward done; a hook called
+// out of that order throws std::logic_error naming the unit and the state it was in.
+// kfsdp::trainer (train/trainer.hpp) makes these calls; a hand-written schedule may too.
 
 #ifndef KFSDP_MODULE
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <utility>
+#include <vector>
 #endif
 
 #include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/fsdp/options.hpp>
+#include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/meta/type_list.hpp>
 #include <kfsdp/model/descriptor.hpp>
 #include <kfsdp/model/param_table.hpp>
@@ -42,33 +49,77 @@ class fsdp : public fsdp_engine<Scalar> {
   static constexpr kfsdp::sharding_strategy sharding = policies::sharding;
   static constexpr kfsdp::bucketing bucketing_strategy = policies::bucketing_strategy;
 
+  enum class unit_state { sharded, forward, forward_done, backward, backward_done };
+
   // options' sharding and bucketing are those of the policies; the rest is taken as given.
   fsdp(const Model& model, comm::any_communicator comm, fsdp_options options = {})
-      : engine(make_param_table(model), std::move(comm), with_policies(options)), model_(model) {}
+      : engine(make_param_table(model), std::move(comm), with_policies(options)),
+        model_(model),
+        units_(make_units(this->params(), this->plan(), this->options().wrap)),
+        state_(units_.size(), unit_state::sharded) {}
 
   [[nodiscard]] const Model& model() const noexcept { return model_; }
+  [[nodiscard]] const std::vector<fsdp_unit>& units() const noexcept { return units_; }
+  [[nodiscard]] unit_state state(std::size_t unit) const { return state_.at(checked(unit, "state")); }
 
-  void before_forward(param_range stage, std::optional<param_range> next = std::nullopt) {
-    gather(stage, next);
+  void before_forward(std::size_t unit, std::optional<std::size_t> next = std::nullopt) {
+    expect(unit, "before_forward", {unit_state::sharded, unit_state::forward_done, unit_state::backward_done});
+    gather(unit, next);
+    state_[unit] = unit_state::forward;
   }
-  void after_forward(param_range stage) {
-    if constexpr (sharding == sharding_strategy::zero3) for_buckets(stage, [&](std::size_t b) { this->reshard(b); });
+  void after_forward(std::size_t unit) {
+    expect(unit, "after_forward", {unit_state::forward});
+    if constexpr (sharding == sharding_strategy::zero3)
+      if (unit != 0) for (std::size_t b : units_[unit].buckets) this->reshard(b);  // the root stays gathered
+    state_[unit] = unit_state::forward_done;
   }
-  void before_backward(param_range stage, std::optional<param_range> next = std::nullopt) {
-    gather(stage, next);  // zero2: already unsharded, nothing is issued
+  void before_backward(std::size_t unit, std::optional<std::size_t> next = std::nullopt) {
+    expect(unit, "before_backward", {unit_state::forward_done});
+    gather(unit, next);  // zero2: already unsharded, nothing is issued
+    state_[unit] = unit_state::backward;
   }
   // sync = false (gradient accumulation, Thunder's no_sync): the full gradients are kept and
-  // summed over micro-batches; the last micro-batch's after_backward(stage, true) reduces them.
-  void after_backward(param_range stage, bool sync = true) {
-    const auto [first, last] = this->buckets_of(stage);
-    for (std::size_t b = first; b < last; ++b) {
+  // summed over micro-batches; the last micro-batch's after_backward(unit, true) reduces them.
+  void after_backward(std::size_t unit, bool sync = true) {
+    expect(unit, "after_backward", {unit_state::backward});
+    // At most one unit of reduce-scatters in flight: the previous unit's, which ran behind this
+    // unit's backward, finish now (and this unit's at once without overlap_reduce_scatter).
+    for (std::size_t u : reducing_)
+      for (std::size_t b : units_[u].buckets) this->finish_reduce_gradients(b);
+    reducing_.clear();
+    for (std::size_t b : units_[unit].buckets) {
       if (sync) this->begin_reduce_gradients(b);
       this->reshard(b);
     }
-    // At most one stage of reduce-scatters in flight: the ones issued by later stages finish now
-    // (and this stage's too without overlap_reduce_scatter).
-    const std::size_t keep_from = this->options().overlap_reduce_scatter ? last : first;
-    for (std::size_t b = keep_from; b < this->plan().buckets.size(); ++b) this->finish_reduce_gradients(b);
+    if (sync) {
+      if (this->options().overlap_reduce_scatter) reducing_.push_back(unit);
+      else for (std::size_t b : units_[unit].buckets) this->finish_reduce_gradients(b);
+    }
+    state_[unit] = unit_state::backward_done;
+  }
+  // Finishes every reduce-scatter in flight (before the optimizer reads the gradients).
+  void finish_backward() {
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      if (state_[u] == unit_state::backward)
+        throw std::logic_error("kfsdp::fsdp: finish_backward() while unit " + describe(u) +
+                               " is in backward (after_backward first)");
+    this->finish_gradient_reductions();
+    reducing_.clear();
+  }
+  // Frees every gathered unit (after an evaluation, which has no backward).
+  void reshard_all() {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      if (state_[u] == unit_state::backward)
+        throw std::logic_error("kfsdp::fsdp: reshard_all() while unit " + describe(u) + " is in backward");
+      for (std::size_t b : units_[u].buckets)
+        if (this->is_unsharded(b) || this->is_gathering(b)) this->reshard(b);
+      state_[u] = unit_state::sharded;
+    }
+  }
+
+  static constexpr std::string_view state_name(unit_state s) noexcept {
+    constexpr std::string_view names[] = {"sharded", "forward", "forward done", "backward", "backward done"};
+    return names[static_cast<int>(s)];
   }
 
  private:
@@ -77,18 +128,33 @@ class fsdp : public fsdp_engine<Scalar> {
     o.bucketing_strategy = bucketing_strategy;
     return o;
   }
-  template <class F>
-  void for_buckets(param_range stage, F&& f) {
-    const auto [first, last] = this->buckets_of(stage);
-    for (std::size_t b = first; b < last; ++b) f(b);
+  std::size_t checked(std::size_t unit, const char* hook) const {
+    if (unit >= units_.size())
+      throw std::out_of_range("kfsdp::fsdp: " + std::string(hook) + "(unit " + std::to_string(unit) +
+                              "): the model has units 0.." + std::to_string(units_.size() - 1));
+    return unit;
   }
-  void gather(param_range stage, std::optional<param_range> next) {
-    for_buckets(stage, [&](std::size_t b) { this->begin_unshard(b); });
-    if (next) for_buckets(*next, [&](std::size_t b) { this->begin_unshard(b); });  // overlaps this stage
-    for_buckets(stage, [&](std::size_t b) { this->finish_unshard(b); });
+  std::string describe(std::size_t unit) const { return std::to_string(unit) + " '" + units_[unit].name + "'"; }
+  void expect(std::size_t unit, const char* hook, std::initializer_list<unit_state> allowed) const {
+    checked(unit, hook);
+    for (unit_state s : allowed)
+      if (state_[unit] == s) return;
+    std::string expected;
+    for (unit_state s : allowed) expected += (expected.empty() ? "'" : " or '") + std::string(state_name(s)) + "'";
+    throw std::logic_error("kfsdp::fsdp: " + std::string(hook) + "(unit " + describe(unit) + ") while the unit is '" +
+                           std::string(state_name(state_[unit])) + "', expected " + expected);
+  }
+  void gather(std::size_t unit, std::optional<std::size_t> next) {
+    for (std::size_t b : units_[unit].buckets) this->begin_unshard(b);
+    if (next)  // overlaps this unit's compute
+      for (std::size_t b : units_[checked(*next, "prefetch")].buckets) this->begin_unshard(b);
+    for (std::size_t b : units_[unit].buckets) this->finish_unshard(b);
   }
 
   Model model_;
+  std::vector<fsdp_unit> units_;
+  std::vector<unit_state> state_;
+  std::vector<std::size_t> reducing_;  // units whose reduce-scatters are in flight
 };
 
 // Thunder's enum API: runs f(engine) with the fsdp<Model, Scalar, ...> that options select.

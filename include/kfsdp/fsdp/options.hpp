@@ -13,6 +13,7 @@
 #include <type_traits>
 #endif
 
+#include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/meta/type_list.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
@@ -45,9 +46,11 @@ struct fsdp_options {
   // At most this many bucket all-gathers in flight (FSDP's limit_all_gathers) bounds the unsharded
   // memory of prefetching; issuing one more first completes the oldest. 0: no limit.
   std::size_t limit_all_gathers = 0;
-  // A stage's gradient reduce-scatters run behind the previous stage's backward (true), at the
-  // cost of one stage's reduce buffers more in the peak; false finishes them at once (ZeRO3 leanest).
+  // A unit's gradient reduce-scatters run behind the next unit's backward (true), at the cost of
+  // one unit's reduce buffers more in the peak; false finishes them at once (ZeRO3 leanest).
   bool overlap_reduce_scatter = true;
+  // Which parts of the model are FSDP units (fsdp/units.hpp): each block by default.
+  wrap_options wrap{};
 };
 
 // Policy tags: fsdp<Model, Scalar, zero3, block_bucketing> (any order, each with a default).

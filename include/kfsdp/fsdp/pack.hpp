@@ -46,11 +46,12 @@ void pack_param(flat_view<const Scalar> unpacked, const param_slot& slot, std::s
 template <class Scalar>
 void accumulate_scaled(flat_view<Scalar> destination, flat_view<const Scalar> source, Scalar scale);
 
-// How a parameter starts: zeros, ones, or normal(0, std) from a counter-based generator keyed by
-// (seed, parameter index, global element index) — the same weights at every world size.
+// How a parameter starts: zeros, ones, normal(0, std), or uniform in [−std, std) (std is then the
+// bound), from a counter-based generator keyed by (seed, parameter index, global element index) —
+// the same weights at every world size.
 struct param_init {
-  enum kind_t : std::uint8_t { zeros, ones, normal } kind = zeros;
-  double std = 0.0;
+  enum kind_t : std::uint8_t { zeros, ones, normal, uniform } kind = zeros;  // append: values persist
+  double std = 0.0;  // normal: the standard deviation; uniform: the bound
 };
 
 // out[k] = init value of global element first_global + k (k < count).

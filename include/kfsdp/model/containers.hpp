@@ -4,7 +4,10 @@
 //     -> transformer.wte.weight, transformer.h.0.<B's params>, transformer.h.1.<B's params>
 //   block<Name, Children...> is a sequential that is one transformer block (BLOCK bucketing
 //   puts all of its parameters in one bucket); repeat<Name, N, Block> names its copies 0..N-1
-//   (the element's own name is not used), and N may be dyn.
+//   (the element's own name is not used), and N may be dyn. Each copy is one FSDP unit, as a block is.
+//   residual<Name, Children...> is a sequential f whose output is x + f(x) (features in and out).
+// Neighbours must agree on what flows between them (ids, features, loss): a mismatch fails to
+// compile in check_chain<Producer, Consumer>, whose arguments are the two layers.
 
 #ifndef KFSDP_MODULE
 #include <cstddef>
@@ -20,11 +23,30 @@
 
 KFSDP_EXPORT namespace kfsdp {
 
+// Fails to compile, naming Producer and Consumer, unless Producer's output is Consumer's input.
+template <class Producer, class Consumer>
+struct check_chain {
+  static_assert(std::is_same_v<output_t<Producer>, input_t<Consumer>>,
+                "kfsdp: a layer gives what the next one does not take (ids, features or loss): "
+                "see check_chain<Producer, Consumer> below for the two layers");
+  static constexpr bool value = true;
+};
+
 namespace detail {
+template <class... Children, std::size_t... I>
+constexpr bool chained(std::index_sequence<I...>) {
+  using list = std::tuple<Children...>;
+  return (check_chain<std::tuple_element_t<I, list>, std::tuple_element_t<I + 1, list>>::value && ...);
+}
+
 template <layer_kind Kind, fixed_string Name, descriptor... Children>
 struct container {
+  static_assert(sizeof...(Children) > 0, "kfsdp: a container needs at least one child");
+  static_assert(chained<Children...>(std::make_index_sequence<sizeof...(Children) - 1>{}));
   static constexpr auto name = Name;
   static constexpr layer_kind kind = Kind;
+  using input = input_t<std::tuple_element_t<0, std::tuple<Children...>>>;
+  using output = output_t<std::tuple_element_t<sizeof...(Children) - 1, std::tuple<Children...>>>;
 
   std::tuple<Children...> children;
 
@@ -44,11 +66,26 @@ using sequential = detail::container<layer_kind::container, Name, Children...>;
 template <fixed_string Name, descriptor... Children>
 using block = detail::container<layer_kind::block, Name, Children...>;
 
+// x + f(x), f = the children in order (nanoGPT's `x = x + attn(ln_1(x))`).
+template <fixed_string Name, descriptor... Children>
+struct residual : detail::container<layer_kind::container, Name, Children...> {
+  using base = detail::container<layer_kind::container, Name, Children...>;
+  static_assert(std::is_same_v<typename base::input, features> && std::is_same_v<typename base::output, features>,
+                "kfsdp::residual: its children must take and give features");
+  static constexpr bool adds_input = true;
+  using base::base;
+};
+
 template <fixed_string Name, std::size_t N, descriptor Element>
 struct repeat {
   static_assert(N != 0, "kfsdp::repeat: N (number of copies) must be at least 1");
+  static_assert(check_chain<Element, Element>::value);
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::container;
+  static constexpr bool copies_are_units = true;
+  using input = input_t<Element>;
+  using output = output_t<Element>;
+  using element_type = Element;
 
   std::size_t count = N;
   Element element;

@@ -45,14 +45,35 @@ inline constexpr std::size_t max_param_rank = 4;
 
 enum class layer_kind { layer, block, container };
 
+// What flows between layers, declared by each layer as `using input = ...; using output = ...;`
+// (both default to features): a sequential whose neighbours disagree does not compile.
+struct features {};  // a matrix [rows, features] of the scalar type
+struct ids {};       // one integer per row (token ids)
+struct loss {};      // a scalar: the mean loss of the batch (a loss layer's output, against targets)
+// A loss layer's targets, `using target = ...`: class ids (one integer per row) or values (a
+// matrix shaped like the loss layer's input).
+struct class_ids {};
+struct values {};
+
+// How a parameter starts when the user gives no rule: PyTorch's defaults for each built-in layer.
+//   normal: N(0, scale²); uniform: U(−b, b) with b = scale, or b = 1/√fan_in when fan_in > 0
+//   (nn.Linear's kaiming-uniform weight and its bias: b = 1/√in_features for both).
+struct init_rule {
+  enum kind_t : unsigned char { zeros, ones, normal, uniform } kind = zeros;
+  double scale = 0.0;
+  std::size_t fan_in = 0;
+};
+
 // A parameter as a layer declares it: local name and shape, PyTorch's layout (dim 0 first).
 struct param_decl {
   std::string_view name;
   std::array<std::size_t, max_param_rank> shape{};
   std::size_t rank = 0;
+  init_rule init{};
 
-  constexpr param_decl(std::string_view param_name, std::initializer_list<std::size_t> extents)
-      : name(param_name), rank(extents.size()) {
+  constexpr param_decl(std::string_view param_name, std::initializer_list<std::size_t> extents,
+                       init_rule default_init = {})
+      : name(param_name), rank(extents.size()), init(default_init) {
     if (extents.size() == 0 || extents.size() > max_param_rank)
       throw std::invalid_argument("kfsdp::param_decl '" + std::string(param_name) + "': rank " +
                                   std::to_string(extents.size()) + ", expected 1.." +
@@ -87,6 +108,17 @@ concept container_descriptor = named_descriptor<D> && (D::kind != layer_kind::la
 
 template <class D>
 concept descriptor = layer_descriptor<D> || container_descriptor<D>;
+
+namespace detail {
+template <class D> struct input_of { using type = features; };
+template <class D> requires requires { typename D::input; } struct input_of<D> { using type = typename D::input; };
+template <class D> struct output_of { using type = features; };
+template <class D> requires requires { typename D::output; } struct output_of<D> { using type = typename D::output; };
+}  // namespace detail
+
+// The activation a descriptor takes and gives (containers: their first child's input, their last's output).
+template <class D> using input_t = typename detail::input_of<D>::type;
+template <class D> using output_t = typename detail::output_of<D>::type;
 
 // A size `value` for a dimension declared `Static` (a number or dyn), checked once for both
 // cases: static zero is rejected by the static_assert at the declaration, a run-time zero or a

@@ -1,6 +1,7 @@
 #pragma once
 // The example GPT: nanoGPT's architecture and parameter names, byte vocabulary, untied lm_head
-// without bias. For gpt<2, 64, 32>: transformer.wte.weight [256,64], transformer.wpe.weight [32,64],
+// without bias, trained with cross-entropy — its parameters and its compute in one descriptor.
+// For gpt<2, 64, 32>: transformer.wte.weight [256,64], transformer.wpe.weight [32,64],
 // transformer.h.{0,1}.{ln_1, attn.c_attn [192,64], attn.c_proj [64,64], ln_2, mlp.c_fc [256,64],
 // mlp.c_proj [64,256]}, transformer.ln_f, lm_head.weight [256,64] — 4 + 12·L + 1 parameters.
 //
@@ -20,25 +21,31 @@
 
 KFSDP_EXPORT namespace kfsdp {
 
-template <std::size_t Dim = dyn>
+namespace detail {
+// GPT-2's head width of 64 where the width allows it.
+constexpr std::size_t default_heads(std::size_t dim) { return dim == dyn ? dyn : dim % 64 == 0 ? dim / 64 : 1; }
+}  // namespace detail
+
+template <std::size_t Dim = dyn, std::size_t Heads = dyn, std::size_t Seq = dyn>
 using gpt_attention = sequential<"attn", linear<"c_attn", Dim, scaled_extent<3, Dim>>,
-                                 linear<"c_proj", Dim, Dim>>;
+                                 causal_self_attention<"", Dim, Heads, Seq>, linear<"c_proj", Dim, Dim>>;
 
 template <std::size_t Dim = dyn>
-using gpt_mlp = sequential<"mlp", linear<"c_fc", Dim, scaled_extent<4, Dim>>,
+using gpt_mlp = sequential<"mlp", linear<"c_fc", Dim, scaled_extent<4, Dim>>, gelu<>,
                            linear<"c_proj", scaled_extent<4, Dim>, Dim>>;
 
-template <std::size_t Dim = dyn>
-using gpt_block = block<"", layer_norm<"ln_1", Dim>, gpt_attention<Dim>, layer_norm<"ln_2", Dim>,
-                        gpt_mlp<Dim>>;
+// nanoGPT's Block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)).
+template <std::size_t Dim = dyn, std::size_t Heads = dyn, std::size_t Seq = dyn>
+using gpt_block = block<"", residual<"", layer_norm<"ln_1", Dim>, gpt_attention<Dim, Heads, Seq>>,
+                        residual<"", layer_norm<"ln_2", Dim>, gpt_mlp<Dim>>>;
 
-template <std::size_t Layers = dyn, std::size_t Dim = dyn, std::size_t Seq = dyn,
-          std::size_t Vocab = 256>
+template <std::size_t Layers = dyn, std::size_t Dim = dyn, std::size_t Seq = dyn, std::size_t Vocab = 256,
+          std::size_t Heads = detail::default_heads(Dim)>
 using gpt = sequential<"",
                        sequential<"transformer", embedding<"wte", Vocab, Dim>,
-                                  embedding<"wpe", Seq, Dim>, repeat<"h", Layers, gpt_block<Dim>>,
+                                  positional_embedding<"wpe", Seq, Dim>, repeat<"h", Layers, gpt_block<Dim, Heads, Seq>>,
                                   layer_norm<"ln_f", Dim>>,
-                       linear<"lm_head", Dim, Vocab, false>>;
+                       linear<"lm_head", Dim, Vocab, false>, cross_entropy<"", Vocab>>;
 
 // Sizes of the example GPT, for the descriptor (make_gpt) and the layers (nn::gpt) alike; heads
 // does not shape a parameter, the attention uses it.
@@ -49,8 +56,6 @@ struct gpt_config {
   std::size_t seq = 64;
   std::size_t vocab = 256;
 
-  // Compute stages: the embeddings, one per block, the head.
-  [[nodiscard]] constexpr std::size_t stages() const noexcept { return layers + 2; }
   // Throws std::invalid_argument naming the size that is zero, or heads not dividing dim.
   constexpr void validate() const {
     for (auto [value, name] : {std::pair{layers, "layers"}, std::pair{dim, "dim"}, std::pair{heads, "heads"},
@@ -63,18 +68,24 @@ struct gpt_config {
 };
 
 // The GPT descriptor for sizes known only at run time (vocab too); a zero size throws naming it.
-constexpr gpt<dyn, dyn, dyn, dyn> make_gpt(const gpt_config& c) {
+constexpr gpt<dyn, dyn, dyn, dyn, dyn> make_gpt(const gpt_config& c) {
+  c.validate();
   const std::size_t d = c.dim;
   using block_t = gpt_block<>;
-  block_t one_block(layer_norm<"ln_1">(d),
-                    gpt_attention<>(linear<"c_attn">(d, 3 * d), linear<"c_proj">(d, d)),
-                    layer_norm<"ln_2">(d),
-                    gpt_mlp<>(linear<"c_fc">(d, 4 * d), linear<"c_proj">(4 * d, d)));
-  using transformer_t = sequential<"transformer", embedding<"wte">, embedding<"wpe">,
+  using attention_t = gpt_attention<>;
+  using mlp_t = gpt_mlp<>;
+  using ln_1_t = layer_norm<"ln_1">;
+  using ln_2_t = layer_norm<"ln_2">;
+  const block_t one_block(
+      residual<"", ln_1_t, attention_t>(ln_1_t(d), attention_t(linear<"c_attn">(d, 3 * d), causal_self_attention<"">(d, c.heads, c.seq),
+                                                               linear<"c_proj">(d, d))),
+      residual<"", ln_2_t, mlp_t>(ln_2_t(d), mlp_t(linear<"c_fc">(d, 4 * d), gelu<>{}, linear<"c_proj">(4 * d, d))));
+  using transformer_t = sequential<"transformer", embedding<"wte">, positional_embedding<"wpe">,
                                    repeat<"h", dyn, block_t>, layer_norm<"ln_f">>;
-  return gpt<dyn, dyn, dyn, dyn>(transformer_t(embedding<"wte">(c.vocab, d), embedding<"wpe">(c.seq, d),
-                             repeat<"h", dyn, block_t>(c.layers, one_block), layer_norm<"ln_f">(d)),
-               linear<"lm_head", dyn, dyn, false>(d, c.vocab));
+  return gpt<dyn, dyn, dyn, dyn, dyn>(
+      transformer_t(embedding<"wte">(c.vocab, d), positional_embedding<"wpe">(c.seq, d),
+                    repeat<"h", dyn, block_t>(c.layers, one_block), layer_norm<"ln_f">(d)),
+      linear<"lm_head", dyn, dyn, false>(d, c.vocab), cross_entropy<"">(c.vocab));
 }
 
 }  // namespace kfsdp

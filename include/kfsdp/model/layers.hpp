@@ -1,13 +1,20 @@
 #pragma once
-// Leaf layer descriptors with PyTorch's parameter layout.
-//   linear<"c_attn", 64, 192>      -> weight [192, 64], bias [192]
-//   layer_norm<"ln_1", 64>         -> weight [64], bias [64]
-//   embedding<"wte", 256, 64>      -> weight [256, 64]
+// Leaf layer descriptors with PyTorch's parameter layout and default initialisation.
+//   linear<"c_attn", 64, 192>      -> weight [192, 64], bias [192]   U(±1/√64) both (nn.Linear)
+//   layer_norm<"ln_1", 64>         -> weight [64] ones, bias [64] zeros
+//   embedding<"wte", 256, 64>      -> weight [256, 64] N(0, 1)       ids in, features out
+//   positional_embedding<"wpe", 32, 64> -> weight [32, 64] N(0, 1)   x + weight[row % 32]
+//   gelu<>, gelu_tanh<>, relu<>, silu<>, tanh_layer<>                    no parameters
+//   causal_self_attention<"", 64, 4, 32>                             [rows, 192] -> [rows, 64]
+//   cross_entropy<"", 256>, mse<>                                    loss layers (targets)
 // A size may be kfsdp::dyn and given to the constructor: linear<"fc", dyn, dyn>(in, out).
+// Each layer's compute (forward, backward) is kfsdp::compute_t<Layer, Scalar> (train/ops.hpp).
 
 #ifndef KFSDP_MODULE
 #include <array>
 #include <cstddef>
+#include <stdexcept>
+#include <string>
 #endif
 
 #include <kfsdp/meta/export.hpp>
@@ -31,12 +38,16 @@ struct linear {
       : in_features(checked_extent<In>("linear", Name.view(), "in_features", in)),
         out_features(checked_extent<Out>("linear", Name.view(), "out_features", out)) {}
 
+  [[nodiscard]] constexpr std::size_t out_features_for(std::size_t) const { return out_features; }
+  [[nodiscard]] constexpr std::size_t expected_in_features() const { return in_features; }
+
   constexpr auto params() const {
+    const init_rule bound{init_rule::uniform, 0.0, in_features};
     if constexpr (Bias)
-      return std::array{param_decl{"weight", {out_features, in_features}},
-                        param_decl{"bias", {out_features}}};
+      return std::array{param_decl{"weight", {out_features, in_features}, bound},
+                        param_decl{"bias", {out_features}, bound}};
     else
-      return std::array{param_decl{"weight", {out_features, in_features}}};
+      return std::array{param_decl{"weight", {out_features, in_features}, bound}};
   }
 };
 
@@ -51,8 +62,10 @@ struct layer_norm {
   constexpr layer_norm() requires(Dim != dyn) = default;
   constexpr explicit layer_norm(std::size_t d) : dim(checked_extent<Dim>("layer_norm", Name.view(), "dim", d)) {}
 
+  [[nodiscard]] constexpr std::size_t expected_in_features() const { return dim; }
+
   constexpr auto params() const {
-    return std::array{param_decl{"weight", {dim}}, param_decl{"bias", {dim}}};
+    return std::array{param_decl{"weight", {dim}, {init_rule::ones}}, param_decl{"bias", {dim}}};
   }
 };
 
@@ -71,7 +84,111 @@ struct embedding {
       : num_embeddings(checked_extent<Num>("embedding", Name.view(), "num_embeddings", num)),
         dim(checked_extent<Dim>("embedding", Name.view(), "dim", d)) {}
 
-  constexpr auto params() const { return std::array{param_decl{"weight", {num_embeddings, dim}}}; }
+  using input = ids;
+  [[nodiscard]] constexpr std::size_t out_features_for(std::size_t) const { return dim; }
+
+  constexpr auto params() const {
+    return std::array{param_decl{"weight", {num_embeddings, dim}, {init_rule::normal, 1.0}}};
+  }
+};
+
+// y = x + weight[row % seq]: a learned position embedding added to the features (GPT's wpe),
+// rows being windows of seq tokens one after another.
+template <fixed_string Name, std::size_t Seq = dyn, std::size_t Dim = dyn>
+struct positional_embedding {
+  static_assert(Seq != 0, "kfsdp::positional_embedding: Seq must be at least 1");
+  static_assert(Dim != 0, "kfsdp::positional_embedding: Dim must be at least 1");
+  static constexpr auto name = Name;
+  static constexpr layer_kind kind = layer_kind::layer;
+
+  std::size_t seq = Seq;
+  std::size_t dim = Dim;
+
+  constexpr positional_embedding() requires(Seq != dyn && Dim != dyn) = default;
+  constexpr positional_embedding(std::size_t s, std::size_t d)
+      : seq(checked_extent<Seq>("positional_embedding", Name.view(), "seq", s)),
+        dim(checked_extent<Dim>("positional_embedding", Name.view(), "dim", d)) {}
+
+  [[nodiscard]] constexpr std::size_t expected_in_features() const { return dim; }
+  constexpr auto params() const {
+    return std::array{param_decl{"weight", {seq, dim}, {init_rule::normal, 1.0}}};
+  }
+};
+
+// Elementwise activations (no parameters; the width is the input's).
+enum class activation_fn { gelu, gelu_tanh, relu, silu, tanh };
+
+template <fixed_string Name, activation_fn Fn>
+struct activation {
+  static constexpr auto name = Name;
+  static constexpr layer_kind kind = layer_kind::layer;
+  static constexpr activation_fn function = Fn;
+  constexpr std::array<param_decl, 0> params() const { return {}; }
+};
+
+template <fixed_string Name = "">
+using gelu = activation<Name, activation_fn::gelu>;  // exact: 0.5·x·(1 + erf(x/√2))
+template <fixed_string Name = "">
+using gelu_tanh = activation<Name, activation_fn::gelu_tanh>;
+template <fixed_string Name = "">
+using relu = activation<Name, activation_fn::relu>;
+template <fixed_string Name = "">
+using silu = activation<Name, activation_fn::silu>;
+template <fixed_string Name = "">
+using tanh_layer = activation<Name, activation_fn::tanh>;  // not `tanh`: that would hide std::tanh in kfsdp
+
+// Causal multi-head self-attention over windows of Seq rows: q, k, v = split(x [rows, 3·Dim]),
+// y [rows, Dim] (no parameters: the projections around it are linears).
+template <fixed_string Name, std::size_t Dim = dyn, std::size_t Heads = dyn, std::size_t Seq = dyn>
+struct causal_self_attention {
+  static constexpr auto name = Name;
+  static constexpr layer_kind kind = layer_kind::layer;
+
+  std::size_t dim = Dim;
+  std::size_t heads = Heads;
+  std::size_t seq = Seq;
+
+  constexpr causal_self_attention() requires(Dim != dyn && Heads != dyn && Seq != dyn) = default;
+  constexpr causal_self_attention(std::size_t d, std::size_t h, std::size_t s)
+      : dim(checked_extent<Dim>("causal_self_attention", Name.view(), "dim", d)),
+        heads(checked_extent<Heads>("causal_self_attention", Name.view(), "heads", h)),
+        seq(checked_extent<Seq>("causal_self_attention", Name.view(), "seq", s)) {
+    if (dim % heads != 0)
+      throw std::invalid_argument("kfsdp: causal_self_attention '" + std::string(Name.view()) + "': heads is " +
+                                  std::to_string(heads) + ", expected a divisor of dim = " + std::to_string(dim));
+  }
+
+  [[nodiscard]] constexpr std::size_t expected_in_features() const { return 3 * dim; }
+  [[nodiscard]] constexpr std::size_t out_features_for(std::size_t) const { return dim; }
+  constexpr std::array<param_decl, 0> params() const { return {}; }
+};
+
+// Softmax cross-entropy of logits [rows, Classes] against one class id per row, averaged.
+template <fixed_string Name = "", std::size_t Classes = dyn>
+struct cross_entropy {
+  static constexpr auto name = Name;
+  static constexpr layer_kind kind = layer_kind::layer;
+  using output = loss;
+  using target = class_ids;
+
+  std::size_t classes = Classes;
+
+  constexpr cross_entropy() requires(Classes != dyn) = default;
+  constexpr explicit cross_entropy(std::size_t c)
+      : classes(checked_extent<Classes>("cross_entropy", Name.view(), "classes", c)) {}
+
+  [[nodiscard]] constexpr std::size_t expected_in_features() const { return classes; }
+  constexpr std::array<param_decl, 0> params() const { return {}; }
+};
+
+// Mean-squared error against targets shaped like the input, averaged over every element.
+template <fixed_string Name = "">
+struct mse {
+  static constexpr auto name = Name;
+  static constexpr layer_kind kind = layer_kind::layer;
+  using output = loss;
+  using target = values;
+  constexpr std::array<param_decl, 0> params() const { return {}; }
 };
 
 }  // namespace kfsdp

@@ -36,8 +36,9 @@ struct param_info {
   std::array<std::size_t, max_param_rank> shape{};
   std::size_t rank = 0;
   std::size_t numel = 0;
-  std::size_t layer = 0;       // index of the owning leaf layer, in model order
-  std::size_t block = no_block;  // index of the owning transformer block, or no_block
+  std::size_t layer = 0;       // index of the owning leaf layer (among those with parameters)
+  std::size_t block = no_block;  // index of the owning block (or copy of a repeat), or no_block
+  init_rule init{};            // the layer's default initialisation
 
   [[nodiscard]] constexpr std::size_t dim0() const noexcept { return shape[0]; }
   // Elements in one dim-0 row (1 for a 1-D parameter).
@@ -66,7 +67,8 @@ template <descriptor D, class Sink>
 constexpr void walk_params(const D& d, const inline_string<max_param_name>& prefix,
                            walk_state& state, Sink& sink) {
   if constexpr (D::kind == layer_kind::layer) {
-    const std::size_t layer = state.layers++;
+    const std::size_t layer = state.layers;
+    if (std::size(d.params()) > 0) ++state.layers;  // activations and losses own no bucket
     for (const param_decl& decl : d.params()) {
       param_info p;
       p.name = join_name(prefix, decl.name);
@@ -82,6 +84,7 @@ constexpr void walk_params(const D& d, const inline_string<max_param_name>& pref
       }
       p.layer = layer;
       p.block = state.current_block;
+      p.init = decl.init;
       sink(p);
     }
   } else {
@@ -89,6 +92,9 @@ constexpr void walk_params(const D& d, const inline_string<max_param_name>& pref
     // A block nested in a block stays part of the outer one.
     if (D::kind == layer_kind::block && enclosing == no_block) state.current_block = state.blocks++;
     d.for_each_child([&](const auto& child, std::string_view child_name) {
+      // Each copy of a repeat is a unit of its own, as a block is.
+      if constexpr (requires { D::copies_are_units; })
+        if (enclosing == no_block) state.current_block = state.blocks++;
       walk_params(child, join_name(prefix, child_name), state, sink);
     });
     state.current_block = enclosing;

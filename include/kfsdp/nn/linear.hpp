@@ -53,7 +53,7 @@ class linear {
 
   // y [rows, out] = x [rows, in] · W^T + b.
   void forward(const params& p, const_matrix<Scalar> x, matrix<Scalar> y, cache& c) const;
-  // dW += dy^T x, db += column sums of dy, dx [rows, in] = dy · W.
+  // dW += dy^T x, db += column sums of dy, dx [rows, in] = dy · W (skipped when dx is empty).
   void backward(const params& p, const grads& g, const cache& c, const_matrix<Scalar> dy,
                 matrix<Scalar> dx) const;
 

@@ -16,3 +16,16 @@ void add_into(matrix<Scalar> target, const_matrix<Scalar> addend) {
 }
 
 }  // namespace kfsdp::nn::detail
+
+namespace kfsdp::nn::detail {
+
+// out = a + b, all [rows, cols] (a residual connection into its own buffer).
+template <class Scalar>
+void add(matrix<Scalar> out, const_matrix<Scalar> a, const_matrix<Scalar> b) {
+  const int rows = int(out.extent(0)), cols = int(out.extent(1));
+  Kokkos::parallel_for(
+      "kfsdp::nn::add", Kokkos::MDRangePolicy<execution_space, Kokkos::Rank<2>>({0, 0}, {rows, cols}),
+      KOKKOS_LAMBDA(int r, int c) { out(r, c) = a(r, c) + b(r, c); });
+}
+
+}  // namespace kfsdp::nn::detail

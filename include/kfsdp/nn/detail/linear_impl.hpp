@@ -57,11 +57,12 @@ void linear<Scalar>::backward(const params& p, const grads& g, const cache& c,
   const std::size_t rows = c.input.extent(0);
   detail::check_matrix("linear::backward", "cache.input", c.input, rows, in_features_);
   detail::check_matrix("linear::backward", "dy", dy, rows, out_features_);
-  detail::check_matrix("linear::backward", "dx", dx, rows, in_features_);
+  const bool want_dx = dx.data() != nullptr;  // the first layer's input needs no gradient
+  if (want_dx) detail::check_matrix("linear::backward", "dx", dx, rows, in_features_);
   if (rows == 0) return;
   detail::gemm<Scalar>("T", "N", Scalar(1), dy, c.input, Scalar(1), g.weight);  // dW += dy^T x
   if (has_bias_) detail::add_column_sums<Scalar>(dy, g.bias);
-  detail::gemm<Scalar>("N", "N", Scalar(1), dy, p.weight, Scalar(0), dx);  // dx = dy W
+  if (want_dx) detail::gemm<Scalar>("N", "N", Scalar(1), dy, p.weight, Scalar(0), dx);  // dx = dy W
 }
 
 }  // namespace kfsdp::nn

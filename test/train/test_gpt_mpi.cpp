@@ -1,5 +1,6 @@
-// Sharded training is the same training: losses at world size N equal those of one process.
-// Run with 1, 2, 3 and 4 ranks; the one-process reference runs in the same program (self backend).
+// The example GPT, one descriptor trained by kfsdp::trainer: sharded training is the same
+// training — losses at world size N equal those of one process. Run with 1, 2, 3 and 4 ranks; the
+// one-process reference runs in the same program (self backend).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -8,12 +9,12 @@
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/comm/self.hpp>
 #include <kfsdp/comm/threaded.hpp>
-#include <kfsdp/fsdp/fsdp.hpp>
-#include <kfsdp/fsdp/gpt_trainer.hpp>
-#include <kfsdp/model/gpt.hpp>
 #include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/model/gpt.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/sgd.hpp>
+#include <kfsdp/train/gpt.hpp>
+#include <kfsdp/train/trainer.hpp>
 
 using namespace kfsdp;
 
@@ -39,23 +40,27 @@ struct run_result {
 template <class Scalar>
 run_result train(comm::any_communicator comm, fsdp_options options, std::size_t micro_batches = 1,
                  std::size_t batch = global_batch, grad_accumulation accumulation = grad_accumulation::unsharded,
-                 bool use_sgd = false, double clip = 0.5) {
+                 bool use_sgd = false, double clip = 0.5, trainer_options topts = {}) {
   const auto data = sample_text();
   const auto model = make_gpt(config);
-  return with_fsdp<Scalar>(model, comm, options, [&](auto& engine) {
+  return with_trainer<Scalar>(model, comm, options, topts, [&](auto& trainer) {
+    auto& engine = trainer.engine();
+    using batch_type = typename std::remove_reference_t<decltype(trainer)>::batch;
     const std::size_t ws = std::size_t(engine.world_size());
-    gpt_trainer trainer(engine, config, batch / ws);
-    engine.initialize(1234, gpt2_init(config.layers));
+    trainer.initialize(1234, gpt2_init(config.layers));
     optim::adamw<Scalar> adam(engine.plan().shard_numel, {.lr = 3e-3, .weight_decay = 0.1});
     optim::sgd<Scalar> sgd(engine.plan().shard_numel, {.lr = 0.1, .momentum = 0.9});
     run_result out;
     for (std::size_t s = 0; s < steps; ++s) {
-      std::vector<micro_batch> batches(micro_batches);
-      for (std::size_t k = 0; k < micro_batches; ++k)
+      std::vector<batch_type> batches;
+      for (std::size_t k = 0; k < micro_batches; ++k) {
+        std::vector<int> tokens, targets;
         data.rank_slice(data.micro_batch(io::window_sampling::sequential, 0, s * micro_batches + k, batch),
-                        std::size_t(engine.rank()), ws, batches[k].tokens, batches[k].targets);
-      const step_result r = use_sgd ? trainer.step(batches, sgd, clip, accumulation)
-                                    : trainer.step(batches, adam, clip, accumulation);
+                        std::size_t(engine.rank()), ws, tokens, targets);
+        batches.push_back({device_ids(tokens), device_ids(targets)});
+      }
+      const std::span<const batch_type> all(batches);
+      const step_result r = use_sgd ? trainer.step(all, sgd, clip, accumulation) : trainer.step(all, adam, clip, accumulation);
       out.losses.push_back(r.loss);
       out.norms.push_back(r.grad_norm);
     }
@@ -133,23 +138,33 @@ TEST_CASE("gradient accumulation of K micro-batches equals one batch K times lar
   }
 }
 
-TEST_CASE("clipping: the norm the engine computes is the norm of the gathered full gradient") {
+TEST_CASE("activation checkpointing per block: the same training") {
+  comm::mpi world;
+  comm::self one;
+  const run_result reference = train<double>(one, {});
+  for (auto sharding : {sharding_strategy::zero2, sharding_strategy::zero3}) {
+    CAPTURE(to_string(sharding));
+    check_close<double>(train<double>(world, {.sharding_strategy = sharding, .bucketing_strategy = bucketing::block}, 1,
+                                      global_batch, grad_accumulation::unsharded, false, 0.5, {.checkpointing = true}),
+                        reference, 1e-10);
+  }
+}
+
+TEST_CASE("clipping: the norm the trainer computes is the norm of the gathered full gradient") {
   comm::mpi world;
   const auto model = make_gpt(config);
   const auto data = sample_text();
-  fsdp<decltype(model), double, zero3, layer_bucketing> engine(model, world);
+  trainer<std::remove_cvref_t<decltype(model)>, double, zero3, layer_bucketing> t(model, world);
   const std::size_t ws = std::size_t(world.size());
-  gpt_trainer trainer(engine, config, global_batch / ws);
-  engine.initialize(99, gpt2_init(config.layers));
-  micro_batch batch;
-  data.rank_slice(data.micro_batch(io::window_sampling::random, 5, 0, global_batch), std::size_t(world.rank()), ws,
-                  batch.tokens, batch.targets);
-  engine.zero_grad();
-  trainer.forward_backward(batch, 1.0 / double(trainer.local_batch() * config.seq), true);
-  const double norm = trainer.global_grad_norm();
+  t.initialize(99, gpt2_init(config.layers));
+  std::vector<int> tokens, targets;
+  data.rank_slice(data.micro_batch(io::window_sampling::random, 5, 0, global_batch), std::size_t(world.rank()), ws, tokens,
+                  targets);
+  optim::sgd<double> frozen(t.engine().plan().shard_numel, {.lr = 0.0});
+  const double norm = t.step({{device_ids(tokens), device_ids(targets)}}, frozen).grad_norm;
   double squared = 0;
-  for (const tensor& t : engine.original_grad_dict())
-    for (double g : t.values<double>()) squared += g * g;
+  for (const tensor& g : t.engine().original_grad_dict())
+    for (double x : g.values<double>()) squared += x * x;
   CHECK(norm == doctest::Approx(std::sqrt(squared)).epsilon(1e-12));
   CHECK(norm > 0);
 }

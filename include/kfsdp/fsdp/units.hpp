@@ -1,0 +1,112 @@
+#pragma once
+// FSDP units: the groups of parameters that are gathered, used and freed together (FSDP2's
+// fully_shard modules), derived from the descriptor tree by a wrap policy.
+//
+//   wrap_policy::blocks (default): each block, and each copy of a repeat, is one unit (or
+//     blocks_per_unit consecutive ones); every parameter outside them is the root unit 0,
+//     gathered first and kept until the end of backward.
+//   wrap_policy::layers: every leaf layer with parameters is a unit; the root unit is empty.
+//
+// For the example GPT with 2 blocks, wrap_policy::blocks:
+//   unit 0 "root"            transformer.wte, transformer.wpe, transformer.ln_f, lm_head
+//   unit 1 "transformer.h.0" its 12 parameters
+//   unit 2 "transformer.h.1" its 12 parameters
+// Units are numbered in forward order; a bucket must lie in one unit (block or layer bucketing
+// with the blocks policy, none or layer bucketing with the layers policy).
+
+#ifndef KFSDP_MODULE
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+#endif
+
+#include <kfsdp/meta/export.hpp>
+#include <kfsdp/model/param_table.hpp>
+#include <kfsdp/plan/shard_plan.hpp>
+
+KFSDP_EXPORT namespace kfsdp {
+
+enum class wrap_policy { blocks, layers };
+
+constexpr std::string_view to_string(wrap_policy w) noexcept { return w == wrap_policy::blocks ? "blocks" : "layers"; }
+inline wrap_policy parse_wrap_policy(std::string_view text) {
+  if (text == "blocks") return wrap_policy::blocks;
+  if (text == "layers") return wrap_policy::layers;
+  throw std::invalid_argument("kfsdp: wrap policy '" + std::string(text) + "' is not one of blocks, layers");
+}
+
+struct wrap_options {
+  wrap_policy policy = wrap_policy::blocks;
+  std::size_t blocks_per_unit = 1;  // with wrap_policy::blocks: this many consecutive blocks form a unit
+};
+
+struct fsdp_unit {
+  std::string name;                  // "root", or the longest dotted prefix its parameters share
+  std::vector<std::size_t> params;   // in model order
+  std::vector<std::size_t> buckets;  // in order
+};
+
+// The unit of every parameter (0 is the root).
+inline std::vector<std::size_t> unit_of_params(std::span<const param_info> table, const wrap_options& wrap) {
+  if (wrap.blocks_per_unit == 0) throw std::invalid_argument("kfsdp: blocks_per_unit is 0, expected at least 1");
+  std::vector<std::size_t> unit(table.size());
+  for (std::size_t p = 0; p < table.size(); ++p) {
+    if (wrap.policy == wrap_policy::layers)
+      unit[p] = 1 + table[p].layer;
+    else
+      unit[p] = table[p].in_block() ? 1 + table[p].block / wrap.blocks_per_unit : 0;
+  }
+  return unit;
+}
+
+namespace detail {
+// "transformer.h.0" for transformer.h.0.ln_1.weight ... transformer.h.0.mlp.c_proj.bias.
+inline std::string common_prefix(std::string_view a, std::string_view b) {
+  std::size_t n = 0, last_dot = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) {
+    if (a[n] == '.') last_dot = n;
+    ++n;
+  }
+  if (n == a.size() && n == b.size()) return std::string(a.substr(0, a.rfind('.')));
+  if ((n == a.size() && b[n] == '.') || (n == b.size() && a[n] == '.')) return std::string(a.substr(0, n));
+  return std::string(a.substr(0, last_dot));
+}
+}  // namespace detail
+
+// The units of a model's table and plan; throws naming the bucket whose parameters lie in two units.
+template <class Plan>
+std::vector<fsdp_unit> make_units(std::span<const param_info> table, const Plan& plan, const wrap_options& wrap) {
+  const std::vector<std::size_t> unit = unit_of_params(table, wrap);
+  std::size_t count = 1;
+  for (std::size_t u : unit) count = u + 1 > count ? u + 1 : count;
+  std::vector<fsdp_unit> units(count);
+  for (std::size_t p = 0; p < table.size(); ++p) units[unit[p]].params.push_back(p);
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& bucket = plan.buckets[b];
+    const std::size_t first = bucket.first_param, last = first + bucket.param_count - 1;
+    for (std::size_t p = first; p <= last; ++p)
+      if (unit[p] != unit[first])
+        throw std::invalid_argument("kfsdp: bucket " + std::to_string(b) + " holds '" +
+                                    std::string(table[first].name.view()) + "' (unit " + std::to_string(unit[first]) +
+                                    ") and '" + std::string(table[p].name.view()) + "' (unit " +
+                                    std::to_string(unit[p]) + "); with wrap policy " +
+                                    std::string(to_string(wrap.policy)) +
+                                    " choose a bucketing whose buckets lie in one unit");
+    units[unit[first]].buckets.push_back(b);
+  }
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    fsdp_unit& x = units[u];
+    if (u == 0) {
+      x.name = "root";
+    } else if (!x.params.empty()) {
+      x.name = detail::common_prefix(table[x.params.front()].name.view(), table[x.params.back()].name.view());
+      if (x.name.empty()) x.name = "unit " + std::to_string(u);
+    }
+  }
+  return units;
+}
+
+}  // namespace kfsdp

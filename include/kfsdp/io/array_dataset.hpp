@@ -1,0 +1,196 @@
+#pragma once
+// Array data for regression examples (an MLP surrogate): samples are rows of two row-major host
+// arrays, features [count, in] and targets [count, out]; which samples a step uses is the same on
+// every rank, each rank taking its contiguous slice of the global batch as device matrices.
+//
+//   4 samples, in 2, out 1: features {0,1, 2,3, 4,5, 6,7}, targets {10, 11, 12, 13}
+//   micro_batch(0, index, 2) takes positions [2·index, 2·index + 2) of the epochs, each a
+//     permutation of 0..3 fixed by (seed, epoch): seed 0 has epochs {1, 3, 2, 0} {3, 2, 1, 0} ...
+//     so index 0 -> {1, 3}, index 1 -> {2, 0}, index 2 -> {3, 2}
+//   rank_slice<double>({1, 3}, 1, 2) -> features [[6, 7]], targets [[13]] (rank 1 of 2: sample 3)
+//   rows<float>(1, 2)                -> features [[2, 3], [4, 5]], targets [[11], [12]]
+//   normalize(feature_stats(), target_stats()) -> every column has mean 0 and stddev 1
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <kfsdp/nn/views.hpp>
+
+namespace kfsdp::io {
+
+class array_dataset {
+ public:
+  // Throws naming the array whose size is not count · width, or a zero width or zero count.
+  array_dataset(std::vector<double> features, std::size_t in_features, std::vector<double> targets,
+                std::size_t out_features)
+      : features_(std::move(features)), targets_(std::move(targets)), in_(in_features), out_(out_features) {
+    if (in_ == 0) throw std::invalid_argument("kfsdp::array_dataset: in_features is 0, expected at least 1");
+    if (out_ == 0) throw std::invalid_argument("kfsdp::array_dataset: out_features is 0, expected at least 1");
+    if (features_.size() % in_ != 0)
+      throw std::invalid_argument(fmt::format(
+          "kfsdp::array_dataset: features has {} values, expected a multiple of in_features = {}", features_.size(), in_));
+    count_ = features_.size() / in_;
+    if (count_ == 0)
+      throw std::invalid_argument("kfsdp::array_dataset: features has 0 values, expected at least one sample");
+    if (targets_.size() != count_ * out_)
+      throw std::invalid_argument(
+          fmt::format("kfsdp::array_dataset: targets has {} values, expected count · out_features = {} · {} = {}",
+                      targets_.size(), count_, out_, count_ * out_));
+  }
+
+  [[nodiscard]] std::size_t count() const noexcept { return count_; }
+  [[nodiscard]] std::size_t in_features() const noexcept { return in_; }
+  [[nodiscard]] std::size_t out_features() const noexcept { return out_; }
+
+  // Sample indices of global micro-batch `index` (step · grad_accum + k) of `global_batch` samples:
+  // positions [index·B, (index+1)·B) of the concatenated epochs, epoch e being a Fisher–Yates
+  // shuffle of [0, count) driven by a splitmix64 counter keyed by (seed, e) — so any micro-batch is
+  // drawn without replaying earlier ones, and every rank draws the same. O(count) per epoch touched.
+  [[nodiscard]] std::vector<std::size_t> micro_batch(std::uint64_t seed, std::size_t index,
+                                                     std::size_t global_batch) const {
+    if (global_batch == 0)
+      throw std::invalid_argument("kfsdp::array_dataset::micro_batch: global_batch is 0, expected at least 1");
+    std::vector<std::size_t> samples(global_batch);
+    std::vector<std::size_t> order;
+    std::size_t order_epoch = 0;
+    for (std::size_t i = 0; i < global_batch; ++i) {
+      const std::size_t position = index * global_batch + i;
+      const std::size_t epoch = position / count_;
+      if (order.empty() || order_epoch != epoch) {  // a batch spans few epochs: shuffle each once
+        order = permutation(seed, epoch);
+        order_epoch = epoch;
+      }
+      samples[i] = order[position % count_];
+    }
+    return samples;
+  }
+
+  // Rank `rank`'s contiguous slice (global_batch / world_size samples) of a micro-batch, as device
+  // matrices [local, in] and [local, out].
+  template <class Scalar>
+  [[nodiscard]] std::pair<nn::matrix<Scalar>, nn::matrix<Scalar>> rank_slice(const std::vector<std::size_t>& samples,
+                                                                             std::size_t rank,
+                                                                             std::size_t world_size) const {
+    if (world_size == 0 || samples.size() % world_size != 0)
+      throw std::invalid_argument(fmt::format(
+          "kfsdp::array_dataset::rank_slice: global_batch {} does not split evenly over world_size {}, expected a "
+          "multiple of world_size",
+          samples.size(), world_size));
+    if (rank >= world_size)
+      throw std::invalid_argument(fmt::format(
+          "kfsdp::array_dataset::rank_slice: rank is {}, expected less than world_size = {}", rank, world_size));
+    const std::size_t local = samples.size() / world_size;
+    return gather<Scalar>(local, [&](std::size_t r) { return samples[rank * local + r]; });
+  }
+
+  // All samples [first, first + count) in order (evaluation), as device matrices.
+  template <class Scalar>
+  [[nodiscard]] std::pair<nn::matrix<Scalar>, nn::matrix<Scalar>> rows(std::size_t first, std::size_t count) const {
+    if (first > count_ || count > count_ - first)
+      throw std::out_of_range(fmt::format(
+          "kfsdp::array_dataset::rows: first + count is {} + {}, expected at most the {} samples", first, count, count_));
+    return gather<Scalar>(count, [first](std::size_t r) { return first + r; });
+  }
+
+  // Per-column mean and standard deviation (population, 1/count) for normalising.
+  struct column_stats {
+    std::vector<double> mean, stddev;
+  };
+  [[nodiscard]] column_stats feature_stats() const { return stats(features_, in_); }
+  [[nodiscard]] column_stats target_stats() const { return stats(targets_, out_); }
+
+  // value -> (value − mean) / stddev in place, with given statistics (a test set takes the
+  // training set's); a zero stddev (a constant column) only centres, so it stays finite.
+  void normalize(const column_stats& features, const column_stats& targets) {
+    check_stats("features", features, in_, "in_features");
+    check_stats("targets", targets, out_, "out_features");
+    apply(features_, in_, features);
+    apply(targets_, out_, targets);
+  }
+
+ private:
+  static std::uint64_t mix(std::uint64_t z) {  // splitmix64's finaliser
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+
+  // Epoch `epoch`'s order: Fisher–Yates where draw k is mix(key + k·γ), key from (seed, epoch).
+  [[nodiscard]] std::vector<std::size_t> permutation(std::uint64_t seed, std::size_t epoch) const {
+    std::vector<std::size_t> order(count_);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    const std::uint64_t key = mix(seed ^ mix(static_cast<std::uint64_t>(epoch)));
+    std::uint64_t counter = key;
+    for (std::size_t i = count_ - 1; i > 0; --i) {
+      counter += 0x9e3779b97f4a7c15ull;
+      // Modulo bias is below count / 2⁶⁴: negligible for any array that fits in memory.
+      const std::size_t j = static_cast<std::size_t>(mix(counter) % (static_cast<std::uint64_t>(i) + 1));
+      std::swap(order[i], order[j]);
+    }
+    return order;
+  }
+
+  // Device matrices of `rows` samples, row r being sample sample_of(r), filled on the host.
+  template <class Scalar, class SampleOf>
+  [[nodiscard]] std::pair<nn::matrix<Scalar>, nn::matrix<Scalar>> gather(std::size_t rows, SampleOf sample_of) const {
+    nn::matrix<Scalar> x("array_dataset::features", rows, in_), y("array_dataset::targets", rows, out_);
+    auto hx = Kokkos::create_mirror_view(x);
+    auto hy = Kokkos::create_mirror_view(y);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const std::size_t s = sample_of(r);
+      if (s >= count_)
+        throw std::out_of_range(fmt::format("kfsdp::array_dataset: sample {}, expected less than the {} samples", s, count_));
+      for (std::size_t c = 0; c < in_; ++c) hx(r, c) = static_cast<Scalar>(features_[s * in_ + c]);
+      for (std::size_t c = 0; c < out_; ++c) hy(r, c) = static_cast<Scalar>(targets_[s * out_ + c]);
+    }
+    Kokkos::deep_copy(x, hx);
+    Kokkos::deep_copy(y, hy);
+    return {x, y};
+  }
+
+  [[nodiscard]] column_stats stats(const std::vector<double>& values, std::size_t width) const {
+    column_stats s{std::vector<double>(width, 0.0), std::vector<double>(width, 0.0)};
+    for (std::size_t k = 0; k < values.size(); ++k) s.mean[k % width] += values[k];
+    for (double& m : s.mean) m /= static_cast<double>(count_);
+    for (std::size_t k = 0; k < values.size(); ++k) {  // two passes: no cancellation for large means
+      const double d = values[k] - s.mean[k % width];
+      s.stddev[k % width] += d * d;
+    }
+    for (double& v : s.stddev) v = std::sqrt(v / static_cast<double>(count_));
+    return s;
+  }
+
+  static void check_stats(const char* name, const column_stats& s, std::size_t width, const char* width_name) {
+    if (s.mean.size() != width || s.stddev.size() != width)
+      throw std::invalid_argument(fmt::format(
+          "kfsdp::array_dataset::normalize: {} statistics have {} means and {} stddevs, expected {} = {} each", name,
+          s.mean.size(), s.stddev.size(), width_name, width));
+    for (std::size_t c = 0; c < width; ++c)
+      if (!(s.stddev[c] >= 0.0) || !std::isfinite(s.stddev[c]) || !std::isfinite(s.mean[c]))
+        throw std::invalid_argument(fmt::format(
+            "kfsdp::array_dataset::normalize: {} column {} has mean {} and stddev {}, expected finite and stddev >= 0",
+            name, c, s.mean[c], s.stddev[c]));
+  }
+
+  static void apply(std::vector<double>& values, std::size_t width, const column_stats& s) {
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      const std::size_t c = k % width;
+      values[k] = (values[k] - s.mean[c]) / (s.stddev[c] > 0.0 ? s.stddev[c] : 1.0);
+    }
+  }
+
+  std::vector<double> features_, targets_;
+  std::size_t in_, out_, count_ = 0;
+};
+
+}  // namespace kfsdp::io

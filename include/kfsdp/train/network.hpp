@@ -1,0 +1,465 @@
+#pragma once
+// kfsdp::network<Model, Scalar> — the compute of a model descriptor: one node per descriptor
+// node, each leaf running its layer's compute (train/ops.hpp) on views of the parameters the
+// descriptor declared. The nodes bind their parameters by the walk that builds param_table
+// (the same order, checked name by name), so nothing about the model is written twice.
+//
+//   sequential<"", linear<"fc1", 4, 64>, gelu<>, linear<"fc2", 64, 1>, mse<>>
+//     -> sequence_node{ leaf(fc1: params 0..1), leaf(gelu), leaf(fc2: params 2..3), leaf(mse) }
+//   forward:  x [rows, 4] -> fc1 -> y1 [rows, 64] -> gelu -> y2 -> fc2 -> y3 [rows, 1] -> mse -> loss
+//   backward: loss -> dy3 -> dy2 -> dy1 -> (no gradient for the input: fc1 skips dx)
+//
+// Nodes that are FSDP units (blocks, copies of a repeat, or layers: fsdp/units.hpp) call the
+// pass's enter_forward / enter_backward hooks; with checkpointing a unit keeps only its input in
+// forward and recomputes its forward at the start of its backward.
+
+#include <kfsdp/fsdp/units.hpp>
+#include <kfsdp/model/containers.hpp>
+#include <kfsdp/model/param_table.hpp>
+#include <kfsdp/nn/detail/elementwise.hpp>
+#include <kfsdp/train/ops.hpp>
+
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace kfsdp {
+
+inline constexpr std::size_t no_unit = std::numeric_limits<std::size_t>::max();
+
+// What flows forward (value) and backward (gradient) for each kind of activation.
+struct no_gradient {};
+template <class Tag, class S>
+struct flow;
+template <class S>
+struct flow<features, S> {
+  using value = nn::const_matrix<S>;
+  using gradient = nn::const_matrix<S>;
+};
+template <class S>
+struct flow<ids, S> {
+  using value = nn::const_index_vector;
+  using gradient = no_gradient;
+};
+template <class S>
+struct flow<loss, S> {
+  using value = S;
+  using gradient = no_gradient;
+};
+template <class Tag, class S>
+using value_t = typename flow<Tag, S>::value;
+template <class Tag, class S>
+using gradient_t = typename flow<Tag, S>::gradient;
+
+// The trainer's side of a pass: unit hooks, parameter views, targets and the loss scale.
+template <class S>
+class pass_context {
+ public:
+  virtual ~pass_context() = default;
+  virtual void enter_forward(std::size_t unit) = 0;
+  virtual void enter_backward(std::size_t unit) = 0;
+  virtual layer_params<const S> params(std::size_t first, std::size_t count) = 0;
+  virtual layer_params<S> grads(std::size_t first, std::size_t count) = 0;
+
+  nn::const_index_vector target_ids;  // for a loss over class ids
+  nn::const_matrix<S> target_values;  // for a loss over values
+  nn::const_matrix<S> predictions;    // set by forward: the loss layer's input
+  S grad_scale = S(1);                // d(loss)/d(the loss layer's output)
+  bool checkpointing = false;         // units keep only their input; backward recomputes
+  bool recomputing = false;
+};
+
+namespace detail {
+
+// Construction state: where in the parameter table the walk is, and the features flowing in.
+struct network_builder {
+  std::span<const param_info> table;
+  std::vector<std::size_t> unit_of_param;
+  wrap_policy policy = wrap_policy::blocks;
+  std::size_t next_param = 0;
+  std::size_t width = 0;  // features given by the layer before (0: the model's input, not yet known)
+  std::string previous = "the model's input";
+  bool inside_unit = false;
+  inline_string<max_param_name> prefix;
+};
+
+template <class D>
+constexpr std::size_t subtree_params(const D& d) {
+  return count_params(d);
+}
+
+// Runs a node's forward (and backward) as a unit when it is one.
+template <class Node, class X>
+auto unit_forward(Node& n, pass_context<typename Node::scalar_type>& ctx, X x) {
+  if (n.unit == no_unit) return n.compute_forward(ctx, x);
+  if (!ctx.recomputing) ctx.enter_forward(n.unit);
+  if (!ctx.checkpointing || ctx.recomputing) return n.compute_forward(ctx, x);
+  n.saved_input = x;  // all that stays of this unit until its backward
+  auto y = n.compute_forward(ctx, x);
+  n.release();
+  n.checkpointed = true;
+  return y;
+}
+
+template <class Node, class DY>
+auto unit_backward(Node& n, pass_context<typename Node::scalar_type>& ctx, DY dy) {
+  if (n.unit != no_unit) ctx.enter_backward(n.unit);
+  if (n.checkpointed) {  // recompute the forward from the kept input, then run backward
+    ctx.recomputing = true;
+    n.compute_forward(ctx, n.saved_input);
+    ctx.recomputing = false;
+  }
+  auto dx = n.compute_backward(ctx, dy);
+  if (n.checkpointed) {
+    n.release();
+    n.checkpointed = false;
+    n.saved_input = {};
+  }
+  return dx;
+}
+
+template <class S>
+nn::matrix<S> ensure(nn::matrix<S>& m, const char* label, std::size_t rows, std::size_t cols) {
+  if (m.extent(0) != rows || m.extent(1) != cols) m = nn::matrix<S>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows, cols);
+  return m;
+}
+
+template <class D, class S>
+struct node_of;
+
+}  // namespace detail
+
+template <class D, class S>
+using node_t = typename detail::node_of<D, S>::type;
+
+// A leaf: one layer's compute on its parameters.
+template <class D, class S>
+class leaf_node {
+ public:
+  using scalar_type = S;
+  using in_tag = input_t<D>;
+  using out_tag = output_t<D>;
+
+  leaf_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit)
+      : desc_(d), op_(d), input_grad_(input_grad), first_(b.next_param), count_(std::size(d.params())) {
+    name_ = std::string(b.prefix.view());
+    if (name_.empty()) name_ = "(unnamed layer)";
+    std::size_t i = 0;
+    for (const param_decl& decl : d.params()) {  // the same names, in the same order, as param_table
+      const auto expected = detail::join_name(b.prefix, decl.name);
+      if (first_ + i >= b.table.size() || b.table[first_ + i].name.view() != expected.view())
+        throw std::logic_error("kfsdp::network: layer '" + name_ + "' expected parameter '" + std::string(expected.view()) +
+                               "' at index " + std::to_string(first_ + i) + " of the parameter table");
+      ++i;
+    }
+    b.next_param += count_;
+    if constexpr (std::is_same_v<in_tag, features>) {
+      if constexpr (requires { d.expected_in_features(); }) {
+        const std::size_t want = d.expected_in_features();
+        if (b.width != 0 && b.width != want)
+          throw std::invalid_argument("kfsdp::network: layer '" + name_ + "' takes " + std::to_string(want) +
+                                      " features, " + b.previous + " gives " + std::to_string(b.width));
+        b.width = want;
+      } else if (b.width == 0) {
+        throw std::invalid_argument("kfsdp::network: layer '" + name_ +
+                                    "' comes first but does not say how many features it takes");
+      }
+    }
+    in_ = b.width;
+    if constexpr (requires { d.out_features_for(in_); }) out_ = d.out_features_for(in_);
+    else out_ = in_;
+    b.width = out_;
+    b.previous = "'" + name_ + "' before it";
+    if (count_ > 0 && !b.inside_unit && (as_unit || b.policy == wrap_policy::layers)) unit = b.unit_of_param[first_];
+  }
+
+  value_t<out_tag, S> forward(pass_context<S>& ctx, value_t<in_tag, S> x) { return detail::unit_forward(*this, ctx, x); }
+  gradient_t<in_tag, S> backward(pass_context<S>& ctx, gradient_t<out_tag, S> dy) {
+    return detail::unit_backward(*this, ctx, dy);
+  }
+
+  value_t<out_tag, S> compute_forward(pass_context<S>& ctx, value_t<in_tag, S> x) {
+    rows_ = x.extent(0);
+    if constexpr (std::is_same_v<out_tag, loss>) {
+      ctx.predictions = x;
+      if constexpr (std::is_same_v<typename D::target, class_ids>) {
+        if (ctx.target_ids.data() == nullptr) return S(0);  // a prediction: no targets, no loss
+        return op_.forward(x, ctx.target_ids);
+      } else {
+        if (ctx.target_values.data() == nullptr) return S(0);
+        return op_.forward(x, ctx.target_values);
+      }
+    } else {
+      op_.forward(ctx.params(first_, count_), x, detail::ensure(y_, "kfsdp::nn::activation", rows_, out_));
+      return y_;
+    }
+  }
+
+  gradient_t<in_tag, S> compute_backward(pass_context<S>& ctx, gradient_t<out_tag, S> dy) {
+    if constexpr (std::is_same_v<out_tag, loss>) {
+      op_.backward(ctx.grad_scale, detail::ensure(dx_, "kfsdp::nn::gradient", rows_, in_));
+      return dx_;
+    } else if constexpr (std::is_same_v<in_tag, ids>) {
+      op_.backward(ctx.params(first_, count_), ctx.grads(first_, count_), dy);
+      return {};
+    } else {
+      nn::matrix<S> dx;
+      if (input_grad_) dx = detail::ensure(dx_, "kfsdp::nn::gradient", rows_, in_);
+      op_.backward(ctx.params(first_, count_), ctx.grads(first_, count_), dy, dx);
+      return dx;
+    }
+  }
+
+  // Drops every activation this layer holds (checkpointing).
+  void release() {
+    op_ = compute_t<D, S>(desc_);
+    y_ = {};
+    dx_ = {};
+  }
+
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  [[nodiscard]] std::size_t out_features() const noexcept { return out_; }
+
+  std::size_t unit = no_unit;
+  value_t<in_tag, S> saved_input{};
+  bool checkpointed = false;
+
+ private:
+  D desc_;
+  compute_t<D, S> op_;
+  bool input_grad_;
+  std::size_t first_, count_;
+  std::string name_;
+  std::size_t in_ = 0, out_ = 0, rows_ = 0;
+  nn::matrix<S> y_, dx_;
+};
+
+// The children of a sequential or block, in order.
+template <class D, class S, class... C>
+class sequence_node {
+ public:
+  using scalar_type = S;
+  using in_tag = input_t<D>;
+  using out_tag = output_t<D>;
+
+  sequence_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit)
+      : children_(make_children(d, b, input_grad, as_unit, std::index_sequence_for<C...>{})) {}
+
+  value_t<out_tag, S> forward(pass_context<S>& ctx, value_t<in_tag, S> x) { return detail::unit_forward(*this, ctx, x); }
+  gradient_t<in_tag, S> backward(pass_context<S>& ctx, gradient_t<out_tag, S> dy) {
+    return detail::unit_backward(*this, ctx, dy);
+  }
+  value_t<out_tag, S> compute_forward(pass_context<S>& ctx, value_t<in_tag, S> x) { return forward_from<0>(ctx, x); }
+  gradient_t<in_tag, S> compute_backward(pass_context<S>& ctx, gradient_t<out_tag, S> dy) {
+    return backward_from<sizeof...(C)>(ctx, dy);
+  }
+  void release() {
+    std::apply([](auto&... c) { (c.release(), ...); }, children_);
+  }
+  [[nodiscard]] std::size_t out_features() const { return std::get<sizeof...(C) - 1>(children_).out_features(); }
+
+  std::size_t unit = no_unit;
+  value_t<in_tag, S> saved_input{};
+  bool checkpointed = false;
+
+ private:
+  template <std::size_t... I>
+  std::tuple<node_t<C, S>...> make_children(const D& d, detail::network_builder& b, bool input_grad, bool as_unit,
+                                            std::index_sequence<I...>) {
+    const bool is_unit = detail::subtree_params(d) > 0 && !b.inside_unit &&
+                         (as_unit || (D::kind == layer_kind::block && b.policy == wrap_policy::blocks));
+    if (is_unit) unit = b.unit_of_param[b.next_param];
+    const bool was_inside = b.inside_unit;
+    b.inside_unit = b.inside_unit || is_unit;
+    const auto prefix = b.prefix;
+    auto child = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) {
+      b.prefix = detail::join_name(prefix, std::tuple_element_t<J, std::tuple<C...>>::name.view());
+      return node_t<std::tuple_element_t<J, std::tuple<C...>>, S>(std::get<J>(d.children), b, J == 0 ? input_grad : true, false);
+    };
+    std::tuple<node_t<C, S>...> made{child(std::integral_constant<std::size_t, I>{})...};  // braces: in order
+    b.prefix = prefix;
+    b.inside_unit = was_inside;
+    return made;
+  }
+  template <std::size_t I, class X>
+  auto forward_from(pass_context<S>& ctx, X x) {
+    if constexpr (I == sizeof...(C)) return x;
+    else return forward_from<I + 1>(ctx, std::get<I>(children_).forward(ctx, x));
+  }
+  template <std::size_t I, class DY>
+  auto backward_from(pass_context<S>& ctx, DY dy) {
+    if constexpr (I == 0) return dy;
+    else return backward_from<I - 1>(ctx, std::get<I - 1>(children_).backward(ctx, dy));
+  }
+
+  std::tuple<node_t<C, S>...> children_;
+};
+
+// x + f(x).
+template <class D, class S>
+class residual_node {
+ public:
+  using scalar_type = S;
+  using in_tag = features;
+  using out_tag = features;
+
+  residual_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit)
+      : input_grad_(input_grad), inner_(init(d, b, input_grad, as_unit)) {
+    b.inside_unit = was_inside_;
+  }
+
+  value_t<features, S> forward(pass_context<S>& ctx, value_t<features, S> x) { return detail::unit_forward(*this, ctx, x); }
+  gradient_t<features, S> backward(pass_context<S>& ctx, gradient_t<features, S> dy) {
+    return detail::unit_backward(*this, ctx, dy);
+  }
+  value_t<features, S> compute_forward(pass_context<S>& ctx, value_t<features, S> x) {
+    const nn::const_matrix<S> fx = inner_.compute_forward(ctx, x);
+    nn::detail::add<S>(detail::ensure(out_, "kfsdp::nn::activation", x.extent(0), x.extent(1)), fx, x);
+    return out_;
+  }
+  gradient_t<features, S> compute_backward(pass_context<S>& ctx, gradient_t<features, S> dy) {
+    const nn::const_matrix<S> dfx = inner_.compute_backward(ctx, dy);
+    if (!input_grad_) return {};
+    nn::detail::add<S>(detail::ensure(dx_, "kfsdp::nn::gradient", dy.extent(0), dy.extent(1)), dfx, dy);
+    return dx_;
+  }
+  void release() {
+    inner_.release();
+    out_ = {};
+    dx_ = {};
+  }
+  [[nodiscard]] std::size_t out_features() const { return inner_.out_features(); }
+
+  std::size_t unit = no_unit;
+  value_t<features, S> saved_input{};
+  bool checkpointed = false;
+
+ private:
+  using inner_type = node_t<typename D::base, S>;
+  inner_type init(const D& d, detail::network_builder& b, bool input_grad, bool as_unit) {
+    const bool is_unit = detail::subtree_params(d) > 0 && !b.inside_unit && as_unit;
+    if (is_unit) unit = b.unit_of_param[b.next_param];
+    was_inside_ = b.inside_unit;
+    b.inside_unit = b.inside_unit || is_unit;
+    const std::size_t width = b.width;
+    inner_type inner(static_cast<const typename D::base&>(d), b, input_grad, false);
+    if (width != 0 && b.width != width)
+      throw std::invalid_argument("kfsdp::network: residual '" + std::string(b.prefix.view()) + "' takes " +
+                                  std::to_string(width) + " features but its branch gives " + std::to_string(b.width));
+    return inner;
+  }
+  bool was_inside_ = false;
+  bool input_grad_;
+  inner_type inner_;
+  nn::matrix<S> out_, dx_;
+};
+
+// N copies, each its own unit (wrap_policy::blocks).
+template <class D, class S>
+class repeat_node {
+ public:
+  using scalar_type = S;
+  using element = typename D::element_type;
+  using in_tag = input_t<D>;
+  using out_tag = output_t<D>;
+
+  repeat_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit) {
+    const bool is_unit = detail::subtree_params(d) > 0 && !b.inside_unit && as_unit;
+    if (is_unit) unit = b.unit_of_param[b.next_param];
+    const bool was_inside = b.inside_unit;
+    b.inside_unit = b.inside_unit || is_unit;
+    const bool copies_as_units = !b.inside_unit && b.policy == wrap_policy::blocks;
+    const auto prefix = b.prefix;
+    copies_.reserve(d.count);
+    for (std::size_t i = 0; i < d.count; ++i) {
+      b.prefix = detail::join_name(prefix, inline_string<20>().append_number(i).view());
+      copies_.emplace_back(d.element, b, i == 0 ? input_grad : true, copies_as_units);
+    }
+    b.prefix = prefix;
+    b.inside_unit = was_inside;
+  }
+
+  value_t<out_tag, S> forward(pass_context<S>& ctx, value_t<in_tag, S> x) { return detail::unit_forward(*this, ctx, x); }
+  gradient_t<in_tag, S> backward(pass_context<S>& ctx, gradient_t<out_tag, S> dy) {
+    return detail::unit_backward(*this, ctx, dy);
+  }
+  value_t<out_tag, S> compute_forward(pass_context<S>& ctx, value_t<in_tag, S> x) {
+    for (auto& c : copies_) x = c.forward(ctx, x);
+    return x;
+  }
+  gradient_t<in_tag, S> compute_backward(pass_context<S>& ctx, gradient_t<out_tag, S> dy) {
+    for (std::size_t i = copies_.size(); i-- > 0;) dy = copies_[i].backward(ctx, dy);
+    return dy;
+  }
+  void release() {
+    for (auto& c : copies_) c.release();
+  }
+  [[nodiscard]] std::size_t out_features() const { return copies_.back().out_features(); }
+
+  std::size_t unit = no_unit;
+  value_t<in_tag, S> saved_input{};
+  bool checkpointed = false;
+
+ private:
+  std::vector<node_t<element, S>> copies_;
+};
+
+namespace detail {
+template <class D, class S>
+struct node_of {
+  using type = leaf_node<D, S>;
+};
+template <layer_kind K, fixed_string N, class... C, class S>
+struct node_of<container<K, N, C...>, S> {
+  using type = sequence_node<container<K, N, C...>, S, C...>;
+};
+template <fixed_string N, class... C, class S>
+struct node_of<residual<N, C...>, S> {
+  using type = residual_node<residual<N, C...>, S>;
+};
+template <fixed_string N, std::size_t Count, class E, class S>
+struct node_of<repeat<N, Count, E>, S> {
+  using type = repeat_node<repeat<N, Count, E>, S>;
+};
+}  // namespace detail
+
+// The whole model's compute.
+template <descriptor Model, class S>
+class network {
+ public:
+  using in_tag = input_t<Model>;
+  using out_tag = output_t<Model>;
+
+  network(const Model& model, std::span<const param_info> table, const wrap_options& wrap)
+      : root_(build(model, table, wrap)) {}
+
+  value_t<out_tag, S> forward(pass_context<S>& ctx, value_t<in_tag, S> x) { return root_.forward(ctx, x); }
+  void backward(pass_context<S>& ctx) {
+    if constexpr (std::is_same_v<out_tag, loss>) root_.backward(ctx, no_gradient{});
+    else throw std::logic_error("kfsdp::network: backward needs a model that ends in a loss layer");
+  }
+  void release() { root_.release(); }
+
+ private:
+  static node_t<Model, S> build(const Model& model, std::span<const param_info> table, const wrap_options& wrap) {
+    detail::network_builder b;
+    b.table = table;
+    b.unit_of_param = unit_of_params(table, wrap);
+    b.policy = wrap.policy;
+    b.prefix = inline_string<max_param_name>(Model::name.view());
+    node_t<Model, S> root(model, b, false, false);
+    if (b.next_param != table.size())
+      throw std::logic_error("kfsdp::network: the model binds " + std::to_string(b.next_param) + " parameters, the table has " +
+                             std::to_string(table.size()));
+    return root;
+  }
+  node_t<Model, S> root_;
+};
+
+}  // namespace kfsdp

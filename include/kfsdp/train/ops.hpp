@@ -1,0 +1,275 @@
+#pragma once
+// The compute of each layer descriptor: kfsdp::compute_t<Layer, Scalar>. For the built-in layers
+// it is one of the ops below (each wraps the kfsdp::nn kernel of the same name); a user's layer
+// names its own as a member template `compute<Scalar>`.
+//
+// The layer concept — a leaf descriptor L (model/descriptor.hpp: name, kind, params()) whose
+// compute C = compute_t<L, S> is constructed as C(layer) and, by what L takes and gives
+// (L::input, L::output; features when not declared), offers
+//   features -> features  void forward(const layer_params<const S>& p, const_matrix<S> x, matrix<S> y);
+//                         void backward(const layer_params<const S>& p, const layer_params<S>& g,
+//                                       const_matrix<S> dy, matrix<S> dx);
+//   ids -> features       void forward(p, const_index_vector ids, matrix<S> y);
+//                         void backward(p, g, const_matrix<S> dy);
+//   features -> loss      S forward(const_matrix<S> x, T targets);   T: const_index_vector (class_ids)
+//                         void backward(S grad_scale, matrix<S> dx);    or const_matrix<S> (values)
+// forward OVERWRITES y and keeps (as views) what backward needs; backward ACCUMULATES into the
+// gradients g and OVERWRITES dx — an empty dx (no data) asks for no input gradient (the first
+// layer). y's width is L::out_features_for(in) (the input's width when L does not say), and
+// L::expected_in_features(), when L has it, is checked against the width it is given.
+// p.matrix(i) / p.vector(i) are the i-th parameter of L::params() in its declared shape.
+//
+// A user's layer, y = x · scale (test/train/test_trainer_mpi.cpp trains it inside an MLP):
+//
+//   template <kfsdp::fixed_string Name>
+//   struct scale {
+//     static constexpr auto name = Name;
+//     static constexpr kfsdp::layer_kind kind = kfsdp::layer_kind::layer;
+//     constexpr auto params() const { return std::array{kfsdp::param_decl{"factor", {1}, {kfsdp::init_rule::ones}}}; }
+//     template <class S>
+//     struct compute {
+//       explicit compute(const scale&) {}
+//       kfsdp::nn::const_matrix<S> input;                     // kept for backward
+//       void forward(const kfsdp::layer_params<const S>& p, kfsdp::nn::const_matrix<S> x, kfsdp::nn::matrix<S> y);
+//       void backward(const kfsdp::layer_params<const S>& p, const kfsdp::layer_params<S>& g,
+//                     kfsdp::nn::const_matrix<S> dy, kfsdp::nn::matrix<S> dx);
+//     };
+//   };
+
+#include <kfsdp/model/layers.hpp>
+#include <kfsdp/model/param_table.hpp>
+#include <kfsdp/nn/activation.hpp>
+#include <kfsdp/nn/attention.hpp>
+#include <kfsdp/nn/cross_entropy.hpp>
+#include <kfsdp/nn/embedding.hpp>
+#include <kfsdp/nn/layer_norm.hpp>
+#include <kfsdp/nn/linear.hpp>
+#include <kfsdp/nn/mse.hpp>
+
+#include <array>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace kfsdp {
+
+// One layer's parameters (layer_params<const S>) or gradients (layer_params<S>), in the order
+// of its params(), as views of the engine's unsharded buffers.
+template <class Element>
+class layer_params {
+ public:
+  static constexpr std::size_t capacity = 8;
+
+  void push(Kokkos::View<Element*> flat, const param_info& info) {
+    if (size_ == capacity)
+      throw std::length_error("kfsdp::layer_params: a layer has more than " + std::to_string(capacity) + " parameters");
+    flat_[size_] = flat;
+    info_[size_++] = &info;
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] const param_info& info(std::size_t i) const { return *info_[checked(i, 0)]; }
+  [[nodiscard]] Kokkos::View<Element*> flat(std::size_t i) const { return flat_[checked(i, 0)]; }
+  // The i-th parameter as a vector (rank 1) or a matrix (rank 2), in its declared shape.
+  [[nodiscard]] nn::vector_of<Element> vector(std::size_t i) const {
+    return nn::vector_of<Element>(flat_[checked(i, 1)].data(), info_[i]->shape[0]);
+  }
+  [[nodiscard]] nn::matrix_of<Element> matrix(std::size_t i) const {
+    return nn::matrix_of<Element>(flat_[checked(i, 2)].data(), info_[i]->shape[0], info_[i]->shape[1]);
+  }
+
+ private:
+  std::size_t checked(std::size_t i, std::size_t rank) const {
+    if (i >= size_)
+      throw std::out_of_range("kfsdp::layer_params: parameter " + std::to_string(i) + " asked for, the layer has " +
+                              std::to_string(size_));
+    if (rank != 0 && info_[i]->rank != rank)
+      throw std::invalid_argument("kfsdp::layer_params: '" + std::string(info_[i]->name.view()) + "' has rank " +
+                                  std::to_string(info_[i]->rank) + ", asked for as rank " + std::to_string(rank));
+    return i;
+  }
+  std::array<Kokkos::View<Element*>, capacity> flat_{};
+  std::array<const param_info*, capacity> info_{};
+  std::size_t size_ = 0;
+};
+
+// --- the built-in layers' compute ---
+
+template <class S>
+struct linear_op {
+  nn::linear<S> kernel;
+  typename nn::linear<S>::cache cache;
+  template <class D>
+  explicit linear_op(const D& d) : kernel(d.in_features, d.out_features, D::has_bias) {}
+  nn::linear_tensors<const S> tensors(const layer_params<const S>& p) const {
+    return kernel.has_bias() ? nn::linear_tensors<const S>(p.matrix(0), p.vector(1)) : nn::linear_tensors<const S>(p.matrix(0));
+  }
+  void forward(const layer_params<const S>& p, nn::const_matrix<S> x, nn::matrix<S> y) {
+    kernel.forward(tensors(p), x, y, cache);
+  }
+  void backward(const layer_params<const S>& p, const layer_params<S>& g, nn::const_matrix<S> dy, nn::matrix<S> dx) {
+    const nn::linear_tensors<S> grads = kernel.has_bias() ? nn::linear_tensors<S>(g.matrix(0), g.vector(1))
+                                                          : nn::linear_tensors<S>(g.matrix(0));
+    kernel.backward(tensors(p), grads, cache, dy, dx);
+  }
+};
+
+// An op without a way to skip its input gradient computes it into scratch when none is wanted.
+template <class S>
+nn::matrix<S> scratch_if_empty(nn::matrix<S> dx, std::size_t rows, std::size_t cols) {
+  return dx.data() != nullptr ? dx : nn::matrix<S>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::nn::scratch"), rows, cols);
+}
+
+template <class S>
+struct layer_norm_op {
+  nn::layer_norm<S> kernel;
+  typename nn::layer_norm<S>::cache cache;
+  template <class D>
+  explicit layer_norm_op(const D& d) : kernel(d.dim) {}
+  void forward(const layer_params<const S>& p, nn::const_matrix<S> x, nn::matrix<S> y) {
+    if (cache.mean.extent(0) != x.extent(0)) cache = kernel.make_cache(x.extent(0));
+    kernel.forward({p.vector(0), p.vector(1)}, x, y, cache);
+  }
+  void backward(const layer_params<const S>& p, const layer_params<S>& g, nn::const_matrix<S> dy, nn::matrix<S> dx) {
+    kernel.backward({p.vector(0), p.vector(1)}, {g.vector(0), g.vector(1)}, cache, dy,
+                    scratch_if_empty(dx, dy.extent(0), dy.extent(1)));
+  }
+};
+
+template <class S>
+struct embedding_op {
+  nn::embedding<S> kernel;
+  typename nn::embedding<S>::cache cache;
+  template <class D>
+  explicit embedding_op(const D& d) : kernel(d.num_embeddings, d.dim) {}
+  void forward(const layer_params<const S>& p, nn::const_index_vector ids, nn::matrix<S> y) {
+    kernel.forward({p.matrix(0)}, ids, y, cache);
+  }
+  void backward(const layer_params<const S>&, const layer_params<S>& g, nn::const_matrix<S> dy) {
+    kernel.backward({g.matrix(0)}, cache, dy);
+  }
+};
+
+// y = x + weight[row % seq].
+template <class S>
+struct positional_embedding_op {
+  nn::embedding<S> kernel;
+  typename nn::embedding<S>::cache cache;
+  nn::index_vector positions;
+  std::size_t seq;
+  template <class D>
+  explicit positional_embedding_op(const D& d) : kernel(d.seq, d.dim), seq(d.seq) {}
+  void forward(const layer_params<const S>& p, nn::const_matrix<S> x, nn::matrix<S> y) {
+    const std::size_t rows = x.extent(0);
+    if (positions.extent(0) != rows) {
+      positions = nn::index_vector(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::nn::positions"), rows);
+      const nn::index_vector pos = positions;
+      const int t = int(seq);
+      Kokkos::parallel_for("kfsdp::nn::positions", Kokkos::RangePolicy<nn::execution_space>(0, int(rows)),
+                           KOKKOS_LAMBDA(int r) { pos(r) = r % t; });
+    }
+    Kokkos::deep_copy(y, x);
+    kernel.forward_add({p.matrix(0)}, positions, y, cache);
+  }
+  void backward(const layer_params<const S>&, const layer_params<S>& g, nn::const_matrix<S> dy, nn::matrix<S> dx) {
+    kernel.backward({g.matrix(0)}, cache, dy);
+    if (dx.data() != nullptr) Kokkos::deep_copy(dx, dy);
+  }
+};
+
+template <class S>
+struct activation_op {
+  nn::activation<S> kernel;
+  nn::const_matrix<S> input;
+  template <class D>
+  explicit activation_op(const D&) : kernel(kind_of(D::function), 0) {}
+  static nn::activation_kind kind_of(activation_fn f) {
+    switch (f) {
+      case activation_fn::gelu: return nn::activation_kind::gelu;
+      case activation_fn::gelu_tanh: return nn::activation_kind::gelu_tanh;
+      case activation_fn::relu: return nn::activation_kind::relu;
+      case activation_fn::silu: return nn::activation_kind::silu;
+      case activation_fn::tanh: break;
+    }
+    return nn::activation_kind::tanh;
+  }
+  void forward(const layer_params<const S>&, nn::const_matrix<S> x, nn::matrix<S> y) {
+    if (kernel.features() != x.extent(1)) kernel = nn::activation<S>(kernel.kind(), x.extent(1));
+    kernel.forward(x, y);
+    input = x;
+  }
+  void backward(const layer_params<const S>&, const layer_params<S>&, nn::const_matrix<S> dy, nn::matrix<S> dx) {
+    if (dx.data() != nullptr) kernel.backward(input, dy, dx);
+  }
+};
+
+template <class S>
+struct attention_op {
+  nn::causal_self_attention<S> kernel;
+  typename nn::causal_self_attention<S>::cache cache;
+  template <class D>
+  explicit attention_op(const D& d) : kernel(d.dim, d.heads, d.seq) {}
+  void forward(const layer_params<const S>&, nn::const_matrix<S> x, nn::matrix<S> y) {
+    if (cache.qkv.extent(0) != x.extent(0) || cache.probs.data() == nullptr) cache = kernel.make_cache(x.extent(0));
+    kernel.forward({}, x, y, cache);
+  }
+  void backward(const layer_params<const S>&, const layer_params<S>&, nn::const_matrix<S> dy, nn::matrix<S> dx) {
+    kernel.backward({}, {}, cache, dy, scratch_if_empty(dx, dy.extent(0), 3 * kernel.dim()));
+  }
+};
+
+template <class S>
+struct cross_entropy_op {
+  nn::cross_entropy<S> kernel;
+  typename nn::cross_entropy<S>::cache cache;
+  template <class D>
+  explicit cross_entropy_op(const D& d) : kernel(d.classes) {}
+  S forward(nn::const_matrix<S> logits, nn::const_index_vector targets) {
+    if (cache.losses.extent(0) != logits.extent(0)) cache = kernel.make_cache(logits.extent(0));
+    return kernel.forward(logits, targets, cache);
+  }
+  void backward(S grad_scale, nn::matrix<S> dlogits) { kernel.backward(cache, grad_scale, dlogits); }
+};
+
+template <class S>
+struct mse_op {
+  nn::mse_loss<S> kernel{1};
+  nn::const_matrix<S> prediction, target;
+  template <class D>
+  explicit mse_op(const D&) {}
+  S forward(nn::const_matrix<S> x, nn::const_matrix<S> t) {
+    if (kernel.features() != x.extent(1)) kernel = nn::mse_loss<S>(x.extent(1));
+    prediction = x;
+    target = t;
+    return kernel.forward(x, t);
+  }
+  void backward(S grad_scale, nn::matrix<S> dx) { kernel.backward(prediction, target, grad_scale, dx); }
+};
+
+// --- which op computes which descriptor ---
+
+template <class Layer, class S>
+struct compute_of {
+  using type = typename Layer::template compute<S>;  // a user's layer names its own
+};
+template <fixed_string N, std::size_t I, std::size_t O, bool B, class S>
+struct compute_of<linear<N, I, O, B>, S> { using type = linear_op<S>; };
+template <fixed_string N, std::size_t D, class S>
+struct compute_of<layer_norm<N, D>, S> { using type = layer_norm_op<S>; };
+template <fixed_string N, std::size_t V, std::size_t D, class S>
+struct compute_of<embedding<N, V, D>, S> { using type = embedding_op<S>; };
+template <fixed_string N, std::size_t T, std::size_t D, class S>
+struct compute_of<positional_embedding<N, T, D>, S> { using type = positional_embedding_op<S>; };
+template <fixed_string N, activation_fn F, class S>
+struct compute_of<activation<N, F>, S> { using type = activation_op<S>; };
+template <fixed_string N, std::size_t D, std::size_t H, std::size_t T, class S>
+struct compute_of<causal_self_attention<N, D, H, T>, S> { using type = attention_op<S>; };
+template <fixed_string N, std::size_t C, class S>
+struct compute_of<cross_entropy<N, C>, S> { using type = cross_entropy_op<S>; };
+template <fixed_string N, class S>
+struct compute_of<mse<N>, S> { using type = mse_op<S>; };
+
+template <class Layer, class S>
+using compute_t = typename compute_of<Layer, S>::type;
+
+}  // namespace kfsdp

@@ -1,0 +1,330 @@
+#pragma once
+// kfsdp::trainer<Model, Scalar, Policies...> — trains any model descriptor with FSDP: it owns the
+// engine (fsdp<Model, Scalar, Policies...>), runs forward unit by unit through the engine's
+// schedule (the root first, each unit gathered with the next one prefetched, ZeRO2 or ZeRO3),
+// backward in reverse (reduce-scatters behind the next unit's backward), and owns the order of a
+// step: zero_grad, every micro-batch, finishing the reductions, clipping, the optimizer.
+//
+//   using mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 4, 64>, kfsdp::gelu<>,
+//                                 kfsdp::linear<"fc2", 64, 1>, kfsdp::mse<>>;
+//   kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> t(mlp{}, world);
+//   t.initialize(/*seed=*/0);                               // nn.Linear's defaults
+//   kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-3});
+//   auto [loss, grad_norm] = t.step({{x, y}}, adam);        // x [rows, 4], y [rows, 1] of this rank
+//
+// Inputs are what the model's first layer takes (a features matrix, or token ids), targets what
+// its loss layer compares against (values or class ids); each rank passes its own rows.
+
+#include <kfsdp/fsdp/fsdp.hpp>
+#include <kfsdp/fsdp/trace.hpp>
+#include <kfsdp/optim/clip.hpp>
+#include <kfsdp/train/activation_meter.hpp>
+#include <kfsdp/train/network.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <initializer_list>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kfsdp {
+
+// How gradients of K micro-batches accumulate.
+enum class grad_accumulation {
+  unsharded,  // Thunder's no_sync: keep full gradients, reduce-scatter once (less traffic, more memory)
+  sharded,    // reduce-scatter every micro-batch into the gradient shards (more traffic, less memory)
+};
+
+inline grad_accumulation parse_grad_accumulation(const std::string& text) {
+  if (text == "unsharded" || text == "no_sync") return grad_accumulation::unsharded;
+  if (text == "sharded") return grad_accumulation::sharded;
+  throw std::invalid_argument("kfsdp: grad accumulation '" + text + "' is not one of unsharded, sharded");
+}
+
+struct trainer_options {
+  // Activation checkpointing per unit: forward keeps only each unit's input, backward recomputes.
+  bool checkpointing = false;
+};
+
+struct step_result {
+  double loss = 0;       // mean over every row (every element for mse) of the global batch
+  double grad_norm = 0;  // global norm of the averaged gradient, before clipping
+};
+
+namespace detail {
+template <class Target, class S>
+struct target_value;
+template <class S>
+struct target_value<class_ids, S> {
+  using type = nn::const_index_vector;
+};
+template <class S>
+struct target_value<values, S> {
+  using type = nn::const_matrix<S>;
+};
+// The loss layer's target kind: the last child's, down the tree.
+template <class D>
+struct target_of {
+  using type = typename D::target;
+};
+template <layer_kind K, fixed_string N, class... C>
+struct target_of<container<K, N, C...>> {
+  using type = typename target_of<std::tuple_element_t<sizeof...(C) - 1, std::tuple<C...>>>::type;
+};
+template <fixed_string N, std::size_t Count, class E>
+struct target_of<repeat<N, Count, E>> {
+  using type = typename target_of<E>::type;
+};
+}  // namespace detail
+
+template <descriptor Model, class Scalar, class... Policies>
+class trainer {
+  static_assert(std::is_same_v<output_t<Model>, loss>, "kfsdp::trainer: the model must end in a loss layer (cross_entropy, mse)");
+
+ public:
+  using scalar_type = Scalar;
+  using engine_type = fsdp<Model, Scalar, Policies...>;
+  using input_type = value_t<input_t<Model>, Scalar>;
+  using target_type = typename detail::target_value<typename detail::target_of<Model>::type, Scalar>::type;
+  // One micro-batch of this rank: inputs [rows, ...] and their targets.
+  struct batch {
+    input_type inputs;
+    target_type targets;
+  };
+
+  trainer(const Model& model, comm::any_communicator comm, const fsdp_options& options = {}, trainer_options t = {})
+      : engine_(model, std::move(comm), options), network_(model, engine_.params(), engine_.options().wrap), options_(t),
+        schedule_(*this) {
+    activation_meter::install();
+  }
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
+
+  [[nodiscard]] engine_type& engine() noexcept { return engine_; }
+  [[nodiscard]] const std::vector<fsdp_unit>& units() const noexcept { return engine_.units(); }
+  [[nodiscard]] trainer_options& options() noexcept { return options_; }
+
+  // Every parameter from its layer's default (param_info::init), or from choose(info).
+  void initialize(std::uint64_t seed) { engine_.initialize(seed); }
+  void initialize(std::uint64_t seed, const typename fsdp_engine<Scalar>::initializer& choose) {
+    engine_.initialize(seed, choose);
+  }
+
+  // One optimizer step over K = micro_batches.size() micro-batches of this rank: the gradient of
+  // the mean loss over every rank's rows, clipped to max_norm (0: no clipping), then optimizer.step
+  // on the local shards. Every rank must call it (collective).
+  template <class Optimizer>
+  step_result step(std::span<const batch> micro_batches, Optimizer& optimizer, double max_norm = 0,
+                   grad_accumulation accumulation = grad_accumulation::unsharded) {
+    if (micro_batches.empty()) throw std::invalid_argument("kfsdp::trainer::step: no micro-batch given");
+    engine_.zero_grad();
+    double local[2] = {0, 0};  // rows, then the sum of row losses
+    for (const batch& b : micro_batches) local[0] += double(rows_of(b.inputs));
+    engine_.communicator().all_reduce_sum(std::span<double>(local, 1));
+    const double global_rows = local[0];
+    if (global_rows == 0) throw std::invalid_argument("kfsdp::trainer::step: the global batch has no rows");
+    // Each rank's loss gradient is scaled so that the engine's average over ranks is the gradient of the global mean.
+    schedule_.grad_scale = Scalar(1) / Scalar(global_rows / double(engine_.world_size()));
+    double loss_sum = 0;
+    for (std::size_t k = 0; k < micro_batches.size(); ++k) {
+      const batch& b = micro_batches[k];
+      const bool sync = accumulation == grad_accumulation::sharded || k + 1 == micro_batches.size();
+      const double mean = double(forward(b.inputs, b.targets));
+      backward(sync);
+      engine_.finish_backward();  // the next micro-batch accumulates into the buffers these reduce
+      loss_sum += mean * double(rows_of(b.inputs));
+    }
+    step_result result;
+    double sums[2] = {loss_sum, optim::local_squared_norm(engine_.grads().flat())};
+    engine_.communicator().all_reduce_sum(std::span<double>(sums));
+    result.loss = sums[0] / global_rows;
+    result.grad_norm = std::sqrt(sums[1]);
+    if (max_norm > 0) {
+      const double scale = optim::clip_scale(result.grad_norm, max_norm);
+      if (scale < 1) optim::scale_in_place(engine_.grads().flat(), scale);
+    }
+    {
+      const trace_recorder::scope region(engine_.trace(), "optimizer", "compute", trace_recorder::compute_lane, -1, 0);
+      optimizer.step(engine_.shards().flat(), engine_.grads().flat());
+    }
+    return result;
+  }
+  template <class Optimizer>
+  step_result step(std::initializer_list<batch> micro_batches, Optimizer& optimizer, double max_norm = 0,
+                   grad_accumulation accumulation = grad_accumulation::unsharded) {
+    return step(std::span<const batch>(micro_batches.begin(), micro_batches.size()), optimizer, max_norm, accumulation);
+  }
+
+  // The mean loss over every rank's rows of these batches (forward only; collective: every
+  // rank passes as many batches, or calls it inside with_full_model).
+  double evaluate(std::span<const batch> batches) {
+    double sums[2] = {0, 0};
+    for (const batch& b : batches) {
+      sums[0] += forward_loss(b) * double(rows_of(b.inputs));
+      sums[1] += double(rows_of(b.inputs));
+    }
+    engine_.communicator().all_reduce_sum(std::span<double>(sums));
+    return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  }
+  // This rank's mean loss on one batch (forward only; collective outside with_full_model).
+  double forward_loss(const batch& b) {
+    const double value = double(forward(b.inputs, b.targets));
+    end_evaluation();
+    return value;
+  }
+
+  // The model's output for these inputs (the loss layer's input: logits, predictions), a copy
+  // on this rank (collective: the units are gathered as in training).
+  nn::matrix<Scalar> predict(input_type inputs) {
+    forward(inputs, target_type{});
+    nn::matrix<Scalar> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::predictions"),
+                           schedule_.predictions.extent(0), schedule_.predictions.extent(1));
+    Kokkos::deep_copy(out, schedule_.predictions);
+    end_evaluation();
+    return out;
+  }
+
+  // Runs f() with every parameter gathered once (many predictions: sampling text), then reshards.
+  template <class F>
+  decltype(auto) with_full_model(F&& f) {
+    for (std::size_t b = 0; b < engine_.plan().buckets.size(); ++b) engine_.begin_unshard(b);
+    for (std::size_t b = 0; b < engine_.plan().buckets.size(); ++b) engine_.finish_unshard(b);
+    struct restore {
+      trainer& t;
+      ~restore() {
+        t.schedule_.full_model = false;
+        for (std::size_t b = 0; b < t.engine_.plan().buckets.size(); ++b) t.engine_.reshard(b);
+      }
+    } guard{*this};
+    schedule_.full_model = true;
+    return f();
+  }
+
+  // Activation memory (the layers' outputs, caches and gradients) at its peak during the last
+  // step, measured by activation_meter.
+  [[nodiscard]] std::size_t peak_activation_bytes() const noexcept { return peak_activations_; }
+
+ private:
+  static std::size_t rows_of(const input_type& x) { return x.extent(0); }
+
+  Scalar forward(input_type inputs, target_type targets) {
+    schedule_.set_targets(targets);
+    schedule_.checkpointing = options_.checkpointing;
+    activation_meter::reset_peak();
+    schedule_.begin_forward();
+    const Scalar loss_value = network_.forward(schedule_, inputs);
+    schedule_.end_forward();
+    return loss_value;
+  }
+  void backward(bool sync) {
+    schedule_.sync = sync;
+    schedule_.begin_backward();
+    network_.backward(schedule_);
+    schedule_.end_backward();
+    peak_activations_ = activation_meter::peak();
+  }
+  void end_evaluation() {
+    if (!schedule_.full_model) engine_.reshard_all();
+  }
+
+  // The unit schedule the network's nodes drive (pass_context's hooks).
+  class unit_schedule final : public pass_context<Scalar> {
+   public:
+    explicit unit_schedule(trainer& t) : t_(t) {}
+    bool sync = true;
+    bool full_model = false;
+
+    void set_targets(nn::const_index_vector ids) { this->target_ids = ids; }
+    void set_targets(nn::const_matrix<Scalar> v) { this->target_values = v; }
+
+    void begin_forward() {
+      if (full_model) return;
+      t_.engine_.before_forward(0, next(0, +1));
+      current_ = 0;
+      region("forward root");
+    }
+    void end_forward() {
+      if (full_model) return;
+      region_.reset();
+      if (current_ != 0) t_.engine_.after_forward(current_);
+      t_.engine_.after_forward(0);
+    }
+    void begin_backward() {
+      t_.engine_.before_backward(0, next(t_.units().size(), -1));
+      current_ = 0;
+      region("backward root");
+    }
+    void end_backward() {
+      region_.reset();
+      if (current_ != 0) t_.engine_.after_backward(current_, sync);
+      t_.engine_.after_backward(0, sync);
+    }
+    void enter_forward(std::size_t unit) override {
+      if (full_model || unit == current_) return;
+      region_.reset();
+      if (current_ != 0) t_.engine_.after_forward(current_);
+      t_.engine_.before_forward(unit, next(unit, +1));
+      current_ = unit;
+      region("forward " + t_.units()[unit].name);
+    }
+    void enter_backward(std::size_t unit) override {
+      if (unit == current_) return;
+      region_.reset();
+      if (current_ != 0) t_.engine_.after_backward(current_, sync);
+      t_.engine_.before_backward(unit, next(unit, -1));
+      current_ = unit;
+      region("backward " + t_.units()[unit].name);
+    }
+    layer_params<const Scalar> params(std::size_t first, std::size_t count) override {
+      layer_params<const Scalar> p;
+      for (std::size_t i = first; i < first + count; ++i) p.push(t_.engine_.full_param(i), t_.engine_.params()[i]);
+      return p;
+    }
+    layer_params<Scalar> grads(std::size_t first, std::size_t count) override {
+      layer_params<Scalar> g;
+      for (std::size_t i = first; i < first + count; ++i) g.push(t_.engine_.full_grad(i), t_.engine_.params()[i]);
+      return g;
+    }
+
+   private:
+    // The unit to prefetch after `unit` in this direction (never the root: it is gathered first).
+    std::optional<std::size_t> next(std::size_t unit, int direction) const {
+      const std::size_t n = t_.units().size();
+      const std::size_t u = direction > 0 ? unit + 1 : unit - 1;
+      if (u == 0 || u >= n) return std::nullopt;
+      return u;
+    }
+    void region(std::string name) {
+      if (t_.engine_.trace()) region_.emplace(t_.engine_.trace(), std::move(name), "compute", trace_recorder::compute_lane, -1, 0);
+    }
+    trainer& t_;
+    std::size_t current_ = 0;
+    std::optional<trace_recorder::scope> region_;
+  };
+
+  engine_type engine_;
+  network<Model, Scalar> network_;
+  trainer_options options_;
+  unit_schedule schedule_;
+  std::size_t peak_activations_ = 0;
+};
+
+// The trainer that options select (sharding, bucketing), for settings known at run time:
+//   kfsdp::with_trainer<float>(model, world, {.sharding_strategy = zero3}, {}, [&](auto& t) { ... });
+template <class Scalar, descriptor Model, class F>
+decltype(auto) with_trainer(const Model& model, comm::any_communicator comm, const fsdp_options& options,
+                            trainer_options t, F&& f) {
+  return meta::mp_with_index<2>(static_cast<std::size_t>(options.sharding_strategy), [&](auto s) -> decltype(auto) {
+    return meta::mp_with_index<3>(static_cast<std::size_t>(options.bucketing_strategy), [&](auto b) -> decltype(auto) {
+      trainer<Model, Scalar, sharding_policy<static_cast<sharding_strategy>(decltype(s)::value)>,
+              bucketing_policy<static_cast<bucketing>(decltype(b)::value)>>
+          instance(model, comm, options, t);
+      return f(instance);
+    });
+  });
+}
+
+}  // namespace kfsdp
