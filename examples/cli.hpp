@@ -128,12 +128,14 @@ inline cli& add_gpt_flags(cli& c) {
       .flag("seq", "64", "context length T (a window is T+1 bytes)")
       .flag("batch", "16", "global batch in windows, split evenly over the ranks")
       .flag("dtype", "f32", "f32 | f64")
-      .flag("seed", "1337", "initialisation and sampling seed");
+      .flag("seed", "1337", "initialisation and sampling seed")
+      .flag("tie-weights", "off", "on: lm_head.weight is transformer.wte.weight (nanoGPT's tying) | off");
 }
 
 // The sizes those flags give.
 inline kfsdp::gpt_config gpt_config_of(const cli& c) {
-  return {.layers = c.size("layers"), .dim = c.size("dim"), .heads = c.size("heads"), .seq = c.size("seq")};
+  return {.layers = c.size("layers"), .dim = c.size("dim"), .heads = c.size("heads"), .seq = c.size("seq"),
+          .tie_weights = c.choice("tie-weights", {"on", "off"}) == "on"};
 }
 
 // How the engine schedules its collectives, shared by train_gpt and the benches.
@@ -141,7 +143,7 @@ inline cli& add_schedule_flags(cli& c, const char* overlap_default) {
   return c.flag("overlap", overlap_default, "on: collectives run on a communication thread, overlapping compute | off")
       .flag("limit-all-gathers", "2", "at most this many bucket all-gathers in flight (0: no limit)")
       .flag("overlap-reduce-scatter", "on",
-            "on: a stage's reduce-scatters run behind the next backward | off: at once (less memory)");
+            "on: a unit's reduce-scatters run behind the next backward | off: at once (less memory)");
 }
 
 // Puts those flags into `options`; returns whether collectives run on a communication thread.

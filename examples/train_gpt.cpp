@@ -45,6 +45,7 @@ struct settings {
   std::size_t save_every = 0;
   std::string backend;
   bool overlap = true;
+  kfsdp::trainer_options training;
   kfsdp::gpt_config model;
   std::size_t batch, steps, grad_accum, eval_windows, sample_bytes, log_every;
   double lr, momentum, weight_decay, clip;
@@ -78,7 +79,8 @@ cli make_cli() {
       .flag("sample", "200", "bytes of generated text printed at the end (0: none)")
       .flag("log-every", "1", "print every k-th step")
       .flag("trace", "", "write a Chrome/Perfetto timeline of the steps here (one file per rank: FILE.rank<r>.json)")
-      .flag("backend", "mpi", "mpi | nccl (one GPU per rank; needs a CUDA build of Kokkos)");
+      .flag("backend", "mpi", "mpi | nccl (one GPU per rank; needs a CUDA build of Kokkos)")
+      .flag("checkpointing", "off", "on: activation checkpointing per block (recomputed in backward) | off");
   kfsdp::examples::add_schedule_flags(c, "off");
   return c;
 }
@@ -107,6 +109,7 @@ settings read(const cli& c, int world_size) {
   if (!c.str("broadcast-from").empty()) s.fsdp.broadcast_from = static_cast<int>(c.size("broadcast-from"));
   s.overlap = kfsdp::examples::read_schedule_flags(c, s.fsdp);
   s.trace = c.str("trace");
+  s.training.checkpointing = c.choice("checkpointing", {"on", "off"}) == "on";
   s.backend = c.choice("backend", {"mpi", "nccl"});
   s.save = c.str("save");
   s.save_every = c.size("save-every");
@@ -151,7 +154,7 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
   if (s.backend == "nccl") throw std::invalid_argument("train_gpt: this build has no NCCL backend (configure with -Dnccl=enabled)");
 #endif
   kfsdp::trace_recorder trace(world.rank());
-  return kfsdp::with_trainer<Scalar>(model, engine_comm, options, {}, [&](auto& trainer) {
+  return kfsdp::with_trainer<Scalar>(model, engine_comm, options, s.training, [&](auto& trainer) {
     auto& engine = trainer.engine();
     using batch = typename std::remove_reference_t<decltype(trainer)>::batch;
     if (!s.trace.empty()) engine.set_trace(&trace);
@@ -206,6 +209,8 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
                                                              {"optimizer", s.optimizer},
                                                              {"seed", std::to_string(s.seed)}},
                                                 .shards = optimizer_state()};
+      // A tied parameter is stored once, under its owner's name; the metadata says which.
+      if (s.model.tie_weights) state.metadata["tied"] = "lm_head.weight=transformer.wte.weight";
       kfsdp::io::save_checkpoint(s.save, engine, world, state);
     };
     std::size_t first_step = 0;

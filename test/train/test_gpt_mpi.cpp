@@ -9,6 +9,7 @@
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/comm/self.hpp>
 #include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/io/checkpoint.hpp>
 #include <kfsdp/io/text_dataset.hpp>
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/optim/adamw.hpp>
@@ -40,9 +41,11 @@ struct run_result {
 template <class Scalar>
 run_result train(comm::any_communicator comm, fsdp_options options, std::size_t micro_batches = 1,
                  std::size_t batch = global_batch, grad_accumulation accumulation = grad_accumulation::unsharded,
-                 bool use_sgd = false, double clip = 0.5, trainer_options topts = {}) {
+                 bool use_sgd = false, double clip = 0.5, trainer_options topts = {}, bool tie = false) {
   const auto data = sample_text();
-  const auto model = make_gpt(config);
+  gpt_config sizes = config;
+  sizes.tie_weights = tie;
+  const auto model = make_gpt(sizes);
   return with_trainer<Scalar>(model, comm, options, topts, [&](auto& trainer) {
     auto& engine = trainer.engine();
     using batch_type = typename std::remove_reference_t<decltype(trainer)>::batch;
@@ -167,4 +170,74 @@ TEST_CASE("clipping: the norm the trainer computes is the norm of the gathered f
     for (double x : g.values<double>()) squared += x * x;
   CHECK(norm == doctest::Approx(std::sqrt(squared)).epsilon(1e-12));
   CHECK(norm > 0);
+}
+
+TEST_CASE("tied weights (lm_head.weight is transformer.wte.weight): world-size invariant, one shard") {
+  comm::mpi world;
+  comm::self one;
+  const run_result reference = train<double>(one, {}, 1, global_batch, grad_accumulation::unsharded, false, 0.5, {}, true);
+  CHECK(reference.weights.find("lm_head.weight") == nullptr);  // stored once, under its owner's name
+  CHECK(reference.weights.size() + 1 == train<double>(one, {}).weights.size());
+  CHECK(reference.losses.back() < reference.losses.front());
+  for (auto sharding : {sharding_strategy::zero2, sharding_strategy::zero3}) {
+    CAPTURE(to_string(sharding));
+    check_close<double>(train<double>(world, {.sharding_strategy = sharding, .bucketing_strategy = bucketing::block}, 1,
+                                      global_batch, grad_accumulation::unsharded, false, 0.5, {}, true),
+                        reference, 1e-10);
+  }
+}
+
+TEST_CASE("tied weights: resuming from a checkpoint continues bit for bit") {
+  comm::mpi world;
+  gpt_config sizes = config;
+  sizes.tie_weights = true;
+  const auto model = make_gpt(sizes);
+  using model_type = std::remove_cvref_t<decltype(model)>;
+  const auto data = sample_text();
+  const std::size_t ws = std::size_t(world.size());
+  const std::string path = "test_train_gpt_mpi_tied_np" + std::to_string(ws) + ".safetensors";
+  using batch_type = trainer<model_type, double, zero3, block_bucketing>::batch;
+  auto batch_of = [&](std::size_t step) {
+    std::vector<int> tokens, targets;
+    data.rank_slice(data.micro_batch(io::window_sampling::random, 3, step, global_batch), std::size_t(world.rank()), ws,
+                    tokens, targets);
+    return batch_type{device_ids(tokens), device_ids(targets)};
+  };
+  auto state_of = [](optim::adamw<double>& adam) {
+    return io::checkpoint_state<double>{.metadata = {}, .shards = {{"optimizer.exp_avg", adam.exp_avg()},
+                                                                    {"optimizer.exp_avg_sq", adam.exp_avg_sq()}}};
+  };
+  state_dict straight;
+  {
+    trainer<model_type, double, zero3, block_bucketing> t(model, world);
+    t.initialize(5, gpt2_init(sizes.layers));
+    optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 3e-3});
+    for (std::size_t step = 0; step < 4; ++step) t.step({batch_of(step)}, adam, 1.0);
+    straight = t.engine().original_state_dict();
+  }
+  {
+    trainer<model_type, double, zero3, block_bucketing> t(model, world);
+    t.initialize(5, gpt2_init(sizes.layers));
+    optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 3e-3});
+    for (std::size_t step = 0; step < 2; ++step) t.step({batch_of(step)}, adam, 1.0);
+    auto state = state_of(adam);
+    state.metadata = {{"step", "2"}, {"tied", "lm_head.weight=transformer.wte.weight"}};
+    io::save_checkpoint(path, t.engine(), world, state);
+  }
+  trainer<model_type, double, zero3, block_bucketing> resumed(model, world);
+  optim::adamw<double> adam(resumed.engine().plan().shard_numel, {.lr = 3e-3});
+  auto state = state_of(adam);
+  io::load_checkpoint(path, resumed.engine(), world, state);
+  CHECK(state.metadata.at("tied") == "lm_head.weight=transformer.wte.weight");
+  adam.set_step_count(std::stoll(state.metadata.at("step")));
+  for (std::size_t step = 2; step < 4; ++step) resumed.step({batch_of(step)}, adam, 1.0);
+  const state_dict after = resumed.engine().original_state_dict();
+  for (const tensor& t : straight) {
+    CAPTURE(t.name);
+    const auto a = after.at(t.name).values<double>();
+    const auto b = t.values<double>();
+    CHECK(std::equal(a.begin(), a.end(), b.begin(), b.end()));  // bit for bit
+  }
+  world.barrier();
+  if (world.rank() == 0) std::remove(path.c_str());
 }

@@ -71,6 +71,7 @@ struct param_decl {
   std::size_t rank = 0;
   init_rule init{};
 
+  constexpr param_decl() = default;
   constexpr param_decl(std::string_view param_name, std::initializer_list<std::size_t> extents,
                        init_rule default_init = {})
       : name(param_name), rank(extents.size()), init(default_init) {
@@ -81,6 +82,18 @@ struct param_decl {
     std::size_t d = 0;
     for (std::size_t e : extents) shape[d++] = e;
   }
+};
+
+// Up to N parameter declarations, as many as a run-time choice keeps (a layer whose tied
+// parameter belongs to another layer declares one fewer).
+template <std::size_t N>
+struct param_list {
+  std::array<param_decl, N> items{};
+  std::size_t count = 0;
+  constexpr void push_back(const param_decl& d) { items[count++] = d; }
+  [[nodiscard]] constexpr const param_decl* begin() const { return items.data(); }
+  [[nodiscard]] constexpr const param_decl* end() const { return items.data() + count; }
+  [[nodiscard]] constexpr std::size_t size() const { return count; }
 };
 
 template <class D>

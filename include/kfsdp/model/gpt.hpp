@@ -39,13 +39,17 @@ template <std::size_t Dim = dyn, std::size_t Heads = dyn, std::size_t Seq = dyn>
 using gpt_block = block<"", residual<"", layer_norm<"ln_1", Dim>, gpt_attention<Dim, Heads, Seq>>,
                         residual<"", layer_norm<"ln_2", Dim>, gpt_mlp<Dim>>>;
 
+// The head; with tie_weights its weight is transformer.wte.weight (nanoGPT's weight tying).
+template <std::size_t Dim = dyn, std::size_t Vocab = dyn>
+using gpt_head = tied<"transformer.wte.weight", "weight", linear<"lm_head", Dim, Vocab, false>, false>;
+
 template <std::size_t Layers = dyn, std::size_t Dim = dyn, std::size_t Seq = dyn, std::size_t Vocab = 256,
           std::size_t Heads = detail::default_heads(Dim)>
 using gpt = sequential<"",
                        sequential<"transformer", embedding<"wte", Vocab, Dim>,
                                   positional_embedding<"wpe", Seq, Dim>, repeat<"h", Layers, gpt_block<Dim, Heads, Seq>>,
                                   layer_norm<"ln_f", Dim>>,
-                       linear<"lm_head", Dim, Vocab, false>, cross_entropy<"", Vocab>>;
+                       gpt_head<Dim, Vocab>, cross_entropy<"", Vocab>>;
 
 // Sizes of the example GPT, for the descriptor (make_gpt) and the layers (nn::gpt) alike; heads
 // does not shape a parameter, the attention uses it.
@@ -55,6 +59,7 @@ struct gpt_config {
   std::size_t heads = 4;
   std::size_t seq = 64;
   std::size_t vocab = 256;
+  bool tie_weights = false;  // lm_head.weight is transformer.wte.weight
 
   // Throws std::invalid_argument naming the size that is zero, or heads not dividing dim.
   constexpr void validate() const {
@@ -85,7 +90,7 @@ constexpr gpt<dyn, dyn, dyn, dyn, dyn> make_gpt(const gpt_config& c) {
   return gpt<dyn, dyn, dyn, dyn, dyn>(
       transformer_t(embedding<"wte">(c.vocab, d), positional_embedding<"wpe">(c.seq, d),
                     repeat<"h", dyn, block_t>(c.layers, one_block), layer_norm<"ln_f">(d)),
-      linear<"lm_head", dyn, dyn, false>(d, c.vocab), cross_entropy<"">(c.vocab));
+      gpt_head<>(linear<"lm_head", dyn, dyn, false>(d, c.vocab), c.tie_weights), cross_entropy<"">(c.vocab));
 }
 
 }  // namespace kfsdp

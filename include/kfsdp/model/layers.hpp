@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #endif
 
 #include <kfsdp/meta/export.hpp>
@@ -113,6 +115,31 @@ struct positional_embedding {
   constexpr auto params() const {
     return std::array{param_decl{"weight", {seq, dim}, {init_rule::normal, 1.0}}};
   }
+};
+
+// Layer whose parameter `Param` is another layer's, named Owner (a dotted name in the model):
+// one shard, one optimizer state, and the gradients of both uses summed before the reduce-scatter.
+// nanoGPT ties lm_head.weight to transformer.wte.weight:
+//   tied<"transformer.wte.weight", "weight", linear<"lm_head", 64, 256, false>>
+// With `enabled` false (a run-time choice; Enabled is its default) the layer keeps its own parameter.
+template <fixed_string Owner, fixed_string Param, class Layer, bool Enabled = true>
+struct tied : Layer {
+  static constexpr auto owner = Owner;
+  static constexpr auto tied_param = Param;
+  bool enabled = Enabled;
+
+  constexpr tied() requires std::is_default_constructible_v<Layer> = default;
+  constexpr explicit tied(Layer layer, bool tie = Enabled) : Layer(std::move(layer)), enabled(tie) {}
+
+  // What the layer owns (for the parameter table): every parameter but the tied one.
+  constexpr auto params() const {
+    param_list<std::tuple_size_v<decltype(std::declval<const Layer&>().params())>> own;
+    for (const param_decl& d : Layer::params())
+      if (!enabled || d.name != Param.view()) own.push_back(d);
+    return own;
+  }
+  // What the layer's compute uses: all of them, the tied one included.
+  constexpr auto all_params() const { return Layer::params(); }
 };
 
 // Elementwise activations (no parameters; the width is the input's).

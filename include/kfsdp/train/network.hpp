@@ -19,6 +19,8 @@
 #include <kfsdp/nn/detail/elementwise.hpp>
 #include <kfsdp/train/ops.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <limits>
 #include <span>
@@ -64,8 +66,9 @@ class pass_context {
   virtual ~pass_context() = default;
   virtual void enter_forward(std::size_t unit) = 0;
   virtual void enter_backward(std::size_t unit) = 0;
-  virtual layer_params<const S> params(std::size_t first, std::size_t count) = 0;
-  virtual layer_params<S> grads(std::size_t first, std::size_t count) = 0;
+  // The parameters (gradients) of these indices of the parameter table, in order.
+  virtual layer_params<const S> params(std::span<const std::size_t> indices) = 0;
+  virtual layer_params<S> grads(std::span<const std::size_t> indices) = 0;
 
   nn::const_index_vector target_ids;  // for a loss over class ids
   nn::const_matrix<S> target_values;  // for a loss over values
@@ -86,7 +89,24 @@ struct network_builder {
   std::size_t width = 0;  // features given by the layer before (0: the model's input, not yet known)
   std::string previous = "the model's input";
   bool inside_unit = false;
+  std::size_t current_unit = 0;  // the unit the layers being built run in (0: the root)
   inline_string<max_param_name> prefix;
+
+  std::size_t index_of(std::string_view name) const {
+    for (std::size_t p = 0; p < table.size(); ++p)
+      if (table[p].name.view() == name) return p;
+    return table.size();
+  }
+  // A node that is a unit (unit != no_unit): the layers below run in it. Returns what to restore.
+  std::pair<bool, std::size_t> enter_unit(std::size_t unit) {
+    const std::pair<bool, std::size_t> saved{inside_unit, current_unit};
+    if (unit != no_unit) {
+      inside_unit = true;
+      current_unit = unit;
+    }
+    return saved;
+  }
+  void leave_unit(std::pair<bool, std::size_t> saved) { std::tie(inside_unit, current_unit) = saved; }
 };
 
 template <class D>
@@ -147,18 +167,47 @@ class leaf_node {
   using out_tag = output_t<D>;
 
   leaf_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit)
-      : desc_(d), op_(d), input_grad_(input_grad), first_(b.next_param), count_(std::size(d.params())) {
+      : desc_(d), op_(d), input_grad_(input_grad) {
     name_ = std::string(b.prefix.view());
     if (name_.empty()) name_ = "(unnamed layer)";
-    std::size_t i = 0;
-    for (const param_decl& decl : d.params()) {  // the same names, in the same order, as param_table
+    std::size_t own = 0, tied_index = b.table.size();  // the owner's row, when a parameter is tied
+    const auto decls = [&] {
+      if constexpr (requires { d.all_params(); }) return d.all_params();
+      else return d.params();
+    }();
+    for (const param_decl& decl : decls) {  // the same names, in the same order, as param_table
+      std::size_t index = b.next_param;
+      if constexpr (requires { D::tied_param; }) {
+        if (d.enabled && decl.name == D::tied_param.view()) {
+          index = tied_index = b.index_of(D::owner.view());
+          if (index == b.table.size())
+            throw std::invalid_argument("kfsdp::network: '" + name_ + "' ties '" + std::string(decl.name) + "' to '" +
+                                        std::string(D::owner.view()) + "', which the model does not have");
+          const param_info& owner = b.table[index];
+          if (owner.rank != decl.rank || !std::equal(decl.shape.begin(), decl.shape.begin() + decl.rank, owner.shape.begin()))
+            throw std::invalid_argument("kfsdp::network: '" + name_ + "' ties '" + std::string(decl.name) + "' to '" +
+                                        std::string(D::owner.view()) + "' of another shape");
+          push(index);
+          continue;
+        }
+      }
       const auto expected = detail::join_name(b.prefix, decl.name);
-      if (first_ + i >= b.table.size() || b.table[first_ + i].name.view() != expected.view())
+      if (index >= b.table.size() || b.table[index].name.view() != expected.view())
         throw std::logic_error("kfsdp::network: layer '" + name_ + "' expected parameter '" + std::string(expected.view()) +
-                               "' at index " + std::to_string(first_ + i) + " of the parameter table");
-      ++i;
+                               "' at index " + std::to_string(index) + " of the parameter table");
+      push(index);
+      ++b.next_param;
+      ++own;
     }
-    b.next_param += count_;
+    const std::size_t first_own = b.next_param - own;
+    if (own > 0 && !b.inside_unit && (as_unit || b.policy == wrap_policy::layers)) unit = b.unit_of_param[first_own];
+    if (tied_index != b.table.size()) {  // the owner must be gathered whenever this layer runs
+      const std::size_t runs_in = unit != no_unit ? unit : b.current_unit, owner_unit = b.unit_of_param[tied_index];
+      if (owner_unit != 0 && owner_unit != runs_in)
+        throw std::invalid_argument("kfsdp::network: '" + name_ + "' (unit " + std::to_string(runs_in) + ") ties to '" +
+                                    std::string(b.table[tied_index].name.view()) + "' of unit " + std::to_string(owner_unit) +
+                                    "; tie only to a parameter of the root or of the same unit");
+    }
     if constexpr (std::is_same_v<in_tag, features>) {
       if constexpr (requires { d.expected_in_features(); }) {
         const std::size_t want = d.expected_in_features();
@@ -176,7 +225,6 @@ class leaf_node {
     else out_ = in_;
     b.width = out_;
     b.previous = "'" + name_ + "' before it";
-    if (count_ > 0 && !b.inside_unit && (as_unit || b.policy == wrap_policy::layers)) unit = b.unit_of_param[first_];
   }
 
   value_t<out_tag, S> forward(pass_context<S>& ctx, value_t<in_tag, S> x) { return detail::unit_forward(*this, ctx, x); }
@@ -196,7 +244,7 @@ class leaf_node {
         return op_.forward(x, ctx.target_values);
       }
     } else {
-      op_.forward(ctx.params(first_, count_), x, detail::ensure(y_, "kfsdp::nn::activation", rows_, out_));
+      op_.forward(ctx.params(indices()), x, detail::ensure(y_, "kfsdp::nn::activation", rows_, out_));
       return y_;
     }
   }
@@ -206,12 +254,12 @@ class leaf_node {
       op_.backward(ctx.grad_scale, detail::ensure(dx_, "kfsdp::nn::gradient", rows_, in_));
       return dx_;
     } else if constexpr (std::is_same_v<in_tag, ids>) {
-      op_.backward(ctx.params(first_, count_), ctx.grads(first_, count_), dy);
+      op_.backward(ctx.params(indices()), ctx.grads(indices()), dy);
       return {};
     } else {
       nn::matrix<S> dx;
       if (input_grad_) dx = detail::ensure(dx_, "kfsdp::nn::gradient", rows_, in_);
-      op_.backward(ctx.params(first_, count_), ctx.grads(first_, count_), dy, dx);
+      op_.backward(ctx.params(indices()), ctx.grads(indices()), dy, dx);
       return dx;
     }
   }
@@ -231,10 +279,18 @@ class leaf_node {
   bool checkpointed = false;
 
  private:
+  void push(std::size_t index) {
+    if (count_ == index_.size())
+      throw std::length_error("kfsdp::network: layer '" + name_ + "' has more than " + std::to_string(index_.size()) + " parameters");
+    index_[count_++] = index;
+  }
+  std::span<const std::size_t> indices() const { return {index_.data(), count_}; }
+
   D desc_;
   compute_t<D, S> op_;
   bool input_grad_;
-  std::size_t first_, count_;
+  std::array<std::size_t, layer_params<S>::capacity> index_{};  // rows of the parameter table, in params() order
+  std::size_t count_ = 0;
   std::string name_;
   std::size_t in_ = 0, out_ = 0, rows_ = 0;
   nn::matrix<S> y_, dx_;
@@ -275,8 +331,7 @@ class sequence_node {
     const bool is_unit = detail::subtree_params(d) > 0 && !b.inside_unit &&
                          (as_unit || (D::kind == layer_kind::block && b.policy == wrap_policy::blocks));
     if (is_unit) unit = b.unit_of_param[b.next_param];
-    const bool was_inside = b.inside_unit;
-    b.inside_unit = b.inside_unit || is_unit;
+    const auto saved = b.enter_unit(unit);
     const auto prefix = b.prefix;
     auto child = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) {
       b.prefix = detail::join_name(prefix, std::tuple_element_t<J, std::tuple<C...>>::name.view());
@@ -284,7 +339,7 @@ class sequence_node {
     };
     std::tuple<node_t<C, S>...> made{child(std::integral_constant<std::size_t, I>{})...};  // braces: in order
     b.prefix = prefix;
-    b.inside_unit = was_inside;
+    b.leave_unit(saved);
     return made;
   }
   template <std::size_t I, class X>
@@ -311,7 +366,7 @@ class residual_node {
 
   residual_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit)
       : input_grad_(input_grad), inner_(init(d, b, input_grad, as_unit)) {
-    b.inside_unit = was_inside_;
+    b.leave_unit(saved_);
   }
 
   value_t<features, S> forward(pass_context<S>& ctx, value_t<features, S> x) { return detail::unit_forward(*this, ctx, x); }
@@ -345,8 +400,7 @@ class residual_node {
   inner_type init(const D& d, detail::network_builder& b, bool input_grad, bool as_unit) {
     const bool is_unit = detail::subtree_params(d) > 0 && !b.inside_unit && as_unit;
     if (is_unit) unit = b.unit_of_param[b.next_param];
-    was_inside_ = b.inside_unit;
-    b.inside_unit = b.inside_unit || is_unit;
+    saved_ = b.enter_unit(unit);
     const std::size_t width = b.width;
     inner_type inner(static_cast<const typename D::base&>(d), b, input_grad, false);
     if (width != 0 && b.width != width)
@@ -354,7 +408,7 @@ class residual_node {
                                   std::to_string(width) + " features but its branch gives " + std::to_string(b.width));
     return inner;
   }
-  bool was_inside_ = false;
+  std::pair<bool, std::size_t> saved_{};
   bool input_grad_;
   inner_type inner_;
   nn::matrix<S> out_, dx_;
@@ -372,8 +426,7 @@ class repeat_node {
   repeat_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit) {
     const bool is_unit = detail::subtree_params(d) > 0 && !b.inside_unit && as_unit;
     if (is_unit) unit = b.unit_of_param[b.next_param];
-    const bool was_inside = b.inside_unit;
-    b.inside_unit = b.inside_unit || is_unit;
+    const auto saved = b.enter_unit(unit);
     const bool copies_as_units = !b.inside_unit && b.policy == wrap_policy::blocks;
     const auto prefix = b.prefix;
     copies_.reserve(d.count);
@@ -382,7 +435,7 @@ class repeat_node {
       copies_.emplace_back(d.element, b, i == 0 ? input_grad : true, copies_as_units);
     }
     b.prefix = prefix;
-    b.inside_unit = was_inside;
+    b.leave_unit(saved);
   }
 
   value_t<out_tag, S> forward(pass_context<S>& ctx, value_t<in_tag, S> x) { return detail::unit_forward(*this, ctx, x); }

@@ -269,6 +269,9 @@ struct compute_of<cross_entropy<N, C>, S> { using type = cross_entropy_op<S>; };
 template <fixed_string N, class S>
 struct compute_of<mse<N>, S> { using type = mse_op<S>; };
 
+template <fixed_string O, fixed_string P, class L, bool E, class S>
+struct compute_of<tied<O, P, L, E>, S> : compute_of<L, S> {};
+
 template <class Layer, class S>
 using compute_t = typename compute_of<Layer, S>::type;
 

@@ -278,14 +278,14 @@ class trainer {
       current_ = unit;
       region("backward " + t_.units()[unit].name);
     }
-    layer_params<const Scalar> params(std::size_t first, std::size_t count) override {
+    layer_params<const Scalar> params(std::span<const std::size_t> indices) override {
       layer_params<const Scalar> p;
-      for (std::size_t i = first; i < first + count; ++i) p.push(t_.engine_.full_param(i), t_.engine_.params()[i]);
+      for (std::size_t i : indices) p.push(t_.engine_.full_param(i), t_.engine_.params()[i]);
       return p;
     }
-    layer_params<Scalar> grads(std::size_t first, std::size_t count) override {
-      layer_params<Scalar> g;
-      for (std::size_t i = first; i < first + count; ++i) g.push(t_.engine_.full_grad(i), t_.engine_.params()[i]);
+    layer_params<Scalar> grads(std::span<const std::size_t> indices) override {
+      layer_params<Scalar> g;  // a tied parameter's uses all accumulate into its one full gradient
+      for (std::size_t i : indices) g.push(t_.engine_.full_grad(i), t_.engine_.params()[i]);
       return g;
     }
 

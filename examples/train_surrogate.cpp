@@ -1,0 +1,230 @@
+// train_surrogate — scientific ML with FSDP: an MLP learns the steady heat equation's solution
+// u(x, y; x0, y0, amplitude, width) for Gaussian sources (examples/heat_problem.hpp), from
+// finite-difference solutions of --train-problems sources, and is tested on other sources.
+//
+//   mpirun -np 2 build/examples/train_surrogate --save surrogate.safetensors
+//   mpirun -np 3 build/examples/train_surrogate --load surrogate.safetensors --eval on
+//
+// The model is one descriptor: input layer, --depth residual hidden layers (each an FSDP unit),
+// output layer, MSE. Features and targets are normalised with the training set's statistics,
+// which --save stores in the file's metadata beside the sizes, so --load --eval needs no flag
+// of the training run but the test set's. Errors are relative L2 in physical units:
+// ||u_pred − u||₂ / ||u||₂ over every sample of the set.
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numbers>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/io/array_dataset.hpp>
+#include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/optim/adamw.hpp>
+#include <kfsdp/train/trainer.hpp>
+
+#include "cli.hpp"
+#include "heat_problem.hpp"
+#include "mpi_program.hpp"
+
+namespace {
+
+// x + gelu(fc(x)), --depth times; sizes given at run time.
+using hidden_layer = kfsdp::residual<"", kfsdp::linear<"fc">, kfsdp::gelu<>>;
+using surrogate = kfsdp::sequential<"", kfsdp::linear<"input">, kfsdp::gelu<>, kfsdp::repeat<"hidden", kfsdp::dyn, hidden_layer>,
+                                    kfsdp::linear<"output">, kfsdp::mse<>>;
+
+surrogate make_surrogate(std::size_t width, std::size_t depth) {
+  return surrogate({6, width}, {}, {depth, hidden_layer({width, width}, {})}, {width, 1}, {});
+}
+
+using stats = kfsdp::io::array_dataset::column_stats;
+
+struct settings {
+  std::size_t train_problems, test_problems, grid, width, depth, steps, batch, log_every;
+  double lr, weight_decay, clip;
+  std::uint64_t seed, test_seed;
+  std::string dtype, save, load;
+  bool eval;
+  kfsdp::fsdp_options fsdp;
+  kfsdp::trainer_options trainer;
+};
+
+settings read(const kfsdp::examples::cli& c, int world_size) {
+  settings s;
+  s.train_problems = c.size("train-problems");
+  s.test_problems = c.size("test-problems");
+  s.grid = c.size("grid");
+  s.width = c.size("width");
+  s.depth = c.size("depth");
+  s.steps = c.size("steps");
+  s.batch = c.size("batch");
+  s.log_every = std::max<std::size_t>(1, c.size("log-every"));
+  s.lr = c.real("lr");
+  s.weight_decay = c.real("weight-decay");
+  s.clip = c.real("clip");
+  s.seed = c.size("seed");
+  s.test_seed = c.size("test-seed");
+  s.dtype = c.choice("dtype", {"f32", "f64"});
+  s.fsdp.sharding_strategy = kfsdp::parse_sharding(c.choice("sharding", {"zero2", "zero3"}));
+  s.fsdp.bucketing_strategy = kfsdp::parse_bucketing(c.choice("bucketing", {"none", "layer", "block"}));
+  s.trainer.checkpointing = c.choice("checkpointing", {"on", "off"}) == "on";
+  s.save = c.str("save");
+  s.load = c.str("load");
+  s.eval = c.choice("eval", {"on", "off"}) == "on";
+  auto fail = [](const std::string& m) { throw std::invalid_argument("train_surrogate: " + m); };
+  if (s.eval != !s.load.empty()) fail("--load FILE and --eval on go together (evaluate the saved model, then exit)");
+  if (s.grid == 0 || s.test_problems == 0) fail("--grid and --test-problems must be at least 1");
+  if (!s.eval && (s.train_problems == 0 || s.width == 0 || s.depth == 0))
+    fail("--train-problems, --width and --depth must be at least 1");
+  if (!s.eval && (s.batch == 0 || s.batch % std::size_t(world_size) != 0))
+    fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
+  return s;
+}
+
+// Normalisation statistics as metadata: "mean0,mean1,...;stddev0,stddev1,..." (17 digits: exact).
+std::string to_text(const stats& st) {
+  std::string out;
+  for (std::size_t i = 0; i < st.mean.size(); ++i) out += fmt::format("{}{:.17g}", i ? "," : "", st.mean[i]);
+  out += ";";
+  for (std::size_t i = 0; i < st.stddev.size(); ++i) out += fmt::format("{}{:.17g}", i ? "," : "", st.stddev[i]);
+  return out;
+}
+stats stats_of(const std::string& text) {
+  stats st;
+  std::istringstream in(text);
+  std::string part;
+  for (std::vector<double>* v : {&st.mean, &st.stddev}) {
+    std::getline(in, part, ';');
+    std::istringstream values(part);
+    for (std::string x; std::getline(values, x, ',');) v->push_back(std::stod(x));
+  }
+  return st;
+}
+std::string field(const kfsdp::io::metadata_map& meta, const std::string& file, const std::string& key) {
+  const auto it = meta.find(key);
+  if (it == meta.end())
+    throw std::invalid_argument("train_surrogate: " + file + " has no '" + key +
+                                "' in its metadata (not written by train_surrogate --save)");
+  return it->second;
+}
+
+// ||pred − u||₂ / ||u||₂ over the whole set, in physical units: each rank predicts a contiguous
+// slice with the full model gathered once, and the sums are all-reduced.
+template <class Trainer>
+double relative_l2(Trainer& t, const kfsdp::io::array_dataset& set, const std::vector<double>& u, const stats& target,
+                   kfsdp::comm::mpi& world) {
+  using scalar = typename Trainer::scalar_type;
+  const std::size_t first = set.count() * std::size_t(world.rank()) / std::size_t(world.size());
+  const std::size_t last = set.count() * std::size_t(world.rank() + 1) / std::size_t(world.size());
+  double sums[2] = {0, 0};  // squared error, squared truth
+  t.with_full_model([&] {
+    for (std::size_t begin = first; begin < last; begin += 4096) {
+      const std::size_t rows = std::min<std::size_t>(4096, last - begin);
+      const auto pred = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace{}, t.predict(set.rows<scalar>(begin, rows).first));
+      for (std::size_t r = 0; r < rows; ++r) {
+        const double p = double(pred(r, 0)) * target.stddev[0] + target.mean[0], y = u[begin + r];
+        sums[0] += (p - y) * (p - y);
+        sums[1] += y * y;
+      }
+    }
+  });
+  world.all_reduce_sum(std::span<double>(sums));
+  return std::sqrt(sums[0] / sums[1]);
+}
+
+template <class Scalar>
+int run(const settings& s, kfsdp::comm::mpi& world) {
+  using namespace kfsdp::examples;
+  const bool root = world.rank() == 0;
+  const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
+  const auto test = heat_samples(random_sources(s.test_problems, s.test_seed), s.grid);
+  kfsdp::io::array_dataset test_set(test.features, 6, test.targets, 1);
+
+  if (s.eval) {  // the sizes and the normalisation are the saved model's
+    kfsdp::io::metadata_map meta;
+    (void)kfsdp::io::load_state_dict_file(s.load, &meta);
+    const stats features = stats_of(field(meta, s.load, "surrogate.features"));
+    const stats target = stats_of(field(meta, s.load, "surrogate.target"));
+    test_set.normalize(features, target);
+    const auto model = make_surrogate(std::stoull(field(meta, s.load, "surrogate.width")),
+                                      std::stoull(field(meta, s.load, "surrogate.depth")));
+    return kfsdp::with_trainer<Scalar>(model, world, s.fsdp, s.trainer, [&](auto& trainer) {
+      kfsdp::io::load_model(s.load, trainer.engine(), world);
+      const double error = relative_l2(trainer, test_set, test.targets, target, world);
+      if (root) fmt::print("test relative L2 {:.9g} ({} ranks, {} samples)\n", error, ws, test_set.count());
+      return 0;
+    });
+  }
+
+  const auto train = heat_samples(random_sources(s.train_problems, s.seed), s.grid);
+  kfsdp::io::array_dataset train_set(train.features, 6, train.targets, 1);
+  const stats features = train_set.feature_stats(), target = train_set.target_stats();
+  train_set.normalize(features, target);
+  test_set.normalize(features, target);
+
+  return kfsdp::with_trainer<Scalar>(make_surrogate(s.width, s.depth), world, s.fsdp, s.trainer, [&](auto& trainer) {
+    trainer.initialize(s.seed);
+    kfsdp::optim::adamw<Scalar> adam(trainer.engine().plan().shard_numel, {.lr = s.lr, .weight_decay = s.weight_decay});
+    if (root)
+      fmt::print("train_surrogate: {} ranks, {}, {} parameters ({} per rank), {} hidden layers of {}, {} / {} bucketing, "
+                 "{} train and {} test samples\n",
+                 ws, s.dtype, trainer.engine().plan().full_numel, trainer.engine().plan().shard_numel, s.depth, s.width,
+                 kfsdp::to_string(s.fsdp.sharding_strategy), kfsdp::to_string(s.fsdp.bucketing_strategy),
+                 train_set.count(), test_set.count());
+    const auto start = std::chrono::steady_clock::now();
+    for (std::size_t step = 0; step < s.steps; ++step) {
+      adam.set_lr(0.5 * s.lr * (1 + std::cos(std::numbers::pi * double(step) / double(s.steps))));  // cosine decay
+      auto [x, y] = train_set.rank_slice<Scalar>(train_set.micro_batch(s.seed, step, s.batch), rank, ws);
+      const kfsdp::step_result r = trainer.step({{x, y}}, adam, s.clip);
+      if (root && ((step + 1) % s.log_every == 0 || step + 1 == s.steps))
+        fmt::print("step {:>5}/{} | loss {:.6f} | grad norm {:.4f}\n", step + 1, s.steps, r.loss, r.grad_norm);
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double train_error = relative_l2(trainer, train_set, train.targets, target, world);
+    const double test_error = relative_l2(trainer, test_set, test.targets, target, world);
+    if (root) fmt::print("train relative L2 {:.9g}\ntest relative L2 {:.9g}\ntrained in {:.1f} s\n", train_error, test_error, seconds);
+    if (!s.save.empty()) {
+      kfsdp::io::save_model(s.save, trainer.engine(), world,
+                            {{"surrogate.width", std::to_string(s.width)}, {"surrogate.depth", std::to_string(s.depth)},
+                             {"surrogate.features", to_text(features)}, {"surrogate.target", to_text(target)}});
+      if (root) fmt::print("saved {}\n", s.save);
+    }
+    return 0;
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return kfsdp::examples::mpi_program(argc, argv, [&](kfsdp::comm::mpi& world) {
+    kfsdp::examples::cli c("train_surrogate", "train an MLP surrogate of the steady heat equation with FSDP (run under mpirun)");
+    c.flag("train-problems", "48", "heat problems (random Gaussian sources) in the training set")
+        .flag("test-problems", "12", "heat problems in the test set (drawn with --test-seed)")
+        .flag("grid", "16", "finite-difference grid n: each problem gives n * n samples")
+        .flag("width", "64", "hidden width")
+        .flag("depth", "4", "residual hidden layers (each an FSDP unit)")
+        .flag("steps", "3000", "optimizer steps")
+        .flag("batch", "256", "global batch in samples, split evenly over the ranks")
+        .flag("lr", "0.003", "AdamW peak learning rate (cosine decay to 0)")
+        .flag("weight-decay", "0", "AdamW decoupled weight decay")
+        .flag("clip", "1.0", "clip the global gradient norm to this (0: off)")
+        .flag("seed", "1", "initialisation, batches and training problems")
+        .flag("test-seed", "1000", "test problems (apart from the training ones)")
+        .flag("dtype", "f64", "f32 | f64")
+        .flag("sharding", "zero3", "zero2 | zero3")
+        .flag("bucketing", "layer", "none | layer | block")
+        .flag("checkpointing", "off", "on: activation checkpointing per unit | off")
+        .flag("log-every", "500", "print every k-th step")
+        .flag("save", "", "write the weights and normalisation here (safetensors) at the end")
+        .flag("load", "", "with --eval on: the weights to evaluate")
+        .flag("eval", "off", "on (with --load FILE): print the test relative L2 of the saved model and exit");
+    if (!c.parse(argc, argv)) return 0;
+    const settings s = read(c, world.size());
+    return s.dtype == "f32" ? run<float>(s, world) : run<double>(s, world);
+  });
+}
