@@ -182,7 +182,7 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
       auto [x, y] = train_set.rank_slice<Scalar>(train_set.micro_batch(s.seed, step, s.batch), rank, ws);
       const kfsdp::step_result r = trainer.step({{x, y}}, adam, s.clip);
       if (root && ((step + 1) % s.log_every == 0 || step + 1 == s.steps))
-        fmt::print("step {:>5}/{} | loss {:.6f} | grad norm {:.4f}\n", step + 1, s.steps, r.loss, r.grad_norm);
+        fmt::print("step {:>5}/{} | loss {:.8g} | grad norm {:.4g}\n", step + 1, s.steps, r.loss, r.grad_norm);
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double train_error = relative_l2(trainer, train_set, train.targets, target, world);

@@ -17,6 +17,8 @@
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/trainer.hpp>
 
+#include "gradient_check.hpp"
+
 using namespace kfsdp;
 
 namespace {
@@ -240,4 +242,20 @@ TEST_CASE("tied weights: resuming from a checkpoint continues bit for bit") {
   }
   world.barrier();
   if (world.rank() == 0) std::remove(path.c_str());
+}
+
+TEST_CASE("the GPT's gradients, untied and tied, match central differences") {
+  comm::self one;
+  const auto data = sample_text();
+  for (bool tie : {false, true}) {
+    CAPTURE(tie);
+    gpt_config sizes = config;
+    sizes.tie_weights = tie;
+    const auto model = make_gpt(sizes);
+    trainer<std::remove_cvref_t<decltype(model)>, double, zero3, block_bucketing> t(model, one);
+    t.initialize(17, gpt2_init(sizes.layers));
+    std::vector<int> tokens, targets;
+    data.rank_slice(data.micro_batch(io::window_sampling::random, 1, 0, 2), 0, 1, tokens, targets);
+    kfsdp::testing::check_gradients(t, decltype(t)::batch{device_ids(tokens), device_ids(targets)});
+  }
 }

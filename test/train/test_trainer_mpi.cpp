@@ -15,6 +15,8 @@
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/trainer.hpp>
 
+#include "gradient_check.hpp"
+
 namespace {
 
 // The user's layer: y = x · factor, one learnable scalar (starts at 1).
@@ -172,4 +174,34 @@ TEST_CASE("the units come from the tree; a hook out of order names the unit and 
   CHECK_THROWS_WITH_AS((kfsdp::fsdp<two_layer_block, double, kfsdp::block_bucketing>(two_layer_block{}, world,
                                                                              {.wrap = {.policy = kfsdp::wrap_policy::layers}})),
                        doctest::Contains("choose a bucketing whose buckets lie in one unit"), std::invalid_argument);
+}
+
+TEST_CASE("the MLP's gradients, the user's layer's included, match central differences") {
+  kfsdp::comm::self one;
+  const auto data = samples();
+  for (bool checkpointing : {false, true}) {
+    kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::layer_bucketing> t(surrogate{}, one, {}, {.checkpointing = checkpointing});
+    t.initialize(3);
+    auto [x, y] = data.rows<double>(0, 16);
+    kfsdp::testing::check_gradients(t, decltype(t)::batch{x, y});
+  }
+}
+
+TEST_CASE("default initialisation is nn.Linear's: U(±1/sqrt(in)) for weights and biases; the user's factor is one") {
+  kfsdp::comm::self one;
+  kfsdp::trainer<surrogate, double> t(surrogate{}, one);
+  t.initialize(11);
+  for (const kfsdp::tensor& p : t.engine().original_state_dict()) {
+    CAPTURE(p.name);
+    const auto v = p.values<double>();
+    const double bound = p.name.starts_with("input") ? 1 / std::sqrt(6.0) : p.name == "scale.factor" ? 1.0 : 1 / std::sqrt(double(width));
+    if (p.name == "scale.factor") {
+      CHECK(v[0] == 1.0);
+      continue;
+    }
+    double largest = 0;
+    for (double e : v) largest = std::max(largest, std::abs(e));
+    CHECK(largest <= bound);
+    CHECK(largest > 0.5 * bound);
+  }
 }

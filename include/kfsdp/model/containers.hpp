@@ -28,7 +28,7 @@ template <class Producer, class Consumer>
 struct check_chain {
   static_assert(std::is_same_v<output_t<Producer>, input_t<Consumer>>,
                 "kfsdp: a layer gives what the next one does not take (ids, features or loss): "
-                "see check_chain<Producer, Consumer> below for the two layers");
+                "check_chain<Producer, Consumer> in this error names the two layers");
   static constexpr bool value = true;
 };
 
