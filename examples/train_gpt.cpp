@@ -5,7 +5,8 @@
 // Every rank holds 1/N of the parameters, gradients and optimizer state; each step all-gathers
 // the buckets it needs unit by unit (each block; the rest is the root) and reduce-scatters the
 // gradients (see README.md). The model is one descriptor (kfsdp::make_gpt); kfsdp::trainer trains it.
-// One line per step: step, loss, tokens/s, per-rank memory, bytes communicated.
+// One line per step: step, loss, tokens/s, per-rank memory (shards, unsharded peak, and the peak of
+// the layers' activations, measured), bytes communicated.
 
 #include <unistd.h>
 
@@ -253,11 +254,12 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
         const auto m = engine.memory();
         if (terminal) fmt::print(stderr, "\r\033[K");
         fmt::print("step {:>4}/{} | loss {:.6f} | {:>7.0f} tokens/s | memory/rank {} (params {}, grads {}, optimizer {}, "
-                   "unsharded peak {}) | comm {}\n",
+                   "unsharded peak {}) | activations {} | comm {}\n",
                    step + 1, s.steps, r.loss, double(s.grad_accum * s.batch * s.model.seq) / seconds,
                    mib(double(m.sharded_params + m.sharded_grads + optimizer_bytes + m.unsharded_peak)),
                    mib(double(m.sharded_params)), mib(double(m.sharded_grads)), mib(double(optimizer_bytes)),
-                   mib(double(m.unsharded_peak)), mib(double(engine.bytes_communicated() - bytes_before)));
+                   mib(double(m.unsharded_peak)), mib(double(trainer.peak_activation_bytes())),
+                   mib(double(engine.bytes_communicated() - bytes_before)));
         std::fflush(stdout);
       }
       if (s.save_every > 0 && (step + 1) % s.save_every == 0 && step + 1 < s.steps) save(step + 1);

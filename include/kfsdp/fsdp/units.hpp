@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <fmt/format.h>
 #endif
 
 #include <kfsdp/meta/export.hpp>
@@ -107,6 +108,24 @@ std::vector<fsdp_unit> make_units(std::span<const param_info> table, const Plan&
     }
   }
   return units;
+}
+
+// One line per unit: its name, parameters, buckets and the bytes it gathers (all ranks' chunks).
+//   unit 0 root: 5 params in buckets 0, 1, 26, 27, gathers 0.53 MiB
+template <class Plan>
+std::string units_table(std::span<const fsdp_unit> units, const Plan& plan, std::size_t element_bytes) {
+  std::string out;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    std::size_t gathered = 0;
+    std::string buckets;
+    for (std::size_t b : units[u].buckets) {
+      gathered += plan.gathered_numel(b) * element_bytes;
+      buckets += (buckets.empty() ? "" : ", ") + std::to_string(b);
+    }
+    out += fmt::format("unit {} {}: {} params in buckets {}, gathers {:.2f} MiB\n", u, units[u].name, units[u].params.size(),
+                       buckets.empty() ? "(none)" : buckets, double(gathered) / (1024.0 * 1024.0));
+  }
+  return out;
 }
 
 }  // namespace kfsdp

@@ -88,7 +88,7 @@ class trainer {
   using scalar_type = Scalar;
   using engine_type = fsdp<Model, Scalar, Policies...>;
   using input_type = value_t<input_t<Model>, Scalar>;
-  using target_type = typename detail::target_value<typename detail::target_of<Model>::type, Scalar>::type;
+  using target_type = typename detail::target_value<typename detail::target_of<std::remove_cv_t<Model>>::type, Scalar>::type;
   // One micro-batch of this rank: inputs [rows, ...] and their targets.
   struct batch {
     input_type inputs;
