@@ -78,6 +78,22 @@ TEST_CASE("linear backward accumulates into parameter gradients, overwrites dx")
   for (std::size_t i = 0; i < once_x.size(); ++i) CHECK(twice_x[i] == once_x[i]);
 }
 
+TEST_CASE("linear backward with an empty dx computes no input gradient, the same parameter gradients") {
+  linear<double> fc(3, 2);
+  auto x = random_matrix<double>(4, 3, 5);
+  auto w = random_matrix<double>(2, 3, 6);
+  auto b = random_vector<double>(2, 7);
+  auto dy = random_matrix<double>(4, 2, 8);
+  matrix<double> y("y", 4, 2), dx("dx", 4, 3), dw("dw", 2, 3), dw_skip("dw_skip", 2, 3);
+  vector<double> db("db", 2), db_skip("db_skip", 2);
+  auto cache = fc.make_cache(4);
+  fc.forward({w, b}, x, y, cache);
+  fc.backward({w, b}, {dw, db}, cache, dy, dx);
+  fc.backward({w, b}, {dw_skip, db_skip}, cache, dy, matrix<double>{});  // the first layer: x is data
+  CHECK(to_vector(dw_skip) == to_vector(dw));
+  CHECK(to_vector(db_skip) == to_vector(db));
+}
+
 TEST_CASE("linear rejects bad shapes, naming the parameter") {
   linear<double> fc(3, 2);
   matrix<double> x("x", 4, 3), wrong_w("w", 3, 2), y("y", 4, 2);

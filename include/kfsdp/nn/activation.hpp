@@ -1,6 +1,6 @@
 #pragma once
 // kfsdp::nn::activation — an elementwise activation chosen at run time:
-//   gelu       0.5 x (1 + erf(x/√2))                 (the same kernels' math as nn::gelu, bit for bit)
+//   gelu       0.5 x (1 + erf(x/√2))                 (nanoGPT's nn.GELU())
 //   gelu_tanh  0.5 x (1 + tanh(√(2/π)(x + 0.044715 x³)))   (PyTorch's approximate='tanh')
 //   relu       max(x, 0)                              (gradient 0 at x = 0, as PyTorch)
 //   silu       x · sigmoid(x)

@@ -121,6 +121,7 @@ class trainer {
                    grad_accumulation accumulation = grad_accumulation::unsharded) {
     if (micro_batches.empty()) throw std::invalid_argument("kfsdp::trainer::step: no micro-batch given");
     engine_.zero_grad();
+    activation_meter::reset_peak();
     double local[2] = {0, 0};  // rows, then the sum of row losses
     for (const batch& b : micro_batches) local[0] += double(rows_of(b.inputs));
     engine_.communicator().all_reduce_sum(std::span<double>(local, 1));
@@ -204,7 +205,7 @@ class trainer {
   }
 
   // Activation memory (the layers' outputs, caches and gradients) at its peak during the last
-  // step, measured by activation_meter.
+  // step, measured by activation_meter (all of this process's trainers together).
   [[nodiscard]] std::size_t peak_activation_bytes() const noexcept { return peak_activations_; }
 
  private:
@@ -213,7 +214,6 @@ class trainer {
   Scalar forward(input_type inputs, target_type targets) {
     schedule_.set_targets(targets);
     schedule_.checkpointing = options_.checkpointing;
-    activation_meter::reset_peak();
     schedule_.begin_forward();
     const Scalar loss_value = network_.forward(schedule_, inputs);
     schedule_.end_forward();

@@ -3,7 +3,6 @@
 
 #include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/nn/activation.hpp>
-#include <kfsdp/nn/detail/gelu_impl.hpp>
 
 #include <stdexcept>
 #include <string>
@@ -11,6 +10,23 @@
 namespace kfsdp::nn {
 
 namespace detail {
+
+// The exact GELU and its derivative, per element.
+template <class Scalar>
+KOKKOS_INLINE_FUNCTION Scalar gelu_value(Scalar v) {
+  const Scalar inv_sqrt2 = Scalar(0.70710678118654752440);
+  return Scalar(0.5) * v * (Scalar(1) + math::erf(v * inv_sqrt2));
+}
+
+// gelu'(x) = Φ(x) + x φ(x), Φ(x) = 0.5 (1 + erf(x/√2)), φ(x) = exp(−x²/2) / √(2π).
+template <class Scalar>
+KOKKOS_INLINE_FUNCTION Scalar gelu_derivative(Scalar v) {
+  const Scalar inv_sqrt2 = Scalar(0.70710678118654752440);
+  const Scalar inv_sqrt_2pi = Scalar(0.39894228040143267794);
+  const Scalar cdf = Scalar(0.5) * (Scalar(1) + math::erf(v * inv_sqrt2));
+  const Scalar pdf = inv_sqrt_2pi * math::exp(Scalar(-0.5) * v * v);
+  return cdf + v * pdf;
+}
 
 // √(2/π) and the cubic coefficient of PyTorch's tanh approximation.
 template <class Scalar>
