@@ -181,7 +181,7 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
       adam.set_lr(0.5 * s.lr * (1 + std::cos(std::numbers::pi * double(step) / double(s.steps))));  // cosine decay
       auto [x, y] = train_set.rank_slice<Scalar>(train_set.micro_batch(s.seed, step, s.batch), rank, ws);
       const kfsdp::step_result r = trainer.step({{x, y}}, adam, s.clip);
-      if (root && ((step + 1) % s.log_every == 0 || step + 1 == s.steps))
+      if (root && (step == 0 || (step + 1) % s.log_every == 0 || step + 1 == s.steps))
         fmt::print("step {:>5}/{} | loss {:.8g} | grad norm {:.4g}\n", step + 1, s.steps, r.loss, r.grad_norm);
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -203,12 +203,12 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
 int main(int argc, char** argv) {
   return kfsdp::examples::mpi_program(argc, argv, [&](kfsdp::comm::mpi& world) {
     kfsdp::examples::cli c("train_surrogate", "train an MLP surrogate of the steady heat equation with FSDP (run under mpirun)");
-    c.flag("train-problems", "48", "heat problems (random Gaussian sources) in the training set")
-        .flag("test-problems", "12", "heat problems in the test set (drawn with --test-seed)")
-        .flag("grid", "16", "finite-difference grid n: each problem gives n * n samples")
+    c.flag("train-problems", "512", "heat problems (random Gaussian sources) in the training set")
+        .flag("test-problems", "32", "heat problems in the test set (drawn with --test-seed)")
+        .flag("grid", "10", "finite-difference grid n: each problem gives n * n samples")
         .flag("width", "64", "hidden width")
         .flag("depth", "4", "residual hidden layers (each an FSDP unit)")
-        .flag("steps", "3000", "optimizer steps")
+        .flag("steps", "4000", "optimizer steps")
         .flag("batch", "256", "global batch in samples, split evenly over the ranks")
         .flag("lr", "0.003", "AdamW peak learning rate (cosine decay to 0)")
         .flag("weight-decay", "0", "AdamW decoupled weight decay")

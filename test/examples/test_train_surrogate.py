@@ -6,9 +6,9 @@ usage: test_train_surrogate.py TRAIN_SURROGATE MPIRUN [MPIRUN_ARGS...]"""
 import os, re, subprocess, sys, tempfile, time
 
 train_surrogate, mpirun = sys.argv[1], sys.argv[2:]
-# Measured with the defaults on 2 ranks (2 cores): test relative L2 0.0095 (see the README);
-# the threshold leaves a margin for other BLAS builds and compilers.
-TEST_THRESHOLD = 0.02
+# Measured with the defaults on 2 ranks (2 cores): test relative L2 0.0120, train 0.0089 (see the
+# README); the threshold leaves a margin for other BLAS builds and compilers.
+TEST_THRESHOLD = 0.025
 failures = []
 
 def run(ranks, *flags, expect=0, timeout=300):
