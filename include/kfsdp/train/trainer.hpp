@@ -170,6 +170,9 @@ class trainer {
     engine_.communicator().all_reduce_sum(std::span<double>(sums));
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   }
+  double evaluate(std::initializer_list<batch> batches) {
+    return evaluate(std::span<const batch>(batches.begin(), batches.size()));
+  }
   // This rank's mean loss on one batch (forward only; collective outside with_full_model).
   double forward_loss(const batch& b) {
     const double value = double(forward(b.inputs, b.targets));
