@@ -10,12 +10,15 @@ train_surrogate, mpirun = sys.argv[1], sys.argv[2:]
 # README); the threshold leaves a margin for other BLAS builds and compilers.
 TEST_THRESHOLD = 0.025
 failures = []
+# Idle ranks yield the core (Open MPI busy-polls by default): with 2 ranks on 2 cores and anything
+# else running, polling ranks starve the others and a 10 s run takes minutes.
+env = dict(os.environ, OMPI_MCA_mpi_yield_when_idle='1')
 
 def run(ranks, *flags, expect=0, timeout=300):
     cmd = mpirun + ['-np', str(ranks), train_surrogate] + list(flags)
     start = time.monotonic()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
     except subprocess.TimeoutExpired:
         sys.exit(f'{" ".join(cmd)} did not finish in {timeout} s (a hang?)')
     if p.returncode != expect:

@@ -28,3 +28,26 @@ TEST_CASE("make_gpt builds the same table from run-time sizes") {
   }
   CHECK_THROWS_AS(make_gpt({.layers = 0}), std::invalid_argument);
 }
+
+TEST_CASE("tied weights: lm_head.weight is transformer.wte.weight, declared once") {
+  const auto tied = make_param_table(make_gpt({.layers = 2, .dim = 64, .heads = 4, .seq = 32, .tie_weights = true}));
+  CHECK(tied.size() == t.size() - 1);
+  CHECK(tied.back().name.view() == "transformer.ln_f.bias");
+  CHECK(tied.front().name.view() == "transformer.wte.weight");
+}
+
+TEST_CASE("the layers' default initialisation and layer indices") {
+  static_assert(t[4].init.kind == init_rule::uniform && t[4].init.fan_in == 64);  // c_attn: nn.Linear's
+  static_assert(t[2].init.kind == init_rule::ones && t[3].init.kind == init_rule::zeros);  // ln_1
+  static_assert(t[0].init.kind == init_rule::normal && t[0].init.scale == 1.0);  // nn.Embedding's N(0, 1)
+  // Layers without parameters (attention, GELU, the loss) take no layer index: the bucketing is unchanged.
+  static_assert(t[4].layer == 3 && t[6].layer == 4 && t[28].layer == 2 + 6 * 2 + 1);
+  CHECK(t[28].layer == 15);
+}
+
+// Each copy of a repeat of plain layers is a unit of its own, as a block is.
+using stack = sequential<"", linear<"in", 2, 4>, repeat<"h", 3, sequential<"", linear<"fc", 4, 4>, gelu<>>>, linear<"out", 4, 1>, mse<>>;
+static_assert(param_table<stack>[0].block == no_block);
+static_assert(param_table<stack>[2].name.view() == "h.0.fc.weight" && param_table<stack>[2].block == 0);
+static_assert(param_table<stack>[6].name.view() == "h.2.fc.weight" && param_table<stack>[6].block == 2);
+static_assert(param_table<stack>[8].name.view() == "out.weight" && param_table<stack>[8].block == no_block);
