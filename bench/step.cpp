@@ -148,13 +148,14 @@ double max_over_ranks(kfsdp::comm::any_communicator& comm, double value) {
 
 // U of the header: the unsharded bytes of the schedule (parameters in flight + the gradients of
 // the root and of the unit in backward), from the engine's plan and units.
-template <class Engine>
-std::size_t theory_unsharded(const Engine& engine, bool zero3) {
-  using Scalar = typename Engine::scalar_type;
-  const std::size_t n = engine.units().size();
+template <class Trainer>
+std::size_t theory_unsharded(Trainer& trainer, bool zero3) {
+  using Scalar = typename Trainer::scalar_type;
+  const auto& engine = trainer.engine();
+  const std::size_t n = trainer.units().size();
   std::vector<std::size_t> p(n + 1, 0);  // p[n] = 0: no unit after the last
   for (std::size_t u = 0; u < n; ++u)
-    for (std::size_t b : engine.units()[u].buckets) p[u] += engine.plan().gathered_numel(b) * sizeof(Scalar);
+    for (std::size_t b : trainer.units()[u].buckets) p[u] += engine.plan().gathered_numel(b) * sizeof(Scalar);
   std::size_t most = 0, all = 0;
   for (std::size_t u = 0; u < n; ++u) all += p[u];
   for (std::size_t u = 1; u < n; ++u) {
@@ -189,9 +190,9 @@ void bench_one(const settings& s, const kfsdp::io::text_windows& data, kfsdp::co
     r.bucketing = options.bucketing_strategy;
     r.buckets = engine.plan().buckets.size();
     r.psi = ws * shard * sizeof(Scalar);
-    r.theory_unsharded = theory_unsharded(engine, options.sharding_strategy == kfsdp::sharding_strategy::zero3);
+    r.theory_unsharded = theory_unsharded(trainer, options.sharding_strategy == kfsdp::sharding_strategy::zero3);
     r.root_bytes = 0;
-    for (std::size_t b : engine.units()[0].buckets) r.root_bytes += engine.plan().gathered_numel(b) * sizeof(Scalar);
+    for (std::size_t b : trainer.units()[0].buckets) r.root_bytes += engine.plan().gathered_numel(b) * sizeof(Scalar);
     std::vector<batch> batches(1);
     double unsharded_peak = 0, sharded = 0;
     for (std::size_t step = 0; step < s.warmup + s.steps; ++step) {

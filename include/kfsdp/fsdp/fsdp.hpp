@@ -40,8 +40,22 @@
 
 namespace kfsdp {
 
+// The unit hooks of any fsdp<Model, Scalar, Policies...>, without the policies' types (what
+// kfsdp::trainer drives, so that it is compiled once per model and scalar type).
+class unit_hooks {
+ public:
+  virtual ~unit_hooks() = default;
+  [[nodiscard]] virtual const std::vector<fsdp_unit>& units() const noexcept = 0;
+  virtual void before_forward(std::size_t unit, std::optional<std::size_t> next = std::nullopt) = 0;
+  virtual void after_forward(std::size_t unit) = 0;
+  virtual void before_backward(std::size_t unit, std::optional<std::size_t> next = std::nullopt) = 0;
+  virtual void after_backward(std::size_t unit, bool sync = true) = 0;
+  virtual void finish_backward() = 0;
+  virtual void reshard_all() = 0;
+};
+
 template <descriptor Model, class Scalar, class... Policies>
-class fsdp : public fsdp_engine<Scalar> {
+class fsdp : public fsdp_engine<Scalar>, public unit_hooks {
   using policies = detail::fsdp_policies<Policies...>;
   using engine = fsdp_engine<Scalar>;
 
@@ -59,28 +73,28 @@ class fsdp : public fsdp_engine<Scalar> {
         state_(units_.size(), unit_state::sharded) {}
 
   [[nodiscard]] const Model& model() const noexcept { return model_; }
-  [[nodiscard]] const std::vector<fsdp_unit>& units() const noexcept { return units_; }
+  [[nodiscard]] const std::vector<fsdp_unit>& units() const noexcept override { return units_; }
   [[nodiscard]] unit_state state(std::size_t unit) const { return state_.at(checked(unit, "state")); }
 
-  void before_forward(std::size_t unit, std::optional<std::size_t> next = std::nullopt) {
+  void before_forward(std::size_t unit, std::optional<std::size_t> next = std::nullopt) override {
     expect(unit, "before_forward", {unit_state::sharded, unit_state::forward_done, unit_state::backward_done});
     gather(unit, next);
     state_[unit] = unit_state::forward;
   }
-  void after_forward(std::size_t unit) {
+  void after_forward(std::size_t unit) override {
     expect(unit, "after_forward", {unit_state::forward});
     if constexpr (sharding == sharding_strategy::zero3)
       if (unit != 0) for (std::size_t b : units_[unit].buckets) this->reshard(b);  // the root stays gathered
     state_[unit] = unit_state::forward_done;
   }
-  void before_backward(std::size_t unit, std::optional<std::size_t> next = std::nullopt) {
+  void before_backward(std::size_t unit, std::optional<std::size_t> next = std::nullopt) override {
     expect(unit, "before_backward", {unit_state::forward_done});
     gather(unit, next);  // zero2: already unsharded, nothing is issued
     state_[unit] = unit_state::backward;
   }
   // sync = false (gradient accumulation, Thunder's no_sync): the full gradients are kept and
   // summed over micro-batches; the last micro-batch's after_backward(unit, true) reduces them.
-  void after_backward(std::size_t unit, bool sync = true) {
+  void after_backward(std::size_t unit, bool sync = true) override {
     expect(unit, "after_backward", {unit_state::backward});
     // At most one unit of reduce-scatters in flight: the previous unit's, which ran behind this
     // unit's backward, finish now (and this unit's at once without overlap_reduce_scatter).
@@ -98,7 +112,7 @@ class fsdp : public fsdp_engine<Scalar> {
     state_[unit] = unit_state::backward_done;
   }
   // Finishes every reduce-scatter in flight (before the optimizer reads the gradients).
-  void finish_backward() {
+  void finish_backward() override {
     for (std::size_t u = 0; u < units_.size(); ++u)
       if (state_[u] == unit_state::backward)
         throw std::logic_error("kfsdp::fsdp: finish_backward() while unit " + describe(u) +
@@ -107,7 +121,7 @@ class fsdp : public fsdp_engine<Scalar> {
     reducing_.clear();
   }
   // Frees every gathered unit (after an evaluation, which has no backward).
-  void reshard_all() {
+  void reshard_all() override {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       if (state_[u] == unit_state::backward)
         throw std::logic_error("kfsdp::fsdp: reshard_all() while unit " + describe(u) + " is in backward");

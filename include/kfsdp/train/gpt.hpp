@@ -47,8 +47,9 @@ struct sampling {
 };
 
 // Continues `prompt` by new_bytes bytes (the same on every rank: same seed). Collective.
-template <class Trainer>
-std::string generate(Trainer& t, const gpt_config& config, std::string_view prompt, std::size_t new_bytes, sampling how) {
+template <class Model, class Scalar>
+std::string generate(trainer_core<Model, Scalar>& t, const gpt_config& config, std::string_view prompt, std::size_t new_bytes,
+                     sampling how) {
   if (prompt.empty()) throw std::invalid_argument("kfsdp::generate: the prompt is empty");
   std::vector<int> ids;
   for (unsigned char byte : prompt) ids.push_back(int(byte));

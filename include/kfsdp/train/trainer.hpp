@@ -80,13 +80,14 @@ struct target_of<repeat<N, Count, E>> {
 };
 }  // namespace detail
 
-template <descriptor Model, class Scalar, class... Policies>
-class trainer {
+// Everything of kfsdp::trainer but the engine's policies: compiled once per model and scalar type
+// (a program choosing the policies at run time instantiates six trainers, one trainer_core).
+template <descriptor Model, class Scalar>
+class trainer_core {
   static_assert(std::is_same_v<output_t<Model>, loss>, "kfsdp::trainer: the model must end in a loss layer (cross_entropy, mse)");
 
  public:
   using scalar_type = Scalar;
-  using engine_type = fsdp<Model, Scalar, Policies...>;
   using input_type = value_t<input_t<Model>, Scalar>;
   using target_type = typename detail::target_value<typename detail::target_of<std::remove_cv_t<Model>>::type, Scalar>::type;
   // One micro-batch of this rank: inputs [rows, ...] and their targets.
@@ -95,16 +96,12 @@ class trainer {
     target_type targets;
   };
 
-  trainer(const Model& model, comm::any_communicator comm, const fsdp_options& options = {}, trainer_options t = {})
-      : engine_(model, std::move(comm), options), network_(model, engine_.params(), engine_.options().wrap), options_(t),
-        schedule_(*this) {
-    activation_meter::install();
-  }
-  trainer(const trainer&) = delete;
-  trainer& operator=(const trainer&) = delete;
+  trainer_core(const trainer_core&) = delete;
+  trainer_core& operator=(const trainer_core&) = delete;
 
-  [[nodiscard]] engine_type& engine() noexcept { return engine_; }
-  [[nodiscard]] const std::vector<fsdp_unit>& units() const noexcept { return engine_.units(); }
+  // The engine (its policy-independent part; trainer::engine() gives the fsdp<...> type itself).
+  [[nodiscard]] fsdp_engine<Scalar>& engine() noexcept { return engine_; }
+  [[nodiscard]] const std::vector<fsdp_unit>& units() const noexcept { return hooks_.units(); }
   [[nodiscard]] trainer_options& options() noexcept { return options_; }
 
   // Every parameter from its layer's default (param_info::init), or from choose(info).
@@ -135,7 +132,7 @@ class trainer {
       const bool sync = accumulation == grad_accumulation::sharded || k + 1 == micro_batches.size();
       const double mean = double(forward(b.inputs, b.targets));
       backward(sync);
-      engine_.finish_backward();  // the next micro-batch accumulates into the buffers these reduce
+      hooks_.finish_backward();  // the next micro-batch accumulates into the buffers these reduce
       loss_sum += mean * double(rows_of(b.inputs));
     }
     step_result result;
@@ -197,7 +194,7 @@ class trainer {
     for (std::size_t b = 0; b < engine_.plan().buckets.size(); ++b) engine_.begin_unshard(b);
     for (std::size_t b = 0; b < engine_.plan().buckets.size(); ++b) engine_.finish_unshard(b);
     struct restore {
-      trainer& t;
+      trainer_core& t;
       ~restore() {
         t.schedule_.full_model = false;
         for (std::size_t b = 0; b < t.engine_.plan().buckets.size(); ++b) t.engine_.reshard(b);
@@ -210,6 +207,12 @@ class trainer {
   // Activation memory (the layers' outputs, caches and gradients) at its peak during the last
   // step, measured by activation_meter (all of this process's trainers together).
   [[nodiscard]] std::size_t peak_activation_bytes() const noexcept { return peak_activations_; }
+
+ protected:
+  trainer_core(fsdp_engine<Scalar>& engine, unit_hooks& hooks, const Model& model, trainer_options t)
+      : engine_(engine), hooks_(hooks), network_(model, engine.params(), engine.options().wrap), options_(t), schedule_(*this) {
+    activation_meter::install();
+  }
 
  private:
   static std::size_t rows_of(const input_type& x) { return x.extent(0); }
@@ -230,13 +233,13 @@ class trainer {
     peak_activations_ = activation_meter::peak();
   }
   void end_evaluation() {
-    if (!schedule_.full_model) engine_.reshard_all();
+    if (!schedule_.full_model) hooks_.reshard_all();
   }
 
   // The unit schedule the network's nodes drive (pass_context's hooks).
   class unit_schedule final : public pass_context<Scalar> {
    public:
-    explicit unit_schedule(trainer& t) : t_(t) {}
+    explicit unit_schedule(trainer_core& t) : t_(t) {}
     bool sync = true;
     bool full_model = false;
 
@@ -245,39 +248,39 @@ class trainer {
 
     void begin_forward() {
       if (full_model) return;
-      t_.engine_.before_forward(0, next(0, +1));
+      t_.hooks_.before_forward(0, next(0, +1));
       current_ = 0;
       region("forward root");
     }
     void end_forward() {
       if (full_model) return;
       region_.reset();
-      if (current_ != 0) t_.engine_.after_forward(current_);
-      t_.engine_.after_forward(0);
+      if (current_ != 0) t_.hooks_.after_forward(current_);
+      t_.hooks_.after_forward(0);
     }
     void begin_backward() {
-      t_.engine_.before_backward(0, next(t_.units().size(), -1));
+      t_.hooks_.before_backward(0, next(t_.units().size(), -1));
       current_ = 0;
       region("backward root");
     }
     void end_backward() {
       region_.reset();
-      if (current_ != 0) t_.engine_.after_backward(current_, sync);
-      t_.engine_.after_backward(0, sync);
+      if (current_ != 0) t_.hooks_.after_backward(current_, sync);
+      t_.hooks_.after_backward(0, sync);
     }
     void enter_forward(std::size_t unit) override {
       if (full_model || unit == current_) return;
       region_.reset();
-      if (current_ != 0) t_.engine_.after_forward(current_);
-      t_.engine_.before_forward(unit, next(unit, +1));
+      if (current_ != 0) t_.hooks_.after_forward(current_);
+      t_.hooks_.before_forward(unit, next(unit, +1));
       current_ = unit;
       region("forward " + t_.units()[unit].name);
     }
     void enter_backward(std::size_t unit) override {
       if (unit == current_) return;
       region_.reset();
-      if (current_ != 0) t_.engine_.after_backward(current_, sync);
-      t_.engine_.before_backward(unit, next(unit, -1));
+      if (current_ != 0) t_.hooks_.after_backward(current_, sync);
+      t_.hooks_.before_backward(unit, next(unit, -1));
       current_ = unit;
       region("backward " + t_.units()[unit].name);
     }
@@ -303,19 +306,42 @@ class trainer {
     void region(std::string name) {
       if (t_.engine_.trace()) region_.emplace(t_.engine_.trace(), std::move(name), "compute", trace_recorder::compute_lane, -1, 0);
     }
-    trainer& t_;
+    trainer_core& t_;
     std::size_t current_ = 0;
     std::optional<trace_recorder::scope> region_;
   };
 
-  engine_type engine_;
+  fsdp_engine<Scalar>& engine_;
+  unit_hooks& hooks_;
   network<Model, Scalar> network_;
   trainer_options options_;
   unit_schedule schedule_;
   std::size_t peak_activations_ = 0;
 };
 
-// The trainer that options select (sharding, bucketing), for settings known at run time:
+namespace detail {
+// Constructed before trainer_core, which keeps references to it.
+template <class Engine>
+struct engine_holder {
+  Engine held;
+};
+}  // namespace detail
+
+template <descriptor Model, class Scalar, class... Policies>
+class trainer : private detail::engine_holder<fsdp<Model, Scalar, Policies...>>, public trainer_core<Model, Scalar> {
+  using holder = detail::engine_holder<fsdp<Model, Scalar, Policies...>>;
+
+ public:
+  using engine_type = fsdp<Model, Scalar, Policies...>;
+
+  trainer(const Model& model, comm::any_communicator comm, const fsdp_options& options = {}, trainer_options t = {})
+      : holder{engine_type(model, std::move(comm), options)}, trainer_core<Model, Scalar>(holder::held, holder::held, model, t) {}
+
+  [[nodiscard]] engine_type& engine() noexcept { return holder::held; }
+};
+
+// The trainer that options select (sharding, bucketing), for settings known at run time; f gets
+// its trainer_core, so that f's body is compiled once, not once per policy pair:
 //   kfsdp::with_trainer<float>(model, world, {.sharding_strategy = zero3}, {}, [&](auto& t) { ... });
 template <class Scalar, descriptor Model, class F>
 decltype(auto) with_trainer(const Model& model, comm::any_communicator comm, const fsdp_options& options,
@@ -325,7 +351,7 @@ decltype(auto) with_trainer(const Model& model, comm::any_communicator comm, con
       trainer<Model, Scalar, sharding_policy<static_cast<sharding_strategy>(decltype(s)::value)>,
               bucketing_policy<static_cast<bucketing>(decltype(b)::value)>>
           instance(model, comm, options, t);
-      return f(instance);
+      return f(static_cast<trainer_core<Model, Scalar>&>(instance));
     });
   });
 }
