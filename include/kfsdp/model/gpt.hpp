@@ -72,6 +72,9 @@ struct gpt_config {
   }
 };
 
+// The type of every GPT whose sizes come at run time (make_gpt's).
+using gpt_descriptor = gpt<dyn, dyn, dyn, dyn, dyn>;
+
 // The GPT descriptor for sizes known only at run time (vocab too); a zero size throws naming it.
 constexpr gpt<dyn, dyn, dyn, dyn, dyn> make_gpt(const gpt_config& c) {
   c.validate();

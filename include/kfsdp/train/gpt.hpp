@@ -22,6 +22,10 @@
 
 namespace kfsdp {
 
+// The run-time GPT's compute is compiled once, in kernels/train/gpt.cpp.
+extern template class network<gpt_descriptor, float>;
+extern template class network<gpt_descriptor, double>;
+
 // nanoGPT's initialisation: N(0, 0.02) for weights and embeddings, N(0, 0.02/sqrt(2L)) for the
 // residual projections (attn.c_proj, mlp.c_proj), zero biases, LayerNorm weights one.
 inline std::function<param_init(const param_info&)> gpt2_init(std::size_t layers) {

@@ -489,30 +489,50 @@ class network {
   using in_tag = input_t<Model>;
   using out_tag = output_t<Model>;
 
-  network(const Model& model, std::span<const param_info> table, const wrap_options& wrap)
-      : root_(build(model, table, wrap)) {}
-
-  value_t<out_tag, S> forward(pass_context<S>& ctx, value_t<in_tag, S> x) { return root_.forward(ctx, x); }
-  void backward(pass_context<S>& ctx) {
-    if constexpr (std::is_same_v<out_tag, loss>) root_.backward(ctx, no_gradient{});
-    else throw std::logic_error("kfsdp::network: backward needs a model that ends in a loss layer");
-  }
-  void release() { root_.release(); }
+  // Defined below the class, not inline: a model's network can be compiled once, in a library
+  // (kernels/train/gpt.cpp does it for the example GPT; train/gpt.hpp declares it extern).
+  network(const Model& model, std::span<const param_info> table, const wrap_options& wrap);
+  value_t<out_tag, S> forward(pass_context<S>& ctx, value_t<in_tag, S> x);
+  void backward(pass_context<S>& ctx);
+  void release();
 
  private:
-  static node_t<Model, S> build(const Model& model, std::span<const param_info> table, const wrap_options& wrap) {
-    detail::network_builder b;
-    b.table = table;
-    b.unit_of_param = unit_of_params(table, wrap);
-    b.policy = wrap.policy;
-    b.prefix = inline_string<max_param_name>(Model::name.view());
-    node_t<Model, S> root(model, b, false, false);
-    if (b.next_param != table.size())
-      throw std::logic_error("kfsdp::network: the model binds " + std::to_string(b.next_param) + " parameters, the table has " +
-                             std::to_string(table.size()));
-    return root;
-  }
+  static node_t<Model, S> build(const Model& model, std::span<const param_info> table, const wrap_options& wrap);
   node_t<Model, S> root_;
 };
+
+template <descriptor Model, class S>
+network<Model, S>::network(const Model& model, std::span<const param_info> table, const wrap_options& wrap)
+    : root_(build(model, table, wrap)) {}
+
+template <descriptor Model, class S>
+auto network<Model, S>::forward(pass_context<S>& ctx, value_t<in_tag, S> x) -> value_t<out_tag, S> {
+  return root_.forward(ctx, x);
+}
+
+template <descriptor Model, class S>
+void network<Model, S>::backward(pass_context<S>& ctx) {
+  if constexpr (std::is_same_v<out_tag, loss>) root_.backward(ctx, no_gradient{});
+  else throw std::logic_error("kfsdp::network: backward needs a model that ends in a loss layer");
+}
+
+template <descriptor Model, class S>
+void network<Model, S>::release() {
+  root_.release();
+}
+
+template <descriptor Model, class S>
+node_t<Model, S> network<Model, S>::build(const Model& model, std::span<const param_info> table, const wrap_options& wrap) {
+  detail::network_builder b;
+  b.table = table;
+  b.unit_of_param = unit_of_params(table, wrap);
+  b.policy = wrap.policy;
+  b.prefix = inline_string<max_param_name>(Model::name.view());
+  node_t<Model, S> root(model, b, false, false);
+  if (b.next_param != table.size())
+    throw std::logic_error("kfsdp::network: the model binds " + std::to_string(b.next_param) + " parameters, the table has " +
+                           std::to_string(table.size()));
+  return root;
+}
 
 }  // namespace kfsdp
