@@ -3,6 +3,7 @@
 // help line; an unknown flag, a missing value or a value that does not parse is an error that
 // names the flag and the value seen.
 
+#include <algorithm>
 #include <cstddef>
 #include <initializer_list>
 #include <map>
@@ -40,16 +41,18 @@ class cli {
         throw std::invalid_argument(fmt::format("{}: unexpected argument '{}', expected --flag value", program_, arg));
       std::string name(arg.substr(2));
       std::string value;
-      if (auto eq = name.find('='); eq != std::string::npos) {
+      const auto eq = name.find('=');
+      if (eq != std::string::npos) {
         value = name.substr(eq + 1);
         name = name.substr(0, eq);
-      } else {
+      }
+      auto it = flags_.find(name);  // an unknown flag is named as such wherever it stands
+      if (it == flags_.end())
+        throw std::invalid_argument(fmt::format("{}: unknown flag --{}{} (see --help)", program_, name, close_matches(name)));
+      if (eq == std::string::npos) {
         if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{}: --{} needs a value", program_, name));
         value = argv[++i];
       }
-      auto it = flags_.find(name);
-      if (it == flags_.end())
-        throw std::invalid_argument(fmt::format("{}: unknown flag --{} (see --help)", program_, name));
       it->second.value = value;
     }
     return true;
@@ -69,6 +72,20 @@ class cli {
     if (used != v.size() || v.empty() || v[0] == '-')
       throw std::invalid_argument(fmt::format("{}: --{} is '{}', expected a non-negative integer", program_, name, v));
     return static_cast<std::size_t>(n);
+  }
+
+  // A size that must be at least 1 (a zero names the flag, not the object it would size).
+  [[nodiscard]] std::size_t positive(const std::string& name) const {
+    const std::size_t n = size(name);
+    if (n == 0) throw std::invalid_argument(fmt::format("{}: --{} is 0, expected at least 1", program_, name));
+    return n;
+  }
+
+  // A number that must be at least `least`.
+  [[nodiscard]] double real_at_least(const std::string& name, double least) const {
+    const double x = real(name);
+    if (!(x >= least)) throw std::invalid_argument(fmt::format("{}: --{} is {}, expected at least {}", program_, name, str(name), least));
+    return x;
   }
 
   [[nodiscard]] double real(const std::string& name) const {
@@ -105,6 +122,27 @@ class cli {
   }
 
  private:
+  // " (did you mean --width?)" for the declared flags within two edits of `name`.
+  std::string close_matches(const std::string& name) const {
+    auto distance = [](std::string_view a, std::string_view b) {
+      std::vector<std::size_t> row(b.size() + 1);
+      for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+      for (std::size_t i = 1; i <= a.size(); ++i) {
+        std::size_t diagonal = row[0];
+        row[0] = i;
+        for (std::size_t j = 1; j <= b.size(); ++j) {
+          const std::size_t above = row[j];
+          row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+          diagonal = above;
+        }
+      }
+      return row[b.size()];
+    };
+    std::string out;
+    for (const auto& candidate : order_)
+      if (distance(name, candidate) <= 2) out += (out.empty() ? " (did you mean --" : ", --") + candidate;
+    return out.empty() ? out : out + "?)";
+  }
   struct entry_t {
     std::string value;
     std::string help;
@@ -134,7 +172,7 @@ inline cli& add_gpt_flags(cli& c) {
 
 // The sizes those flags give.
 inline kfsdp::gpt_config gpt_config_of(const cli& c) {
-  return {.layers = c.size("layers"), .dim = c.size("dim"), .heads = c.size("heads"), .seq = c.size("seq"),
+  return {.layers = c.positive("layers"), .dim = c.positive("dim"), .heads = c.positive("heads"), .seq = c.positive("seq"),
           .tie_weights = c.choice("tie-weights", {"on", "off"}) == "on"};
 }
 

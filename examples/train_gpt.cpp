@@ -96,10 +96,10 @@ settings read(const cli& c, int world_size) {
   s.eval_windows = c.size("eval");
   s.sample_bytes = c.size("sample");
   s.log_every = std::max<std::size_t>(1, c.size("log-every"));
-  s.lr = c.real("lr");
-  s.momentum = c.real("momentum");
-  s.weight_decay = c.real("weight-decay");
-  s.clip = c.real("clip");
+  s.lr = c.real_at_least("lr", 0);
+  s.momentum = c.real_at_least("momentum", 0);
+  s.weight_decay = c.real_at_least("weight-decay", 0);
+  s.clip = c.real_at_least("clip", 0);
   s.optimizer = c.choice("optimizer", {"adamw", "sgd"});
   s.dtype = c.choice("dtype", {"f32", "f64"});
   s.seed = c.size("seed");
@@ -262,7 +262,10 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
                    mib(double(engine.bytes_communicated() - bytes_before)));
         std::fflush(stdout);
       }
-      if (s.save_every > 0 && (step + 1) % s.save_every == 0 && step + 1 < s.steps) save(step + 1);
+      if (s.save_every > 0 && (step + 1) % s.save_every == 0 && step + 1 < s.steps) {
+        save(step + 1);
+        if (root) fmt::print("saved {} at step {}\n", s.save, step + 1);  // one line per save
+      }
       if (terminal) {
         const std::size_t width = 40, done = (step + 1) * width / s.steps;
         fmt::print(stderr, "\r[{}{}] {}/{}", std::string(done, '#'), std::string(width - done, '.'), step + 1, s.steps);

@@ -81,6 +81,12 @@ with tempfile.TemporaryDirectory() as tmp:
     check('--batch is 3, expected a positive multiple of the 2 ranks' in out, 'an uneven batch is refused')
     out = run(2, '--load', f('missing.st'), '--eval', '4', expect=2)
     check('missing.st' in out, 'a missing checkpoint is named')
+    for flags, message in ((['--layer', '3'], 'unknown flag --layer (did you mean --layers?)'),
+                           (['--bogus'], 'unknown flag --bogus'),  # last, without a value: still unknown
+                           (['--layers', '0'], '--layers is 0, expected at least 1'),
+                           (['--clip', '-1'], '--clip is -1, expected at least 0')):
+        out = run(2, *flags, expect=2)
+        check(message in out, f'{" ".join(flags)}: "{message}"')
 
 print(f'train_gpt end to end: {len(failures)} checks failed')
 sys.exit(1 if failures else 0)
