@@ -114,8 +114,18 @@ file_layout checkpoint_layout(const std::vector<tensor_entry>& tensors,
   return make_header(tensors, metadata);
 }
 
+// Whether the file carries kfsdp's checksums. A standard safetensors file (from the safetensors
+// library, PyTorch, another tool) has none of kfsdp's keys: it loads after the layout checks,
+// unverified. A file with some of them is kfsdp's and must carry all.
+bool has_checksums(const header_table& table) {
+  for (const auto& [key, value] : table.metadata)
+    if (key == header_checksum_key || key.starts_with(checksum_key_prefix)) return true;
+  return false;
+}
+
 // Throws format_error unless the header checksum in the file matches its header.
 void verify_header_checksum(const header_table& table, std::string_view function) {
+  if (!has_checksums(table)) return;
   const auto stored = table.metadata.find(header_checksum_key);
   if (stored == table.metadata.end())
     throw format_error(fmt::format(
@@ -138,6 +148,7 @@ void verify_header_checksum(const header_table& table, std::string_view function
 // Throws format_error unless tensor `name`'s checksum in __metadata__ equals `computed`.
 void verify_tensor_checksum(const header_table& table, const std::string& name,
                             const checksum_state& computed, std::string_view function) {
+  if (!has_checksums(table)) return;
   const auto stored = table.metadata.find(std::string(checksum_key_prefix) + name);
   if (stored == table.metadata.end())
     throw format_error(fmt::format(
@@ -644,7 +655,7 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
       if (found->shape != shape_of(param))
         fail(tensor.name, fmt::format("shape {} in the file, expected {} for the model",
                                       shape_string(found->shape), shape_string(shape_of(param))));
-      if (!table.metadata.contains(std::string(checksum_key_prefix) + tensor.name))
+      if (has_checksums(table) && !table.metadata.contains(std::string(checksum_key_prefix) + tensor.name))
         fail(tensor.name, fmt::format("no '{}{}' in __metadata__, expected its checksum",
                                       checksum_key_prefix, tensor.name));
       if (tensor.local_bytes > 0)

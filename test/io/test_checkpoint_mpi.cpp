@@ -201,6 +201,55 @@ TEST_CASE("the parallel file is byte-identical to the gathered-to-rank-0 file") 
   check_parallel_file_equals_gathered<thunder_padding, float>(world, scratch.path, "padding", all_normal);
 }
 
+// A standard safetensors file as the format's specification has it (what the safetensors library
+// and PyTorch write): an 8-byte little-endian header length, the JSON header padded with spaces to
+// a multiple of 8, the tensors' bytes; no __metadata__, so none of kfsdp's checksum keys.
+void write_standard_safetensors(const fs::path& path, const state_dict& full) {
+  std::string json = "{";
+  std::uint64_t offset = 0;
+  std::string data;
+  for (const tensor& t : full) {  // state_dict keeps the names sorted
+    const auto values = t.values<double>();
+    std::string shape;
+    for (std::size_t e : t.shape) shape += (shape.empty() ? "" : ",") + std::to_string(e);
+    const std::uint64_t bytes = values.size() * sizeof(double);
+    json += (json.size() > 1 ? "," : "") + ("\"" + t.name + "\":{\"dtype\":\"F64\",\"shape\":[" + shape +
+                                          "],\"data_offsets\":[" + std::to_string(offset) + "," +
+                                          std::to_string(offset + bytes) + "]}");
+    data.append(reinterpret_cast<const char*>(values.data()), bytes);
+    offset += bytes;
+  }
+  json += "}";
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::ofstream out(path, std::ios::binary);
+  for (int byte = 0; byte < 8; ++byte) out.put(static_cast<char>((std::uint64_t{json.size()} >> (8 * byte)) & 0xff));
+  out << json << data;
+}
+
+TEST_CASE("a standard safetensors file (no kfsdp checksums) loads after the layout checks, at every world size") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  const fs::path file = scratch.path / "standard.safetensors";
+  fsdp_engine<double> source(make_param_table(tiny_gpt{}), world, {.bucketing_strategy = bucketing::layer});
+  source.initialize(3, all_normal);
+  const state_dict full = source.original_state_dict();
+  if (world.rank() == 0) write_standard_safetensors(file, full);
+  world.barrier();
+
+  fsdp_engine<double> loaded(make_param_table(tiny_gpt{}), world, {.bucketing_strategy = bucketing::block});
+  (void)io::load_model(file, loaded, world);
+  const state_dict back = loaded.original_state_dict();
+  for (const tensor& t : full) {
+    CAPTURE(t.name);
+    const auto a = back.at(t.name).values<double>(), b = t.values<double>();
+    CHECK(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+  }
+  CHECK(io::load_state_dict_file(file).size() == full.size());
+  // Its layout is still checked: a model it does not fit is refused, naming the tensor.
+  fsdp_engine<double> other(make_param_table(thunder_padding{}), world, {});
+  CHECK_THROWS_AS((void)io::load_model(file, other, world), format_error);
+}
+
 TEST_CASE("written at world size 3, loaded at 1, 2 and 4: identical state dicts and moments, padding zero") {
   comm::mpi world;
   scratch_directory scratch(world);

@@ -132,8 +132,9 @@ void save_state_dict_file(const std::filesystem::path& path, const state_dict& f
                           const metadata_map& metadata = {});
 
 /// Reads a whole file written by save_model, save_checkpoint or save_state_dict_file from one
-/// process, every tensor checksum-verified (F32 and F64 tensors only). Throws format_error naming
-/// the file and the tensor.
+/// process, every tensor checksum-verified (F32 and F64 tensors only); a standard safetensors file
+/// without kfsdp's checksum keys loads after the layout checks, unverified (load_model likewise).
+/// Throws format_error naming the file and the tensor.
 ///
 ///   kfsdp::state_dict full = kfsdp::io::load_state_dict_file("gpt.safetensors");
 [[nodiscard]] state_dict load_state_dict_file(const std::filesystem::path& path,
