@@ -232,6 +232,49 @@ std::filesystem::path temporary_name(const std::filesystem::path& path) {
   return temporary;
 }
 
+// Where a save really writes: `path` itself, or the file a symlink names (so the link stays and
+// its target is replaced atomically). Throws std::invalid_argument before anything is written for
+// an empty path and for a path that names a directory, a device, a FIFO or a socket.
+std::filesystem::path save_target(const std::filesystem::path& path, std::string_view function) {
+  namespace fs = std::filesystem;
+  if (path.empty()) throw std::invalid_argument(fmt::format("{}: the path is empty, expected a file name", function));
+  fs::path target = path;
+  std::error_code error;
+  for (int hops = 0; fs::is_symlink(fs::symlink_status(target, error)); ++hops) {
+    if (hops == 40) throw std::invalid_argument(fmt::format("{}: {}: too many levels of symbolic links", function, quoted(path)));
+    const fs::path next = fs::read_symlink(target, error);
+    target = next.is_absolute() ? next : target.parent_path() / next;
+  }
+  const fs::file_status status = fs::status(target, error);
+  if (fs::exists(status) && !fs::is_regular_file(status)) {
+    const char* kind = fs::is_directory(status)           ? "a directory"
+                       : fs::is_character_file(status) ? "a character device"
+                       : fs::is_block_file(status)     ? "a block device"
+                       : fs::is_fifo(status)           ? "a FIFO"
+                       : fs::is_socket(status)         ? "a socket"
+                                                       : "not a regular file";
+    throw std::invalid_argument(
+        fmt::format("{}: {} is {}, expected a regular file (nothing was written)", function, quoted(target), kind));
+  }
+  return target;
+}
+
+// Removes "<name>.tmp.<16 hex digits>" files beside `target` that a killed save left behind.
+void remove_leftover_temporaries(const std::filesystem::path& target) {
+  namespace fs = std::filesystem;
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::error_code error;
+  const fs::path directory = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  for (fs::directory_iterator it(directory, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() == prefix.size() + 16 && name.starts_with(prefix) &&
+        name.find_first_not_of("0123456789abcdef", prefix.size()) == std::string::npos && it->is_regular_file(error)) {
+      std::error_code ignored;
+      fs::remove(it->path(), ignored);
+    }
+  }
+}
+
 // The first 8 + N bytes of a file (N the header length) and the file's size.
 std::vector<std::byte> read_header_bytes(const std::filesystem::path& path, std::uint64_t& file_size,
                                          std::string_view function) {
@@ -503,7 +546,7 @@ void check_same_metadata(MPI_Comm comm, const metadata_map& metadata,
 // ------------------------------------------------------------------ the parallel writer
 
 template <class Scalar>
-void write_sharded_file(std::string_view function, const std::filesystem::path& path,
+void write_sharded_file(std::string_view function, const std::filesystem::path& requested,
                         fsdp_engine<Scalar>& engine, comm::mpi& comm,
                         std::span<const named_shard<Scalar>> shards, const metadata_map& metadata) {
   const MPI_Comm native = comm.native();
@@ -511,7 +554,9 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
   std::vector<sharded_tensor<Scalar>> tensors;
   std::vector<std::byte> staging;
   std::vector<checksum_state> local_checksums;
+  std::filesystem::path path;
   together(native, [&] {
+    path = save_target(requested, function);  // every rank refuses the same bad path
     check_communicator(engine, comm, function);
     check_user_metadata(metadata, function);
     tensors = sharded_tensors(engine, shards, function);
@@ -557,6 +602,7 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
                           tensors[t].local_bytes});
   });
 
+  if (rank == 0) remove_leftover_temporaries(path);
   const std::filesystem::path temporary =
       broadcast_string(native, rank == 0 ? temporary_name(path).string() : std::string());
   MPI_File file = MPI_FILE_NULL;
@@ -754,9 +800,10 @@ void load_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& eng
   state.metadata = read_sharded_file<Scalar>("kfsdp::io::load_checkpoint", path, engine, comm, state.shards);
 }
 
-void save_state_dict_file(const std::filesystem::path& path, const state_dict& full,
+void save_state_dict_file(const std::filesystem::path& requested, const state_dict& full,
                           const metadata_map& metadata) {
   constexpr std::string_view function = "kfsdp::io::save_state_dict_file";
+  const std::filesystem::path path = save_target(requested, function);
   check_user_metadata(metadata, function);
   std::vector<tensor_entry> entries;
   std::vector<checksum_state> checksums;
@@ -775,6 +822,7 @@ void save_state_dict_file(const std::filesystem::path& path, const state_dict& f
   }
   const file_layout layout = checkpoint_layout(entries, checksums, metadata, full.size(), numel, weight_dtype);
 
+  remove_leftover_temporaries(path);
   const std::filesystem::path temporary = temporary_name(path);
   file_descriptor file{::open(temporary.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644)};
   if (file.value < 0) throw_errno(function, "open of", temporary);

@@ -393,8 +393,11 @@ TEST_CASE("a job killed mid-write leaves the previous checkpoint intact and load
     const std::string error = load_error(leftover, restarted, world);
     CHECK(error.starts_with("format_error"));
     CHECK(to_host(restarted.shards().flat()) == old_shard);
+    // The next save finds it and removes it (a killed job's full-size file does not pile up).
     world.barrier();
-    if (world.rank() == 0) fs::remove(leftover);
+    io::save_model(scratch.path / "model.safetensors", restarted, world);
+    world.barrier();
+    CHECK(!fs::exists(leftover));
   }
 
   // The sequential writer too.
@@ -554,6 +557,33 @@ TEST_CASE("every malformed file raises format_error naming the file and the tens
   CHECK(to_host(engine.shards().flat()) == before);
   // The good file still loads into the same engine.
   CHECK(load_error(good, engine, world) == "no error");
+}
+
+TEST_CASE("saving writes regular files only: a device or a directory is refused, a symlink's target is replaced") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  fsdp_engine<float> engine(make_param_table(tiny_gpt{}), world, {});
+  engine.initialize(4, all_normal);
+  CHECK_THROWS_WITH_AS(io::save_model("/dev/null", engine, world),
+                       "kfsdp::io::save_model: '/dev/null' is a character device, expected a regular file (nothing was written)",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(io::save_model(scratch.path, engine, world), doctest::Contains("is a directory"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(io::save_model("", engine, world), "kfsdp::io::save_model: the path is empty, expected a file name",
+                       std::invalid_argument);
+  const fs::path target = scratch.path / "target.safetensors", link = scratch.path / "latest.safetensors";
+  if (world.rank() == 0) fs::create_symlink("target.safetensors", link);
+  world.barrier();
+  io::save_model(link, engine, world);
+  world.barrier();
+  CHECK(fs::is_symlink(link));  // the link stays; its target holds the model
+  fsdp_engine<float> loaded(make_param_table(tiny_gpt{}), world, {});
+  (void)io::load_model(target, loaded, world);
+  CHECK(to_host(loaded.shards().flat()) == to_host(engine.shards().flat()));
+  if (world.rank() == 0) {
+    CHECK_THROWS_AS(io::save_state_dict_file("/dev/null", engine.original_state_dict()), std::invalid_argument);
+  } else {
+    (void)engine.original_state_dict();
+  }
 }
 
 TEST_CASE("bad arguments to the writer raise std::invalid_argument on every rank and leave no file") {
