@@ -61,7 +61,7 @@ struct memory_report {
   std::size_t cached = 0;          // freed buffers kept for reuse (not in unsharded_now)
 };
 
-// A contiguous range of parameters [first, last) that compute together (a stage of the model).
+// A contiguous range of parameters [first, last) (buckets_of tells which buckets hold them).
 struct param_range {
   std::size_t first = 0;
   std::size_t last = 0;
@@ -122,7 +122,7 @@ class fsdp_engine {
   [[nodiscard]] flat_view full_grad(std::size_t param);
   // Packs the bucket's full gradients, reduce-scatters them with SUM, divides by world size and
   // adds the result to the gradient shards; frees the full gradients (collective). The begin /
-  // finish halves let the reduce-scatter run behind the next stage's backward.
+  // finish halves let the reduce-scatter run behind the next unit's backward.
   void begin_reduce_gradients(std::size_t bucket);
   void finish_reduce_gradients(std::size_t bucket);
   void reduce_gradients(std::size_t bucket) {

@@ -1,12 +1,12 @@
 #pragma once
 // trace_recorder — a timeline of one rank in the Chrome trace / Perfetto JSON format: every compute
-// region (a stage's forward or backward) and every collective (bucket, bytes) as a complete
+// region (a unit's forward or backward) and every collective (bucket, bytes) as a complete
 // event ("ph": "X"), pid = rank, tid 0 = compute, tid 1 = communication. Open the file in
 // https://ui.perfetto.dev or chrome://tracing to see where communication overlaps compute.
 //
 //   kfsdp::trace_recorder trace(rank);
 //   engine.set_trace(&trace);                       // collectives
-//   { auto region = trace.span("forward stage 1", "compute"); ... }
+//   { auto region = trace.span("forward transformer.h.0", "compute"); ... }
 //   trace.write("step.trace.json");
 //   -> {"traceEvents":[{"name":"all_gather","cat":"comm","ph":"X","ts":12.5,"dur":80.1,
 //                       "pid":0,"tid":1,"args":{"bucket":3,"bytes":196608}}, ...]}

@@ -119,10 +119,10 @@ class trainer_core {
     if (micro_batches.empty()) throw std::invalid_argument("kfsdp::trainer::step: no micro-batch given");
     engine_.zero_grad();
     activation_meter::reset_peak();
-    double local[2] = {0, 0};  // rows, then the sum of row losses
-    for (const batch& b : micro_batches) local[0] += double(rows_of(b.inputs));
-    engine_.communicator().all_reduce_sum(std::span<double>(local, 1));
-    const double global_rows = local[0];
+    double rows[1] = {0};  // this rank's, then every rank's
+    for (const batch& b : micro_batches) rows[0] += double(rows_of(b.inputs));
+    engine_.communicator().all_reduce_sum(std::span<double>(rows));
+    const double global_rows = rows[0];
     if (global_rows == 0) throw std::invalid_argument("kfsdp::trainer::step: the global batch has no rows");
     // Each rank's loss gradient is scaled so that the engine's average over ranks is the gradient of the global mean.
     schedule_.grad_scale = Scalar(1) / Scalar(global_rows / double(engine_.world_size()));
