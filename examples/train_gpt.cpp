@@ -218,10 +218,22 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
     if (!s.resume.empty()) {
       kfsdp::io::checkpoint_state<Scalar> state{.metadata = {}, .shards = optimizer_state()};
       kfsdp::io::load_checkpoint(s.resume, engine, world, state);
-      if (state.metadata["optimizer"] != s.optimizer)
-        throw std::invalid_argument("train_gpt: --resume " + s.resume + " was trained with --optimizer " +
-                                    state.metadata["optimizer"] + ", not " + s.optimizer);
-      first_step = std::stoull(state.metadata.at("step"));  // windows are keyed by step: the data resumes too
+      // What resuming reads of the metadata, checked with messages that name the key.
+      auto key = [&](const std::string& name) -> const std::string& {
+        const auto it = state.metadata.find(name);
+        if (it == state.metadata.end())
+          throw std::invalid_argument(fmt::format("train_gpt: --resume {}: no '{}' in its metadata (not written by train_gpt --save)",
+                                                  s.resume, name));
+        return it->second;
+      };
+      if (key("optimizer") != s.optimizer)
+        throw std::invalid_argument("train_gpt: --resume " + s.resume + " was trained with --optimizer " + key("optimizer") +
+                                    ", not " + s.optimizer);
+      const std::string& step_text = key("step");
+      if (step_text.empty() || step_text.find_first_not_of("0123456789") != std::string::npos || step_text.size() > 18)
+        throw std::invalid_argument(fmt::format("train_gpt: --resume {}: metadata 'step' is '{}', expected a step count",
+                                                s.resume, step_text));
+      first_step = std::stoull(step_text);  // windows are keyed by step: the data resumes too
       if (auto* adam = std::get_if<0>(&optimizer)) adam->set_step_count(static_cast<std::int64_t>(first_step));
       if (root) fmt::print("resumed {} at step {}\n", s.resume, first_step);
     }

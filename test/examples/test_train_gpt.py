@@ -84,7 +84,8 @@ with tempfile.TemporaryDirectory() as tmp:
     for flags, message in ((['--layer', '3'], 'unknown flag --layer (did you mean --layers?)'),
                            (['--bogus'], 'unknown flag --bogus'),  # last, without a value: still unknown
                            (['--layers', '0'], '--layers is 0, expected at least 1'),
-                           (['--clip', '-1'], '--clip is -1, expected at least 0')):
+                           (['--clip', '-1'], '--clip is -1, expected at least 0'),
+                           (['--data', tmp], f"the data file '{tmp}' is not a regular file")):
         out = run(2, *flags, expect=2)
         check(message in out, f'{" ".join(flags)}: "{message}"')
 

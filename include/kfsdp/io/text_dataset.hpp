@@ -41,6 +41,9 @@ class text_windows {
   }
 
   static text_windows from_file(const std::filesystem::path& path, std::size_t seq) {
+    std::error_code error;
+    if (std::filesystem::exists(path, error) && !std::filesystem::is_regular_file(path, error))
+      throw std::runtime_error(fmt::format("kfsdp: the data file '{}' is not a regular file (a directory?)", path.string()));
     std::ifstream in(path, std::ios::binary);
     if (!in) throw std::runtime_error(fmt::format("kfsdp: cannot open the data file '{}'", path.string()));
     std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
