@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include <kfsdp/model/containers.hpp>
+#include <kfsdp/model/gpt.hpp>
 #include <kfsdp/model/layers.hpp>
 #include <kfsdp/model/param_table.hpp>
 
@@ -42,4 +43,14 @@ TEST_CASE("a zero extent in a user layer is an error naming the parameter") {
   CHECK_THROWS_WITH_AS(make_param_table(sequential<"m", bad_layer>{}),
                        "kfsdp: parameter 'm.bad.weight' has extent 0 in dimension 1, expected at least 1",
                        std::invalid_argument);
+}
+
+TEST_CASE("sizes near 2^64 stop with a message naming the parameter and the operands, not a wrapped count") {
+  const std::size_t huge = std::size_t(1) << 40;
+  CHECK_THROWS_WITH_AS(make_param_table(linear<"fc">(huge, huge)),
+                       "kfsdp: parameter 'fc.weight' elements: 1099511627776 · 1099511627776 overflows 64 bits",
+                       std::overflow_error);
+  CHECK_THROWS_WITH_AS(make_gpt({.layers = 2, .dim = 9223372036854775809ull, .heads = 3, .seq = 32}),
+                       "kfsdp: gpt_config: dim (the MLP is 4·dim wide): 4 · 9223372036854775809 overflows 64 bits",
+                       std::overflow_error);
 }

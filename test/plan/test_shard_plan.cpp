@@ -90,3 +90,9 @@ TEST_CASE("the static plan equals the run-time plan; fingerprints tell plans apa
   CHECK(fingerprint(runtime) != fingerprint(make_shard_plan(param_table<M>, 3, bucketing::layer)));
   CHECK(fingerprint(runtime) != fingerprint(make_shard_plan(param_table<M>, 4, bucketing::block)));
 }
+
+TEST_CASE("a world size near 2^64 stops with a message instead of wrapping the byte counts") {
+  const auto table = kfsdp::make_param_table(kfsdp::make_gpt({.layers = 1, .dim = 8, .heads = 1, .seq = 4}));
+  CHECK_THROWS_WITH_AS(kfsdp::make_shard_plan(table, 1000000000000000000ull, kfsdp::bucketing::none),
+                       doctest::Contains("overflows 64 bits"), std::overflow_error);
+}

@@ -66,6 +66,7 @@ struct gpt_config {
     for (auto [value, name] : {std::pair{layers, "layers"}, std::pair{dim, "dim"}, std::pair{heads, "heads"},
                                std::pair{seq, "seq"}, std::pair{vocab, "vocab"}})
       if (value == 0) throw std::invalid_argument(std::string("kfsdp::gpt_config: ") + name + " is 0, expected at least 1");
+    (void)checked_mul(4, dim, [] { return "gpt_config: dim (the MLP is 4·dim wide)"; });
     if (dim % heads != 0)
       throw std::invalid_argument("kfsdp::gpt_config: heads is " + std::to_string(heads) +
                                   ", expected a divisor of dim = " + std::to_string(dim));

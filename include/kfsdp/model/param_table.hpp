@@ -80,7 +80,7 @@ constexpr void walk_params(const D& d, const inline_string<max_param_name>& pref
                                       "' has extent 0 in dimension " + std::to_string(i) +
                                       ", expected at least 1");
         p.shape[i] = decl.shape[i];
-        p.numel *= decl.shape[i];
+        p.numel = checked_mul(p.numel, decl.shape[i], [&] { return "parameter '" + std::string(p.name.view()) + "' elements"; });
       }
       p.layer = layer;
       p.block = state.current_block;

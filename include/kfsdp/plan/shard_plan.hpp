@@ -161,8 +161,11 @@ constexpr shard_plan make_shard_plan(std::span<const param_info> table, std::siz
     param_shard& p = plan.params[i];
     p.dim0 = info.dim0();
     p.row_numel = info.row_numel();
-    p.chunk_rows = (p.dim0 + world_size - 1) / world_size;
-    p.padding_rows = p.chunk_rows * world_size - p.dim0;
+    p.chunk_rows = p.dim0 / world_size + (p.dim0 % world_size != 0);
+    const auto what = [&] { return "make_shard_plan: parameter '" + std::string(info.name.view()) + "', padded"; };
+    p.padding_rows = checked_mul(p.chunk_rows, world_size, what) - p.dim0;
+    // Every rank's chunk and the gathered buffer (world_size chunks) must be addressable.
+    (void)checked_mul(checked_mul(p.chunk_rows, p.row_numel, what), world_size, what);
 
     const detail::bucket_key key = detail::key_of(info, i, strategy);
     if (i == 0 || !(key == previous)) {
@@ -175,10 +178,14 @@ constexpr shard_plan make_shard_plan(std::span<const param_info> table, std::siz
     p.storage_offset = plan.shard_numel;
     bucket.param_count += 1;
     bucket.shard_numel += p.chunk_numel();
-    plan.shard_numel += p.chunk_numel();
-    plan.full_numel += p.full_numel();
+    plan.shard_numel = checked_add(plan.shard_numel, p.chunk_numel(), [] { return "make_shard_plan: elements per rank"; });
+    plan.full_numel = checked_add(plan.full_numel, p.full_numel(), [] { return "make_shard_plan: elements of the model"; });
     plan.padding_numel += p.padding_rows * p.row_numel;
   }
+  // A bucket's gathered buffer (world_size shards) and the rank's storage in bytes (8 per element at most).
+  for (const bucket_shard& b : plan.buckets)
+    (void)checked_mul(checked_mul(b.shard_numel, world_size, [] { return "make_shard_plan: a bucket's gathered elements"; }), 8,
+                      [] { return "make_shard_plan: a bucket's gathered bytes"; });
   return plan;
 }
 
