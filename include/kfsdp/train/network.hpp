@@ -109,11 +109,6 @@ struct network_builder {
   void leave_unit(std::pair<bool, std::size_t> saved) { std::tie(inside_unit, current_unit) = saved; }
 };
 
-template <class D>
-constexpr std::size_t subtree_params(const D& d) {
-  return count_params(d);
-}
-
 // Runs a node's forward (and backward) as a unit when it is one.
 template <class Node, class X>
 auto unit_forward(Node& n, pass_context<typename Node::scalar_type>& ctx, X x) {
@@ -158,13 +153,33 @@ struct node_of;
 template <class D, class S>
 using node_t = typename detail::node_of<D, S>::type;
 
+// What every node has: its activation types, forward and backward run as a unit when it is one
+// (Derived supplies compute_forward, compute_backward and release), and the unit's state.
+template <class Derived, class S, class In, class Out>
+struct node_base {
+  using scalar_type = S;
+  using in_tag = In;
+  using out_tag = Out;
+
+  value_t<Out, S> forward(pass_context<S>& ctx, value_t<In, S> x) {
+    return detail::unit_forward(static_cast<Derived&>(*this), ctx, x);
+  }
+  gradient_t<In, S> backward(pass_context<S>& ctx, gradient_t<Out, S> dy) {
+    return detail::unit_backward(static_cast<Derived&>(*this), ctx, dy);
+  }
+
+  std::size_t unit = no_unit;      // the FSDP unit this node is, or no_unit
+  value_t<In, S> saved_input{};    // with checkpointing: the unit's input, kept for the recompute
+  bool checkpointed = false;
+};
+
 // A leaf: one layer's compute on its parameters.
 template <class D, class S>
-class leaf_node {
+class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> {
  public:
-  using scalar_type = S;
   using in_tag = input_t<D>;
   using out_tag = output_t<D>;
+  using node_base<leaf_node, S, in_tag, out_tag>::unit;
 
   leaf_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit)
       : desc_(d), op_(d), input_grad_(input_grad) {
@@ -227,10 +242,6 @@ class leaf_node {
     b.previous = "'" + name_ + "' before it";
   }
 
-  value_t<out_tag, S> forward(pass_context<S>& ctx, value_t<in_tag, S> x) { return detail::unit_forward(*this, ctx, x); }
-  gradient_t<in_tag, S> backward(pass_context<S>& ctx, gradient_t<out_tag, S> dy) {
-    return detail::unit_backward(*this, ctx, dy);
-  }
 
   value_t<out_tag, S> compute_forward(pass_context<S>& ctx, value_t<in_tag, S> x) {
     rows_ = x.extent(0);
@@ -274,9 +285,6 @@ class leaf_node {
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   [[nodiscard]] std::size_t out_features() const noexcept { return out_; }
 
-  std::size_t unit = no_unit;
-  value_t<in_tag, S> saved_input{};
-  bool checkpointed = false;
 
  private:
   void push(std::size_t index) {
@@ -298,19 +306,15 @@ class leaf_node {
 
 // The children of a sequential or block, in order.
 template <class D, class S, class... C>
-class sequence_node {
+class sequence_node : public node_base<sequence_node<D, S, C...>, S, input_t<D>, output_t<D>> {
  public:
-  using scalar_type = S;
   using in_tag = input_t<D>;
   using out_tag = output_t<D>;
+  using node_base<sequence_node, S, in_tag, out_tag>::unit;
 
   sequence_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit)
       : children_(make_children(d, b, input_grad, as_unit, std::index_sequence_for<C...>{})) {}
 
-  value_t<out_tag, S> forward(pass_context<S>& ctx, value_t<in_tag, S> x) { return detail::unit_forward(*this, ctx, x); }
-  gradient_t<in_tag, S> backward(pass_context<S>& ctx, gradient_t<out_tag, S> dy) {
-    return detail::unit_backward(*this, ctx, dy);
-  }
   value_t<out_tag, S> compute_forward(pass_context<S>& ctx, value_t<in_tag, S> x) { return forward_from<0>(ctx, x); }
   gradient_t<in_tag, S> compute_backward(pass_context<S>& ctx, gradient_t<out_tag, S> dy) {
     return backward_from<sizeof...(C)>(ctx, dy);
@@ -320,15 +324,12 @@ class sequence_node {
   }
   [[nodiscard]] std::size_t out_features() const { return std::get<sizeof...(C) - 1>(children_).out_features(); }
 
-  std::size_t unit = no_unit;
-  value_t<in_tag, S> saved_input{};
-  bool checkpointed = false;
 
  private:
   template <std::size_t... I>
   std::tuple<node_t<C, S>...> make_children(const D& d, detail::network_builder& b, bool input_grad, bool as_unit,
                                             std::index_sequence<I...>) {
-    const bool is_unit = detail::subtree_params(d) > 0 && !b.inside_unit &&
+    const bool is_unit = detail::count_params(d) > 0 && !b.inside_unit &&
                          (as_unit || (D::kind == layer_kind::block && b.policy == wrap_policy::blocks));
     if (is_unit) unit = b.unit_of_param[b.next_param];
     const auto saved = b.enter_unit(unit);
@@ -358,21 +359,15 @@ class sequence_node {
 
 // x + f(x).
 template <class D, class S>
-class residual_node {
+class residual_node : public node_base<residual_node<D, S>, S, features, features> {
  public:
-  using scalar_type = S;
-  using in_tag = features;
-  using out_tag = features;
+  using node_base<residual_node, S, features, features>::unit;
 
   residual_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit)
       : input_grad_(input_grad), inner_(init(d, b, input_grad, as_unit)) {
     b.leave_unit(saved_);
   }
 
-  value_t<features, S> forward(pass_context<S>& ctx, value_t<features, S> x) { return detail::unit_forward(*this, ctx, x); }
-  gradient_t<features, S> backward(pass_context<S>& ctx, gradient_t<features, S> dy) {
-    return detail::unit_backward(*this, ctx, dy);
-  }
   value_t<features, S> compute_forward(pass_context<S>& ctx, value_t<features, S> x) {
     const nn::const_matrix<S> fx = inner_.compute_forward(ctx, x);
     nn::detail::add<S>(detail::ensure(out_, "kfsdp::nn::activation", x.extent(0), x.extent(1)), fx, x);
@@ -391,14 +386,11 @@ class residual_node {
   }
   [[nodiscard]] std::size_t out_features() const { return inner_.out_features(); }
 
-  std::size_t unit = no_unit;
-  value_t<features, S> saved_input{};
-  bool checkpointed = false;
 
  private:
   using inner_type = node_t<typename D::base, S>;
   inner_type init(const D& d, detail::network_builder& b, bool input_grad, bool as_unit) {
-    const bool is_unit = detail::subtree_params(d) > 0 && !b.inside_unit && as_unit;
+    const bool is_unit = detail::count_params(d) > 0 && !b.inside_unit && as_unit;
     if (is_unit) unit = b.unit_of_param[b.next_param];
     saved_ = b.enter_unit(unit);
     const std::size_t width = b.width;
@@ -416,15 +408,15 @@ class residual_node {
 
 // N copies, each its own unit (wrap_policy::blocks).
 template <class D, class S>
-class repeat_node {
+class repeat_node : public node_base<repeat_node<D, S>, S, input_t<D>, output_t<D>> {
  public:
-  using scalar_type = S;
   using element = typename D::element_type;
   using in_tag = input_t<D>;
   using out_tag = output_t<D>;
+  using node_base<repeat_node, S, in_tag, out_tag>::unit;
 
   repeat_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit) {
-    const bool is_unit = detail::subtree_params(d) > 0 && !b.inside_unit && as_unit;
+    const bool is_unit = detail::count_params(d) > 0 && !b.inside_unit && as_unit;
     if (is_unit) unit = b.unit_of_param[b.next_param];
     const auto saved = b.enter_unit(unit);
     const bool copies_as_units = !b.inside_unit && b.policy == wrap_policy::blocks;
@@ -438,10 +430,6 @@ class repeat_node {
     b.leave_unit(saved);
   }
 
-  value_t<out_tag, S> forward(pass_context<S>& ctx, value_t<in_tag, S> x) { return detail::unit_forward(*this, ctx, x); }
-  gradient_t<in_tag, S> backward(pass_context<S>& ctx, gradient_t<out_tag, S> dy) {
-    return detail::unit_backward(*this, ctx, dy);
-  }
   value_t<out_tag, S> compute_forward(pass_context<S>& ctx, value_t<in_tag, S> x) {
     for (auto& c : copies_) x = c.forward(ctx, x);
     return x;
@@ -455,9 +443,6 @@ class repeat_node {
   }
   [[nodiscard]] std::size_t out_features() const { return copies_.back().out_features(); }
 
-  std::size_t unit = no_unit;
-  value_t<in_tag, S> saved_input{};
-  bool checkpointed = false;
 
  private:
   std::vector<node_t<element, S>> copies_;
