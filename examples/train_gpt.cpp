@@ -6,7 +6,8 @@
 // the buckets it needs unit by unit (each block; the rest is the root) and reduce-scatters the
 // gradients (see README.md). The model is one descriptor (kfsdp::make_gpt); kfsdp::trainer trains it.
 // One line per step: step, loss, tokens/s, per-rank memory (shards, unsharded peak, and the peak of
-// the layers' activations, measured), bytes communicated.
+// the layers' activations, measured), bytes communicated; --metrics F writes the same per step as
+// JSON lines (examples/metrics.hpp).
 
 #include <unistd.h>
 
@@ -35,6 +36,7 @@
 #include <kfsdp/train/trainer.hpp>
 
 #include "cli.hpp"
+#include "metrics.hpp"
 #include "mpi_program.hpp"
 
 namespace {
@@ -42,7 +44,7 @@ namespace {
 using kfsdp::examples::cli;
 
 struct settings {
-  std::string data, save, load, trace, resume;
+  std::string data, save, load, trace, resume, metrics;
   std::size_t save_every = 0;
   std::string backend;
   bool overlap = true;
@@ -79,6 +81,7 @@ cli make_cli() {
       .flag("eval", "0", "with --load: print eval_loss over the first W windows and exit")
       .flag("sample", "200", "bytes of generated text printed at the end (0: none)")
       .flag("log-every", "1", "print every k-th step")
+      .flag("metrics", "", "write one JSON line per step here (rank 0; loss, tokens/s, memory, comm bytes; overwritten)")
       .flag("trace", "", "write a Chrome/Perfetto timeline of the steps here (one file per rank: FILE.rank<r>.json)")
       .flag("backend", "mpi", "mpi | nccl (one GPU per rank; needs a CUDA build of Kokkos)")
       .flag("checkpointing", "off", "on: activation checkpointing per block (recomputed in backward) | off");
@@ -110,6 +113,7 @@ settings read(const cli& c, int world_size) {
   if (!c.str("broadcast-from").empty()) s.fsdp.broadcast_from = static_cast<int>(c.size("broadcast-from"));
   s.overlap = kfsdp::examples::read_schedule_flags(c, s.fsdp);
   s.trace = c.str("trace");
+  s.metrics = c.str("metrics");
   s.training.checkpointing = c.choice("checkpointing", {"on", "off"}) == "on";
   s.backend = c.choice("backend", {"mpi", "nccl"});
   s.save = c.str("save");
@@ -125,13 +129,14 @@ settings read(const cli& c, int world_size) {
   if (s.eval_windows > 0 && s.load.empty()) fail("--eval needs --load FILE (the weights to evaluate)");
   if (!s.resume.empty() && !s.load.empty()) fail("--resume and --load both given: --resume restores the weights too");
   if (s.save_every > 0 && s.save.empty()) fail("--save-every needs --save FILE");
+  if (s.eval_windows > 0 && !s.metrics.empty()) fail("--metrics and --eval both given: --eval trains no steps");
   return s;
 }
 
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
 
 template <class Scalar>
-int run(const settings& s, kfsdp::comm::mpi& world) {
+int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_file& metrics) {
   const bool root = world.rank() == 0;
   const auto data = kfsdp::io::text_windows::from_file(s.data, s.model.seq);
   const auto model = kfsdp::make_gpt(s.model);
@@ -260,6 +265,23 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
       const kfsdp::step_result r =
           std::visit([&](auto& opt) { return trainer.step(std::span<const batch>(batches), opt, s.clip, s.accumulation); }, optimizer);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (metrics) {
+        const auto m = engine.memory();
+        const std::size_t comm_bytes = engine.bytes_communicated() - bytes_before;
+        metrics.write({{"step", step + 1},
+                       {"loss", r.loss},
+                       {"grad_norm", r.grad_norm},
+                       {"lr", s.lr},
+                       {"tokens_per_s", double(s.grad_accum * s.batch * s.model.seq) / seconds},
+                       {"step_time_s", seconds},
+                       {"memory_per_rank_bytes", m.sharded_params + m.sharded_grads + optimizer_bytes + m.unsharded_peak},
+                       {"params_bytes", m.sharded_params},
+                       {"grads_bytes", m.sharded_grads},
+                       {"optimizer_bytes", optimizer_bytes},
+                       {"unsharded_peak_bytes", m.unsharded_peak},
+                       {"activation_peak_bytes", trainer.peak_activation_bytes()},
+                       {"comm_bytes", comm_bytes}});
+      }
       if (step == first_step) first_loss = r.loss;
       last_loss = r.loss;
       if (root && (step % s.log_every == 0 || step + 1 == s.steps)) {
@@ -316,6 +338,7 @@ int main(int argc, char** argv) {
     cli c = make_cli();
     if (!c.parse(argc, argv)) return 0;
     const settings s = read(c, world.size());
-    return s.dtype == "f32" ? run<float>(s, world) : run<double>(s, world);
+    kfsdp::examples::metrics_file metrics("train_gpt", s.metrics, world);  // before any step: a bad path stops every rank
+    return s.dtype == "f32" ? run<float>(s, world, metrics) : run<double>(s, world, metrics);
   });
 }

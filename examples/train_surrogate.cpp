@@ -9,7 +9,8 @@
 // output layer, MSE. Features and targets are normalised with the training set's statistics,
 // which --save stores in the file's metadata beside the sizes, so --load --eval needs no flag
 // of the training run but the test set's. Errors are relative L2 in physical units:
-// ||u_pred − u||₂ / ||u||₂ over every sample of the set.
+// ||u_pred − u||₂ / ||u||₂ over every sample of the set. --metrics F writes one JSON line per step
+// (loss, samples/s, memory, comm bytes; examples/metrics.hpp).
 
 #include <chrono>
 #include <cmath>
@@ -29,6 +30,7 @@
 
 #include "cli.hpp"
 #include "heat_problem.hpp"
+#include "metrics.hpp"
 #include "mpi_program.hpp"
 
 namespace {
@@ -48,7 +50,7 @@ struct settings {
   std::size_t train_problems, test_problems, grid, width, depth, steps, batch, log_every;
   double lr, weight_decay, clip;
   std::uint64_t seed, test_seed;
-  std::string dtype, save, load;
+  std::string dtype, save, load, metrics;
   bool eval;
   kfsdp::fsdp_options fsdp;
   kfsdp::trainer_options trainer;
@@ -76,8 +78,10 @@ settings read(const kfsdp::examples::cli& c, int world_size) {
   s.save = c.str("save");
   s.load = c.str("load");
   s.eval = c.choice("eval", {"on", "off"}) == "on";
+  s.metrics = c.str("metrics");
   auto fail = [](const std::string& m) { throw std::invalid_argument("train_surrogate: " + m); };
   if (s.eval != !s.load.empty()) fail("--load FILE and --eval on go together (evaluate the saved model, then exit)");
+  if (s.eval && !s.metrics.empty()) fail("--metrics and --eval on both given: --eval trains no steps");
   if (s.grid == 0 || s.test_problems == 0) fail("--grid and --test-problems must be at least 1");
   if (!s.eval && (s.train_problems == 0 || s.width == 0 || s.depth == 0))
     fail("--train-problems, --width and --depth must be at least 1");
@@ -138,7 +142,7 @@ double relative_l2(Trainer& t, const kfsdp::io::array_dataset& set, const std::v
 }
 
 template <class Scalar>
-int run(const settings& s, kfsdp::comm::mpi& world) {
+int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_file& metrics) {
   using namespace kfsdp::examples;
   const bool root = world.rank() == 0;
   const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
@@ -178,9 +182,32 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
                  train_set.count(), test_set.count());
     const auto start = std::chrono::steady_clock::now();
     for (std::size_t step = 0; step < s.steps; ++step) {
-      adam.set_lr(0.5 * s.lr * (1 + std::cos(std::numbers::pi * double(step) / double(s.steps))));  // cosine decay
+      const double lr = 0.5 * s.lr * (1 + std::cos(std::numbers::pi * double(step) / double(s.steps)));  // cosine decay
+      adam.set_lr(lr);
       auto [x, y] = train_set.rank_slice<Scalar>(train_set.micro_batch(s.seed, step, s.batch), rank, ws);
+      auto& engine = trainer.engine();
+      const std::size_t bytes_before = engine.bytes_communicated();
+      if (metrics) engine.reset_peak_memory();
+      const auto step_start = std::chrono::steady_clock::now();
       const kfsdp::step_result r = trainer.step({{x, y}}, adam, s.clip);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+      if (metrics) {
+        const auto m = engine.memory();
+        const std::size_t optimizer_bytes = 2 * engine.plan().shard_numel * sizeof(Scalar);  // AdamW: exp_avg, exp_avg_sq
+        metrics.write({{"step", step + 1},
+                       {"loss", r.loss},
+                       {"grad_norm", r.grad_norm},
+                       {"lr", lr},
+                       {"samples_per_s", double(s.batch) / seconds},
+                       {"step_time_s", seconds},
+                       {"memory_per_rank_bytes", m.sharded_params + m.sharded_grads + optimizer_bytes + m.unsharded_peak},
+                       {"params_bytes", m.sharded_params},
+                       {"grads_bytes", m.sharded_grads},
+                       {"optimizer_bytes", optimizer_bytes},
+                       {"unsharded_peak_bytes", m.unsharded_peak},
+                       {"activation_peak_bytes", trainer.peak_activation_bytes()},
+                       {"comm_bytes", engine.bytes_communicated() - bytes_before}});
+      }
       if (root && (step == 0 || (step + 1) % s.log_every == 0 || step + 1 == s.steps))
         fmt::print("step {:>5}/{} | loss {:.8g} | grad norm {:.4g}\n", step + 1, s.steps, r.loss, r.grad_norm);
     }
@@ -222,9 +249,11 @@ int main(int argc, char** argv) {
         .flag("log-every", "500", "print every k-th step")
         .flag("save", "", "write the weights and normalisation here (safetensors) at the end")
         .flag("load", "", "with --eval on: the weights to evaluate")
-        .flag("eval", "off", "on (with --load FILE): print the test relative L2 of the saved model and exit");
+        .flag("eval", "off", "on (with --load FILE): print the test relative L2 of the saved model and exit")
+        .flag("metrics", "", "write one JSON line per step here (rank 0; loss, samples/s, memory, comm bytes; overwritten)");
     if (!c.parse(argc, argv)) return 0;
     const settings s = read(c, world.size());
-    return s.dtype == "f32" ? run<float>(s, world) : run<double>(s, world);
+    kfsdp::examples::metrics_file metrics("train_surrogate", s.metrics, world);  // before any step: a bad path stops every rank
+    return s.dtype == "f32" ? run<float>(s, world, metrics) : run<double>(s, world, metrics);
   });
 }

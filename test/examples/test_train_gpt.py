@@ -76,6 +76,28 @@ with tempfile.TemporaryDirectory() as tmp:
         check(all(e['ph'] == 'X' and e['pid'] == r and e['tid'] == 1 and e['args']['bytes'] > 0 for e in gathers),
               f'trace rank {r}: all-gathers carry bucket and bytes on the communication lane')
 
+    # --metrics: one JSON object a line for every step (also those --log-every does not print), the
+    # printed losses, the printed memory, and each rank's communication.
+    out = run(2, '--steps', '5', '--log-every', '2', '--metrics', f('metrics.jsonl'))
+    text = open(f('metrics.jsonl')).read()
+    records = [json.loads(line) for line in text.splitlines()]
+    check(text.endswith('\n') and [r['step'] for r in records] == [1, 2, 3, 4, 5], '--metrics: one JSON line per step')
+    keys = {'step', 'loss', 'grad_norm', 'lr', 'tokens_per_s', 'step_time_s', 'memory_per_rank_bytes', 'params_bytes',
+            'grads_bytes', 'optimizer_bytes', 'unsharded_peak_bytes', 'activation_peak_bytes', 'comm_bytes'}
+    check(all(r.keys() == keys for r in records), f'--metrics keys: {sorted(records[0].keys())}')
+    printed = {int(line.split()[1].split('/')[0]): line for line in out.splitlines() if line.startswith('step ')}
+    check(sorted(printed) == [1, 3, 5] and all(f'loss {records[n - 1]["loss"]:.6f} |' in line for n, line in printed.items()),
+          '--metrics: the losses equal the printed ones')
+    mib = lambda b: f'{b / 2**20:.2f} MiB'
+    check(all(f'memory/rank {mib(r["memory_per_rank_bytes"])} (params {mib(r["params_bytes"])}, grads {mib(r["grads_bytes"])}, '
+              f'optimizer {mib(r["optimizer_bytes"])}, unsharded peak {mib(r["unsharded_peak_bytes"])}) | '
+              f'activations {mib(r["activation_peak_bytes"])}' in printed[r['step']] for r in records if r['step'] in printed),
+          '--metrics: the memory equals the printed one')
+    check(all(r['memory_per_rank_bytes'] == r['params_bytes'] + r['grads_bytes'] + r['optimizer_bytes'] + r['unsharded_peak_bytes']
+              and r['comm_bytes'] > 0 and r['lr'] == 0.002 and r['grad_norm'] > 0 and r['step_time_s'] > 0
+              and abs(r['tokens_per_s'] * r['step_time_s'] - 12 * 16) < 1e-6 * 12 * 16 for r in records),
+          '--metrics: memory sums, comm bytes, lr, grad norm, tokens/s x step time = tokens')
+
     # Bad input is a clear error, the same on every rank, and no hang.
     out = run(2, '--batch', '3', expect=2)
     check('--batch is 3, expected a positive multiple of the 2 ranks' in out, 'an uneven batch is refused')
@@ -85,7 +107,10 @@ with tempfile.TemporaryDirectory() as tmp:
                            (['--bogus'], 'unknown flag --bogus'),  # last, without a value: still unknown
                            (['--layers', '0'], '--layers is 0, expected at least 1'),
                            (['--clip', '-1'], '--clip is -1, expected at least 0'),
-                           (['--data', tmp], f"the data file '{tmp}' is not a regular file")):
+                           (['--data', tmp], f"the data file '{tmp}' is not a regular file"),
+                           (['--metrics', f('no-dir/m.jsonl')],
+                            f"--metrics '{f('no-dir/m.jsonl')}' cannot be opened for writing: No such file or directory"),
+                           (['--metrics', tmp], f"--metrics '{tmp}' cannot be opened for writing: Is a directory")):
         out = run(2, *flags, expect=2)
         check(message in out, f'{" ".join(flags)}: "{message}"')
 

@@ -3,7 +3,7 @@
 measured accuracy, the saved model evaluates the same at other world sizes, and bad flags are
 clear errors on every rank, without a hang.
 usage: test_train_surrogate.py TRAIN_SURROGATE MPIRUN [MPIRUN_ARGS...]"""
-import os, re, subprocess, sys, tempfile, time
+import json, os, re, subprocess, sys, tempfile, time
 
 train_surrogate, mpirun = sys.argv[1], sys.argv[2:]
 # Measured with the defaults on 2 ranks (2 cores): test relative L2 0.0120, train 0.0089 (see the
@@ -64,6 +64,25 @@ with tempfile.TemporaryDirectory() as tmp:
         check(len(got) == len(ref) and all(abs(a - b) <= 1e-7 * abs(b) for a, b in zip(got, ref)),
               f'2 ranks {" ".join(flags)} train as 1 rank: {got} vs {ref}')
 
+    # --metrics: one JSON object a line for every step, with the printed losses (printed to 8 digits).
+    metrics = os.path.join(tmp, 'metrics.jsonl')
+    out = run(2, *short, '--metrics', metrics)
+    text = open(metrics).read()
+    records = [json.loads(line) for line in text.splitlines()]
+    check(text.endswith('\n') and [r['step'] for r in records] == list(range(1, 41)), '--metrics: one JSON line per step')
+    keys = {'step', 'loss', 'grad_norm', 'lr', 'samples_per_s', 'step_time_s', 'memory_per_rank_bytes', 'params_bytes',
+            'grads_bytes', 'optimizer_bytes', 'unsharded_peak_bytes', 'activation_peak_bytes', 'comm_bytes'}
+    check(all(r.keys() == keys for r in records), f'--metrics keys: {sorted(records[0].keys())}')
+    printed = dict(re.findall(r'^step +(\d+)/\d+ \| loss (\S+) ', out, re.M))
+    check(sorted(map(int, printed)) == [1, 10, 20, 30, 40] and all(f'{records[int(n) - 1]["loss"]:.8g}' == v for n, v in printed.items()),
+          f'--metrics: the losses equal the printed ones {printed}')
+    check(all(r['memory_per_rank_bytes'] == r['params_bytes'] + r['grads_bytes'] + r['optimizer_bytes'] + r['unsharded_peak_bytes']
+              and r['params_bytes'] > 0 and r['comm_bytes'] > 0 and r['grad_norm'] > 0 and r['step_time_s'] > 0
+              and abs(r['samples_per_s'] * r['step_time_s'] - 256) < 1e-6 * 256 for r in records),
+          '--metrics: memory sums, comm bytes, grad norm, samples/s x step time = batch')
+    check(records[0]['lr'] == 0.003 and all(a['lr'] > b['lr'] > 0 for a, b in zip(records, records[1:])),
+          '--metrics: lr starts at --lr and decays')
+
     # Bad input: exit status 2 from every rank (mpirun would report a rank that does not), one
     # clear message (rank 0 prints it), no hang.
     for flags, message in (
@@ -71,7 +90,9 @@ with tempfile.TemporaryDirectory() as tmp:
             (['--batch', '3'], '--batch is 3, expected a positive multiple of the 2 ranks'),
             (['--widht', '8'], 'unknown flag --widht'),
             (['--eval', 'on'], '--load FILE and --eval on go together'),
-            (['--load', os.path.join(tmp, 'missing.safetensors'), '--eval', 'on'], 'missing.safetensors')):
+            (['--load', os.path.join(tmp, 'missing.safetensors'), '--eval', 'on'], 'missing.safetensors'),
+            (['--metrics', os.path.join(tmp, 'no-dir', 'm.jsonl')],
+             f"--metrics '{os.path.join(tmp, 'no-dir', 'm.jsonl')}' cannot be opened for writing: No such file or directory")):
         out = run(2, *flags, expect=2, timeout=60)
         check(out.count('error: ') == 1 and message in out, f'{" ".join(flags)}: a clear error ({message!r})')
 
