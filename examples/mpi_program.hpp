@@ -1,15 +1,12 @@
 #pragma once
 // The main() of the MPI examples and benches: MPI (SERIALIZED, since with --overlap on a
-// communication thread makes the MPI calls) and Kokkos up, the program run on MPI_COMM_WORLD, and
-// an error turned into "error: ..." on rank 0 and exit status 2 on every rank (every rank parses
-// the same flags and meets the same checks, so every rank fails alike instead of hanging).
+// communication thread makes the MPI calls) and Kokkos up, the program run on MPI_COMM_WORLD
+// under kfsdp::comm::run_or_abort: an error seen on every rank (a bad flag) is printed once by
+// rank 0 with exit status 2; an error on one rank only is printed by that rank and ends the job.
 //
 //   int main(int argc, char** argv) {
 //     return kfsdp::examples::mpi_program(argc, argv, [&](kfsdp::comm::mpi& world) { return run(world); });
 //   }
-
-#include <cstdio>
-#include <exception>
 
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/environment.hpp>
@@ -21,12 +18,7 @@ int mpi_program(int argc, char** argv, Program&& program) {
   kfsdp::comm::mpi::environment mpi_up(argc, argv, MPI_THREAD_SERIALIZED);
   kfsdp::environment kokkos_up(argc, argv);
   kfsdp::comm::mpi world;
-  try {
-    return program(world);
-  } catch (const std::exception& e) {
-    if (world.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
+  return kfsdp::comm::run_or_abort(world, [&] { return program(world); });
 }
 
 }  // namespace kfsdp::examples

@@ -4,9 +4,11 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <numeric>
 #include <span>
 #include <stdexcept>
@@ -474,6 +476,115 @@ TEST_CASE("mpi: check_agreement throws on EVERY rank when ranks disagree, withou
                                          "0x0 to 0xffffffffffffffff"),
                        std::runtime_error);
   world.barrier();
+}
+
+TEST_CASE("mpi: with check_collectives, every collective works as without (and with a timeout)") {
+  for (const comm::mpi_options options :
+       {comm::mpi_options{.check_collectives = true, .timeout = std::chrono::seconds(0)},
+        comm::mpi_options{.check_collectives = true, .timeout = std::chrono::seconds(60)},
+        comm::mpi_options{.check_collectives = false, .timeout = std::chrono::seconds(60)}}) {
+    comm::mpi world(MPI_COMM_WORLD, options);
+    const int ranks = world.size();
+    const auto mine = contributions<double>(world.rank(), 3);
+    std::vector<double> all(3 * static_cast<std::size_t>(ranks));
+    world.all_gather(std::span<const double>(mine), std::span(all));
+    CHECK(all == gathered<double>(ranks, 3));
+    world.iall_gather(std::span<const double>(mine), std::span(all)).wait();
+    CHECK(all == gathered<double>(ranks, 3));
+    for (const std::size_t ring_min : {std::size_t{0}, std::size_t{1} << 30}) {  // ring, then MPI's
+      world.set_reduce_scatter_ring_min_bytes(ring_min);
+      const auto send = contributions<double>(world.rank(), 5 * static_cast<std::size_t>(ranks));
+      std::vector<double> recv(5);
+      world.reduce_scatter_sum(std::span<const double>(send), std::span(recv));
+      CHECK(recv == scattered_sum<double>(world.rank(), ranks, 5));
+      std::fill(recv.begin(), recv.end(), 0.0);
+      world.ireduce_scatter_sum(std::span<const double>(send), std::span(recv)).wait();
+      CHECK(recv == scattered_sum<double>(world.rank(), ranks, 5));
+    }
+    std::vector<float> value{float(world.rank() == ranks - 1 ? 7 : 0)};
+    world.broadcast(std::span(value), ranks - 1);
+    CHECK(value[0] == 7.0f);
+    std::vector<std::int64_t> extreme{world.rank()};
+    world.all_reduce_max(std::span(extreme));
+    CHECK(extreme[0] == ranks - 1);
+    world.all_reduce_min(std::span(extreme));
+    CHECK(extreme[0] == ranks - 1);
+    std::vector<double> sum{1.0};
+    world.iall_reduce_sum(std::span(sum)).wait();
+    CHECK(sum[0] == double(ranks));
+    world.barrier();
+  }
+}
+
+TEST_CASE("mpi: ranks calling different collectives throw collective_mismatch on every rank, naming each call") {
+  comm::mpi world(MPI_COMM_WORLD, {.check_collectives = true});
+  if (world.size() == 1) return;  // one rank always agrees with itself
+  const std::string this_rank = fmt::format("this is rank {} of {}", world.rank(), world.size());
+  const std::string others = world.size() == 2 ? "rank 1" : fmt::format("ranks 1, {}", world.size() == 3 ? "2" : "2, 3");
+  std::vector<float> shard(2), full(2 * static_cast<std::size_t>(world.size()));
+  std::vector<double> data(3);
+  const auto mismatched = [&] {
+    if (world.rank() == 0) world.all_gather(std::span<const float>(shard), std::span(full));
+    else world.broadcast(std::span(data), 0);
+  };
+  CHECK_THROWS_WITH_AS(mismatched(),
+      doctest::Contains(fmt::format("the ranks called different collectives (checked call 1 on this "
+                                    "communicator): all_gather(2 elements of 4 bytes per rank) on "
+                                    "rank 0; broadcast(3 elements of 8 bytes, root 0) on {}; {}",
+                                    others, this_rank).c_str()),
+      comm::mpi::collective_mismatch);
+  // The same collective with other sizes (a rank-dependent count): found too, nothing sent.
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(world.rank() == 0 ? 1 : 2));
+  CHECK_THROWS_WITH_AS(world.all_reduce_sum(std::span(counts)),
+      doctest::Contains(fmt::format("all_reduce_sum(1 elements of 8 bytes) on rank 0; "
+                                    "all_reduce_sum(2 elements of 8 bytes) on {}", others).c_str()),
+      comm::mpi::collective_mismatch);
+  CHECK_THROWS_AS(world.iall_reduce_sum(std::span(counts)), comm::mpi::collective_mismatch);
+  // Nothing was left in flight: the communicator goes on.
+  CHECK_NOTHROW(world.barrier());
+}
+
+TEST_CASE("mpi: a collective that another rank does not call throws mpi::timeout instead of hanging") {
+  comm::mpi world;
+  if (world.size() == 1) return;  // nothing to wait for
+  {
+    comm::mpi timed(MPI_COMM_WORLD, {.check_collectives = false, .timeout = std::chrono::milliseconds(300)});
+    if (world.rank() == 0) {
+      const auto started = std::chrono::steady_clock::now();
+      CHECK_THROWS_WITH_AS(timed.barrier(),
+          doctest::Contains("kfsdp::comm::mpi::barrier: not complete after 0.3 s "
+                            "(mpi_options::timeout) on rank 0 of"),
+          comm::mpi::timeout);
+      CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(5));
+      world.barrier();
+      world.barrier();  // MPI progresses rank 0's abandoned barrier meanwhile
+    } else {
+      world.barrier();  // rank 0 has given up on its barrier
+      timed.barrier();  // completes the abandoned one, so the test leaves nothing pending
+      world.barrier();
+    }
+  }
+  int value = 1;
+  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(value == world.size());
+}
+
+TEST_CASE("mpi_options: the defaults come from KFSDP_CHECK_COLLECTIVES and KFSDP_COLLECTIVE_TIMEOUT") {
+  ::setenv("KFSDP_CHECK_COLLECTIVES", "1", 1);
+  ::setenv("KFSDP_COLLECTIVE_TIMEOUT", "2.5", 1);
+  const comm::mpi_options from_environment;
+  CHECK(from_environment.check_collectives);
+  CHECK(from_environment.timeout.count() == 2.5);
+  ::setenv("KFSDP_COLLECTIVE_TIMEOUT", "soon", 1);
+  CHECK_THROWS_WITH_AS(comm::mpi_options{},
+      "KFSDP_COLLECTIVE_TIMEOUT is 'soon', expected a number of seconds >= 0 (0: no timeout)",
+      std::invalid_argument);
+  ::setenv("KFSDP_COLLECTIVE_TIMEOUT", "0", 1);
+  ::setenv("KFSDP_CHECK_COLLECTIVES", "yes", 1);
+  CHECK_THROWS_WITH_AS(comm::mpi_options{},
+      "KFSDP_CHECK_COLLECTIVES is 'yes', expected 1, on, 0 or off", std::invalid_argument);
+  ::unsetenv("KFSDP_CHECK_COLLECTIVES");
+  ::unsetenv("KFSDP_COLLECTIVE_TIMEOUT");
 }
 
 TEST_CASE("mpi::environment: a second guard finds MPI running and leaves it running") {

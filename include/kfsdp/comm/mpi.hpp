@@ -4,7 +4,9 @@
 // It wraps MPI_COMM_WORLD, or any MPI_Comm you pass, duplicated with MPI_Comm_dup so kfsdp's
 // messages never match yours; the duplicate is freed in the destructor (kfsdp's ring
 // reduce-scatter sends point-to-point messages on it, tags 0-32767: send none of your own there). Errors come back as
-// exceptions (MPI_ERRORS_RETURN is set on the duplicate), never as an abort.
+// exceptions (MPI_ERRORS_RETURN is set on the duplicate), never as an abort. Two guards against a
+// user's mismatched collectives (mpi_options): the ranks compare each call before making it, and a
+// call that waits longer than a timeout throws. run_or_abort ends a job in which one rank failed.
 //
 //   int main(int argc, char** argv) {
 //     kfsdp::comm::mpi::environment mpi_up(argc, argv);    // MPI_Init_thread(FUNNELED), finalize
@@ -18,15 +20,20 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -55,7 +62,92 @@ inline std::string mpi_error_text(int code) {
   return std::string(text, static_cast<std::size_t>(length));
 }
 
+// What the ranks compare before a checked collective: the same on every rank, or a user's bug.
+enum class collective_kind : std::uint64_t {
+  all_gather, reduce_scatter_sum, broadcast, all_reduce_sum, all_reduce_max, all_reduce_min, barrier
+};
+struct collective_call {
+  collective_kind kind;
+  std::uint64_t element_bytes;  // 0 for a barrier
+  std::uint64_t count;          // per rank for all_gather (send) and reduce_scatter_sum (recv)
+  std::uint64_t root;           // broadcast only
+  friend bool operator==(const collective_call&, const collective_call&) = default;
+};
+inline std::string describe(const collective_call& call) {
+  constexpr std::string_view names[] = {"all_gather", "reduce_scatter_sum", "broadcast",
+                                        "all_reduce_sum", "all_reduce_max", "all_reduce_min",
+                                        "barrier"};
+  const std::string_view name = names[static_cast<std::size_t>(call.kind)];
+  if (call.kind == collective_kind::barrier) return fmt::format("{}()", name);
+  const std::string elements = fmt::format("{} elements of {} bytes", call.count, call.element_bytes);
+  if (call.kind == collective_kind::broadcast)
+    return fmt::format("{}({}, root {})", name, elements, call.root);
+  const bool per_rank = call.kind == collective_kind::all_gather ||
+                        call.kind == collective_kind::reduce_scatter_sum;
+  return fmt::format("{}({}{})", name, elements, per_rank ? " per rank" : "");
+}
+
+// "all_gather(...) on ranks 0, 2; broadcast(...) on rank 1": each distinct call once.
+inline std::string describe_calls(std::span<const collective_call> by_rank) {
+  std::vector<std::pair<collective_call, std::vector<int>>> distinct;
+  for (std::size_t rank = 0; rank < by_rank.size(); ++rank) {
+    auto same = std::find_if(distinct.begin(), distinct.end(),
+                             [&](const auto& seen) { return seen.first == by_rank[rank]; });
+    if (same == distinct.end()) same = distinct.insert(distinct.end(), {by_rank[rank], {}});
+    same->second.push_back(static_cast<int>(rank));
+  }
+  std::string text;
+  for (const auto& [call, ranks] : distinct)
+    text += fmt::format("{}{} on rank{} {}", text.empty() ? "" : "; ", describe(call),
+                        ranks.size() > 1 ? "s" : "", fmt::join(ranks, ", "));
+  return text;
+}
+
+// The defaults of mpi_options, from the environment so a job can switch them without a rebuild.
+inline bool default_check_collectives() {
+  const char* value = std::getenv("KFSDP_CHECK_COLLECTIVES");
+  if (value == nullptr || *value == '\0') {
+#ifdef NDEBUG
+    return false;
+#else
+    return true;
+#endif
+  }
+  const std::string_view text(value);
+  if (text == "1" || text == "on") return true;
+  if (text == "0" || text == "off") return false;
+  throw std::invalid_argument(fmt::format(
+      "KFSDP_CHECK_COLLECTIVES is '{}', expected 1, on, 0 or off", text));
+}
+inline std::chrono::duration<double> default_collective_timeout() {
+  const char* value = std::getenv("KFSDP_COLLECTIVE_TIMEOUT");
+  if (value == nullptr || *value == '\0') return std::chrono::duration<double>(0);
+  char* end = nullptr;
+  const double seconds = std::strtod(value, &end);
+  if (end == value || *end != '\0' || !(seconds >= 0) || seconds > 1e9) {
+    throw std::invalid_argument(fmt::format(
+        "KFSDP_COLLECTIVE_TIMEOUT is '{}', expected a number of seconds >= 0 (0: no timeout)",
+        value));
+  }
+  return std::chrono::duration<double>(seconds);
+}
+
 }  // namespace detail
+
+// How an mpi communicator guards against collectives that the ranks do not call alike.
+//
+//   kfsdp::comm::mpi world(MPI_COMM_WORLD, {.check_collectives = true, .timeout = std::chrono::minutes(10)});
+struct mpi_options {
+  // Before each collective the ranks all-gather what they are about to call (kind, element size,
+  // count, root) and, where they differ, throw collective_mismatch on every rank naming each
+  // rank's call, instead of hanging or failing with MPI_ERR_TRUNCATE. One 32-byte all-gather per
+  // call: on by default in builds without NDEBUG; KFSDP_CHECK_COLLECTIVES=1|0 sets the default.
+  bool check_collectives = detail::default_check_collectives();
+  // A collective that has not completed after this long throws mpi::timeout naming the call (as
+  // NCCL's watchdog does), e.g. when another rank never calls it; the communicator must not be
+  // used afterwards. Zero waits forever; KFSDP_COLLECTIVE_TIMEOUT=<seconds> sets the default.
+  std::chrono::duration<double> timeout = detail::default_collective_timeout();
+};
 
 class mpi {
  public:
@@ -74,6 +166,15 @@ class mpi {
     int code_;
   };
 
+  // Ranks that called different collectives (mpi_options::check_collectives).
+  class collective_mismatch : public std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  // A collective not complete within mpi_options::timeout.
+  class timeout : public std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+
   // Throws mpi::error unless `code` is MPI_SUCCESS.
   static void check(int code, std::string_view function, std::string_view mpi_call) {
     if (code != MPI_SUCCESS) throw error(function, mpi_call, code);
@@ -83,7 +184,8 @@ class mpi {
   mpi() : mpi(MPI_COMM_WORLD) {}
 
   // Wraps a duplicate of `user_comm` (collective over it); user_comm itself is left untouched.
-  explicit mpi(MPI_Comm user_comm) {
+  // Every rank must pass the same options.
+  explicit mpi(MPI_Comm user_comm, mpi_options options = {}) : options_(options) {
     constexpr std::string_view function = "kfsdp::comm::mpi::mpi";
     int initialised = 0, finalised = 0;
     MPI_Initialized(&initialised);
@@ -100,6 +202,10 @@ class mpi {
     check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), function, "MPI_Comm_set_errhandler");
     check(MPI_Comm_rank(comm_, &rank_), function, "MPI_Comm_rank");
     check(MPI_Comm_size(comm_, &size_), function, "MPI_Comm_size");
+    if (!(options_.timeout.count() >= 0)) {
+      throw std::invalid_argument(fmt::format("{}: options.timeout is {} s, expected >= 0", function,
+                                              options_.timeout.count()));
+    }
   }
 
   mpi(mpi&& other) noexcept
@@ -107,7 +213,9 @@ class mpi {
         rank_(other.rank_),
         size_(other.size_),
         ring_min_bytes_(other.ring_min_bytes_),
-        ring_calls_(other.ring_calls_) {}
+        ring_calls_(other.ring_calls_),
+        options_(other.options_),
+        checked_calls_(other.checked_calls_) {}
   mpi& operator=(mpi&& other) noexcept {
     if (this != &other) {
       free_communicator();
@@ -116,6 +224,8 @@ class mpi {
       size_ = other.size_;
       ring_min_bytes_ = other.ring_min_bytes_;
       ring_calls_ = other.ring_calls_;
+      options_ = other.options_;
+      checked_calls_ = other.checked_calls_;
     }
     return *this;
   }
@@ -127,12 +237,14 @@ class mpi {
   [[nodiscard]] int size() const noexcept { return size_; }
   // The duplicated communicator, for calls kfsdp does not wrap; kfsdp keeps ownership.
   [[nodiscard]] MPI_Comm native() const noexcept { return comm_; }
+  [[nodiscard]] const mpi_options& options() const noexcept { return options_; }
 
   // recv = [rank 0's send | rank 1's | ...]; recv.size() == size()*send.size(). In place when
   // send.data() == recv.data() + rank()*send.size(). send is non-deduced, so a vector converts.
   template <element T>
   void all_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
     constexpr std::string_view function = "kfsdp::comm::mpi::all_gather";
+    if (timed()) return start_all_gather<T>(function, send, recv).wait();
     const int count = prepare_all_gather<T>(function, send, recv);
     check(MPI_Allgather(send_or_in_place(send, recv), count, detail::mpi_datatype<T>(),
                         recv.data(), count, detail::mpi_datatype<T>(), comm_),
@@ -141,13 +253,7 @@ class mpi {
   template <element T>
   [[nodiscard]] request iall_gather(std::span<const std::type_identity_t<T>> send,
                                     std::span<T> recv) {
-    constexpr std::string_view function = "kfsdp::comm::mpi::iall_gather";
-    const int count = prepare_all_gather<T>(function, send, recv);
-    MPI_Request handle = MPI_REQUEST_NULL;
-    check(MPI_Iallgather(send_or_in_place(send, recv), count, detail::mpi_datatype<T>(),
-                         recv.data(), count, detail::mpi_datatype<T>(), comm_, &handle),
-          function, "MPI_Iallgather");
-    return request(pending_mpi_request{handle, function});
+    return start_all_gather<T>("kfsdp::comm::mpi::iall_gather", send, recv);
   }
 
   // Rank r's recv[i] = sum over ranks of send[r*recv.size() + i];
@@ -160,11 +266,9 @@ class mpi {
   template <element T>
   void reduce_scatter_sum(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
     constexpr std::string_view function = "kfsdp::comm::mpi::reduce_scatter_sum";
+    if (timed() || uses_ring(recv.size_bytes()))
+      return start_reduce_scatter<T>(function, send, recv).wait();
     const int count = prepare_reduce_scatter<T>(function, send, recv);
-    if (uses_ring(recv.size_bytes())) {
-      ring_reduce_scatter<T>(comm_, rank_, size_, next_ring_tag(), send, recv, function).wait();
-      return;
-    }
     check(MPI_Reduce_scatter_block(send.data(), recv.data(), count, detail::mpi_datatype<T>(),
                                    MPI_SUM, comm_),
           function, "MPI_Reduce_scatter_block");
@@ -174,17 +278,7 @@ class mpi {
   template <element T>
   [[nodiscard]] request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send,
                                             std::span<T> recv) {
-    constexpr std::string_view function = "kfsdp::comm::mpi::ireduce_scatter_sum";
-    const int count = prepare_reduce_scatter<T>(function, send, recv);
-    if (uses_ring(recv.size_bytes())) {
-      return request(ring_reduce_scatter<T>(comm_, rank_, size_, next_ring_tag(), send, recv,
-                                            function));
-    }
-    MPI_Request handle = MPI_REQUEST_NULL;
-    check(MPI_Ireduce_scatter_block(send.data(), recv.data(), count, detail::mpi_datatype<T>(),
-                                    MPI_SUM, comm_, &handle),
-          function, "MPI_Ireduce_scatter_block");
-    return request(pending_mpi_request{handle, function});
+    return start_reduce_scatter<T>("kfsdp::comm::mpi::ireduce_scatter_sum", send, recv);
   }
 
   // Per-rank chunk size (bytes) from which reduce_scatter_sum uses the ring. Every rank must set
@@ -200,61 +294,111 @@ class mpi {
   template <element T>
   void broadcast(std::span<T> data, int root) {
     constexpr std::string_view function = "kfsdp::comm::mpi::broadcast";
-    detail::check_root(function, root, size_);
-    const int count = detail::checked_int_count(function, "data", data.size());
+    if (timed()) return start_broadcast(function, data, root).wait();
+    const int count = prepare_broadcast(function, data, root);
     check(MPI_Bcast(data.data(), count, detail::mpi_datatype<T>(), root, comm_), function,
           "MPI_Bcast");
   }
   template <element T>
   [[nodiscard]] request ibroadcast(std::span<T> data, int root) {
-    constexpr std::string_view function = "kfsdp::comm::mpi::ibroadcast";
-    detail::check_root(function, root, size_);
-    const int count = detail::checked_int_count(function, "data", data.size());
-    MPI_Request handle = MPI_REQUEST_NULL;
-    check(MPI_Ibcast(data.data(), count, detail::mpi_datatype<T>(), root, comm_, &handle),
-          function, "MPI_Ibcast");
-    return request(pending_mpi_request{handle, function});
+    return start_broadcast("kfsdp::comm::mpi::ibroadcast", data, root);
   }
 
   // In place, element by element over ranks.
   template <element T>
   void all_reduce_sum(std::span<T> data) {
-    all_reduce(data, MPI_SUM, "kfsdp::comm::mpi::all_reduce_sum");
+    all_reduce(data, detail::collective_kind::all_reduce_sum, "kfsdp::comm::mpi::all_reduce_sum");
   }
   template <element T>
   void all_reduce_max(std::span<T> data) {
-    all_reduce(data, MPI_MAX, "kfsdp::comm::mpi::all_reduce_max");
+    all_reduce(data, detail::collective_kind::all_reduce_max, "kfsdp::comm::mpi::all_reduce_max");
   }
   template <element T>
   void all_reduce_min(std::span<T> data) {
-    all_reduce(data, MPI_MIN, "kfsdp::comm::mpi::all_reduce_min");
+    all_reduce(data, detail::collective_kind::all_reduce_min, "kfsdp::comm::mpi::all_reduce_min");
   }
   template <element T>
   [[nodiscard]] request iall_reduce_sum(std::span<T> data) {
-    constexpr std::string_view function = "kfsdp::comm::mpi::iall_reduce_sum";
-    const int count = detail::checked_int_count(function, "data", data.size());
-    MPI_Request handle = MPI_REQUEST_NULL;
-    check(MPI_Iallreduce(MPI_IN_PLACE, data.data(), count, detail::mpi_datatype<T>(), MPI_SUM,
-                         comm_, &handle),
-          function, "MPI_Iallreduce");
-    return request(pending_mpi_request{handle, function});
+    return start_all_reduce(data, detail::collective_kind::all_reduce_sum,
+                            "kfsdp::comm::mpi::iall_reduce_sum");
   }
 
-  void barrier() { check(MPI_Barrier(comm_), "kfsdp::comm::mpi::barrier", "MPI_Barrier"); }
+  void barrier() {
+    constexpr std::string_view function = "kfsdp::comm::mpi::barrier";
+    verify_call(function, {detail::collective_kind::barrier, 0, 0, 0});
+    if (!timed()) return check(MPI_Barrier(comm_), function, "MPI_Barrier");
+    MPI_Request handle = MPI_REQUEST_NULL;
+    check(MPI_Ibarrier(comm_, &handle), function, "MPI_Ibarrier");
+    pending(handle, function).wait();
+  }
 
  private:
   // What an mpi request waits on; `function` names the call that started it, for errors.
+  // With a timeout, wait() polls test() until the deadline.
   struct pending_mpi_request {
     MPI_Request handle;
     std::string_view function;
+    std::chrono::duration<double> limit;  // zero: no timeout
+    int rank;
+    int size;
 
     bool test() {
       int complete = 0;
       check(MPI_Test(&handle, &complete, MPI_STATUS_IGNORE), function, "MPI_Test");
       return complete != 0;
     }
-    void wait() { check(MPI_Wait(&handle, MPI_STATUS_IGNORE), function, "MPI_Wait"); }
+    void wait() {
+      if (limit.count() > 0) return wait_polling(*this, function, limit, rank, size);
+      check(MPI_Wait(&handle, MPI_STATUS_IGNORE), function, "MPI_Wait");
+    }
   };
+  [[nodiscard]] request pending(MPI_Request handle, std::string_view function) const {
+    return request(pending_mpi_request{handle, function, options_.timeout, rank_, size_});
+  }
+
+  // Polls operation.test() until it completes; throws mpi::timeout once `limit` has passed.
+  template <class Operation>
+  static void wait_polling(Operation& operation, std::string_view function,
+                           std::chrono::duration<double> limit, int rank, int size) {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(limit);
+    while (!operation.test()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw timeout(fmt::format(
+            "{}: not complete after {} s (mpi_options::timeout) on rank {} of {}: another rank "
+            "has not called it, or called another collective; this communicator must not be used "
+            "again",
+            function, limit.count(), rank, size));
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  [[nodiscard]] bool timed() const noexcept { return options_.timeout.count() > 0; }
+
+  // Throws collective_mismatch on every rank unless every rank is making the same call.
+  void verify_call(std::string_view function, detail::collective_call call) {
+    if (!options_.check_collectives) return;
+    ++checked_calls_;
+    const std::uint64_t mine[4] = {static_cast<std::uint64_t>(call.kind), call.element_bytes,
+                                   call.count, call.root};
+    std::vector<std::uint64_t> all(4 * static_cast<std::size_t>(size_));
+    MPI_Request handle = MPI_REQUEST_NULL;
+    check(MPI_Iallgather(mine, 4, MPI_UINT64_T, all.data(), 4, MPI_UINT64_T, comm_, &handle),
+          function, "MPI_Iallgather (the collective check)");
+    pending(handle, function).wait();
+    std::vector<detail::collective_call> calls;
+    for (std::size_t r = 0; r < all.size(); r += 4)
+      calls.push_back({static_cast<detail::collective_kind>(
+                           std::min<std::uint64_t>(all[r], std::uint64_t{6})),
+                       all[r + 1], all[r + 2], all[r + 3]});
+    if (std::all_of(calls.begin(), calls.end(), [&](const auto& other) { return other == call; }))
+      return;
+    throw collective_mismatch(fmt::format(
+        "{}: the ranks called different collectives (checked call {} on this communicator): {}; "
+        "this is rank {} of {}",
+        function, checked_calls_, detail::describe_calls(calls), rank_, size_));
+  }
 
   // A reduce-scatter as size()-1 rounds of a ring (rank r sends to r+1, receives from r-1).
   // In round s rank r receives the partial sum of block b = (r-s-2) mod n (the contributions of
@@ -273,7 +417,8 @@ class mpi {
   class ring_reduce_scatter {
    public:
     ring_reduce_scatter(MPI_Comm comm, int rank, int size, int tag, std::span<const T> send,
-                        std::span<T> recv, std::string_view function)
+                        std::span<T> recv, std::string_view function,
+                        std::chrono::duration<double> limit)
         : comm_(comm),
           rank_(rank),
           size_(size),
@@ -286,7 +431,8 @@ class mpi {
           steps_(static_cast<std::size_t>(size_ - 1) * segments_per_round_),
           // A round's first segment may only leave once the last round computed it.
           depth_(segments_per_round_ >= 2 ? 2 : 1),
-          function_(function) {
+          function_(function),
+          limit_(limit) {
       if (size_ == 1) {
         std::copy(send.begin(), send.end(), recv.begin());
         return;
@@ -306,6 +452,7 @@ class mpi {
       return true;
     }
     void wait() {
+      if (limit_.count() > 0) return wait_polling(*this, function_, limit_, rank_, size_);
       while (finished_ < steps_) {
         check(MPI_Waitall(2, pending_[finished_ % 2], MPI_STATUSES_IGNORE), function_,
               "MPI_Waitall");
@@ -373,6 +520,7 @@ class mpi {
     std::size_t steps_;               // (size - 1) rounds of segments_per_round_ messages
     std::size_t depth_;               // steps in flight at once
     std::string_view function_;
+    std::chrono::duration<double> limit_;  // zero: no timeout
     std::unique_ptr<T[]> incoming_;   // heap, so the posted receives survive moving the state
     MPI_Request pending_[2][2] = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL},
                                   {MPI_REQUEST_NULL, MPI_REQUEST_NULL}};
@@ -387,17 +535,78 @@ class mpi {
   int next_ring_tag() noexcept { return static_cast<int>(ring_calls_++ % ring_tag_count); }
   static constexpr std::uint64_t ring_tag_count = 32768;  // MPI guarantees MPI_TAG_UB >= 32767
 
+  // Each collective's argument checks, then the ranks' comparison of the call; the MPI count.
   template <class T>
-  int prepare_all_gather(std::string_view function, std::span<const T> send,
-                         std::span<T> recv) const {
+  int prepare_all_gather(std::string_view function, std::span<const T> send, std::span<T> recv) {
     detail::check_all_gather(function, rank_, size_, send, recv);
-    return detail::checked_int_count(function, "send", send.size());
+    const int count = detail::checked_int_count(function, "send", send.size());
+    verify_call(function, {detail::collective_kind::all_gather, sizeof(T), send.size(), 0});
+    return count;
   }
   template <class T>
   int prepare_reduce_scatter(std::string_view function, std::span<const T> send,
-                             std::span<T> recv) const {
+                             std::span<T> recv) {
     detail::check_reduce_scatter(function, size_, send, recv);
-    return detail::checked_int_count(function, "recv", recv.size());
+    const int count = detail::checked_int_count(function, "recv", recv.size());
+    verify_call(function, {detail::collective_kind::reduce_scatter_sum, sizeof(T), recv.size(), 0});
+    return count;
+  }
+  template <class T>
+  int prepare_broadcast(std::string_view function, std::span<T> data, int root) {
+    detail::check_root(function, root, size_);
+    const int count = detail::checked_int_count(function, "data", data.size());
+    verify_call(function, {detail::collective_kind::broadcast, sizeof(T), data.size(),
+                           static_cast<std::uint64_t>(root)});
+    return count;
+  }
+
+  // The non-blocking forms; the blocking ones wait on them when a timeout is set.
+  template <class T>
+  request start_all_gather(std::string_view function, std::span<const T> send, std::span<T> recv) {
+    const int count = prepare_all_gather<T>(function, send, recv);
+    MPI_Request handle = MPI_REQUEST_NULL;
+    check(MPI_Iallgather(send_or_in_place(send, recv), count, detail::mpi_datatype<T>(),
+                         recv.data(), count, detail::mpi_datatype<T>(), comm_, &handle),
+          function, "MPI_Iallgather");
+    return pending(handle, function);
+  }
+  template <class T>
+  request start_reduce_scatter(std::string_view function, std::span<const T> send,
+                               std::span<T> recv) {
+    const int count = prepare_reduce_scatter<T>(function, send, recv);
+    if (uses_ring(recv.size_bytes())) {
+      return request(ring_reduce_scatter<T>(comm_, rank_, size_, next_ring_tag(), send, recv,
+                                            function, options_.timeout));
+    }
+    MPI_Request handle = MPI_REQUEST_NULL;
+    check(MPI_Ireduce_scatter_block(send.data(), recv.data(), count, detail::mpi_datatype<T>(),
+                                    MPI_SUM, comm_, &handle),
+          function, "MPI_Ireduce_scatter_block");
+    return pending(handle, function);
+  }
+  template <class T>
+  request start_broadcast(std::string_view function, std::span<T> data, int root) {
+    const int count = prepare_broadcast(function, data, root);
+    MPI_Request handle = MPI_REQUEST_NULL;
+    check(MPI_Ibcast(data.data(), count, detail::mpi_datatype<T>(), root, comm_, &handle),
+          function, "MPI_Ibcast");
+    return pending(handle, function);
+  }
+  template <class T>
+  request start_all_reduce(std::span<T> data, detail::collective_kind kind,
+                           std::string_view function) {
+    const int count = detail::checked_int_count(function, "data", data.size());
+    verify_call(function, {kind, sizeof(T), data.size(), 0});
+    MPI_Request handle = MPI_REQUEST_NULL;
+    check(MPI_Iallreduce(MPI_IN_PLACE, data.data(), count, detail::mpi_datatype<T>(),
+                         operation_of(kind), comm_, &handle),
+          function, "MPI_Iallreduce");
+    return pending(handle, function);
+  }
+  static MPI_Op operation_of(detail::collective_kind kind) noexcept {
+    return kind == detail::collective_kind::all_reduce_max   ? MPI_MAX
+           : kind == detail::collective_kind::all_reduce_min ? MPI_MIN
+                                                             : MPI_SUM;
   }
 
   // MPI spells the in-place all-gather with MPI_IN_PLACE rather than an aliasing send buffer.
@@ -409,10 +618,12 @@ class mpi {
   }
 
   template <class T>
-  void all_reduce(std::span<T> data, MPI_Op operation, std::string_view function) {
+  void all_reduce(std::span<T> data, detail::collective_kind kind, std::string_view function) {
+    if (timed()) return start_all_reduce(data, kind, function).wait();
     const int count = detail::checked_int_count(function, "data", data.size());
-    check(MPI_Allreduce(MPI_IN_PLACE, data.data(), count, detail::mpi_datatype<T>(), operation,
-                        comm_),
+    verify_call(function, {kind, sizeof(T), data.size(), 0});
+    check(MPI_Allreduce(MPI_IN_PLACE, data.data(), count, detail::mpi_datatype<T>(),
+                        operation_of(kind), comm_),
           function, "MPI_Allreduce");
   }
 
@@ -429,6 +640,8 @@ class mpi {
   int size_ = 1;
   std::size_t ring_min_bytes_ = default_reduce_scatter_ring_min_bytes;
   std::uint64_t ring_calls_ = 0;  // ring reduce-scatters started: the next one's tag
+  mpi_options options_;
+  std::uint64_t checked_calls_ = 0;  // collectives compared across ranks, for the messages
 };
 
 // RAII guard: MPI_Init_thread with at least `required_thread_level` (MPI_THREAD_FUNNELED by
@@ -494,5 +707,66 @@ class mpi::environment {
 };
 
 static_assert(communicator<mpi>);
+
+// Runs program() on every rank of `world` and ends the job cleanly whichever ranks fail:
+// - no exception: every rank returns what program() returned;
+// - an exception on every rank (a bad flag, seen alike everywhere): rank 0 prints
+//   "error: <what>" and every rank returns 2;
+// - an exception on some ranks only, while the others run on or wait in a collective: each
+//   failing rank prints "error on rank r of n: <what>" and, when the others have not finished
+//   within `grace`, calls MPI_Abort(MPI_COMM_WORLD, 2), so the job ends instead of hanging.
+//
+//   int main(int argc, char** argv) {
+//     kfsdp::comm::mpi::environment mpi_up(argc, argv);
+//     kfsdp::comm::mpi world;
+//     return kfsdp::comm::run_or_abort(world, [&] { return train(world); });
+//   }
+template <class Program>
+int run_or_abort(mpi& world, Program&& program,
+                 std::chrono::duration<double> grace = std::chrono::seconds(3)) {
+  constexpr std::string_view function = "kfsdp::comm::run_or_abort";
+  MPI_Comm verdicts = MPI_COMM_NULL;  // its own communicator: a failed rank's world may be mid-call
+  mpi::check(MPI_Comm_dup(world.native(), &verdicts), function, "MPI_Comm_dup");
+  int status = 0;
+  std::string message;
+  try {
+    status = program();
+  } catch (const std::exception& caught) {
+    message = caught.what();
+  } catch (...) {
+    message = "an exception that is not a std::exception";
+  }
+  int failed = message.empty() ? 0 : 1, failures = 0;
+  MPI_Request handle = MPI_REQUEST_NULL;
+  MPI_Iallreduce(&failed, &failures, 1, MPI_INT, MPI_SUM, verdicts, &handle);
+  int complete = 0;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::nanoseconds>(grace);
+  if (!failed) {
+    MPI_Wait(&handle, MPI_STATUS_IGNORE);  // a healthy rank waits for the others, however long
+    complete = 1;
+  }
+  while (!complete && std::chrono::steady_clock::now() < deadline) {
+    MPI_Test(&handle, &complete, MPI_STATUS_IGNORE);
+    if (!complete) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!complete) {
+    std::fprintf(stderr,
+                 "error on rank %d of %d: %s\n(the other ranks did not finish within %g s: "
+                 "aborting the job)\n",
+                 world.rank(), world.size(), message.c_str(), grace.count());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  MPI_Comm_free(&verdicts);
+  if (!failed && failures == 0) return status;
+  if (failures == world.size()) {
+    if (world.rank() == 0) std::fprintf(stderr, "error: %s\n", message.c_str());
+  } else if (failed) {
+    std::fprintf(stderr, "error on rank %d of %d: %s\n", world.rank(), world.size(),
+                 message.c_str());
+  }
+  return 2;
+}
 
 }  // namespace kfsdp::comm

@@ -1,0 +1,64 @@
+// A program that fails the way a user's job can, for test_failures.py: one rank throws mid-run,
+// every rank throws, one rank is killed, the ranks call different collectives, a rank waits on a
+// collective that the others never call. Run under mpirun: failure_probe <mode>.
+#include <csignal>
+#include <cstdio>
+#include <stdexcept>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <kfsdp/comm/mpi.hpp>
+
+namespace comm = kfsdp::comm;
+
+namespace {
+
+// Steps of a training loop: an all-reduce each; rank `failing` fails at step 5 as `fail` says.
+template <class Fail>
+void steps(comm::mpi& world, int failing, Fail&& fail) {
+  for (int step = 0; step < 1000000; ++step) {
+    if (step == 5 && (failing < 0 || world.rank() == failing)) fail(step);
+    std::vector<double> loss{1.0};
+    world.all_reduce_sum(std::span(loss));
+  }
+}
+
+int run(comm::mpi& world, std::string_view mode) {
+  if (mode == "one-throws") {
+    steps(world, 1, [&](int step) {
+      throw std::runtime_error(fmt::format("probe: rank {} failed at step {}", world.rank(), step));
+    });
+  } else if (mode == "all-throw") {
+    steps(world, -1, [](int step) {
+      throw std::invalid_argument(fmt::format("probe: --flag is bad (seen at step {})", step));
+    });
+  } else if (mode == "one-killed") {
+    steps(world, 1, [](int) { std::raise(SIGKILL); });
+  } else if (mode == "mismatch") {
+    // A user's bug: rank 0 gathers where the others broadcast.
+    comm::mpi checked(MPI_COMM_WORLD, {.check_collectives = true});
+    std::vector<float> shard(4), full(4 * static_cast<std::size_t>(world.size()));
+    std::vector<double> data(8);
+    if (world.rank() == 0) checked.all_gather(std::span<const float>(shard), std::span(full));
+    else checked.broadcast(std::span(data), 0);
+  } else if (mode == "timeout") {
+    // Rank 0 waits in a barrier that the others, stuck elsewhere, never call.
+    comm::mpi timed(MPI_COMM_WORLD, {.timeout = std::chrono::seconds(1)});
+    if (world.rank() == 0) timed.barrier();
+    else std::this_thread::sleep_for(std::chrono::seconds(60));
+  } else {
+    throw std::invalid_argument(fmt::format("failure_probe: mode '{}', expected one-throws, "
+                                            "all-throw, one-killed, mismatch or timeout", mode));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  comm::mpi::environment mpi_up(argc, argv);
+  comm::mpi world;
+  const std::string_view mode = argc > 1 ? argv[1] : "";
+  return comm::run_or_abort(world, [&] { return run(world, mode); });
+}

@@ -1,0 +1,52 @@
+"""No rank left hanging: runs failure_probe at 3 ranks in each failure mode and checks that the
+job ends within 10 s, with a non-zero status and the failing rank's message.
+Usage: test_failures.py failure_probe mpirun [mpirun args...]"""
+import subprocess, sys, time
+
+probe, mpirun, mpirun_args = sys.argv[1], sys.argv[2], sys.argv[3:]
+failures = 0
+
+
+def run(mode, expected_status, *expected_texts, absent=()):
+    global failures
+    started = time.monotonic()
+    try:
+        done = subprocess.run([mpirun, *mpirun_args, '-np', '3', probe, mode],
+                              capture_output=True, text=True, timeout=60)
+        status, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as expired:
+        status, output = 'hung', str(expired.stdout or '') + str(expired.stderr or '')
+    seconds = time.monotonic() - started
+    problems = []
+    if seconds >= 10: problems.append(f'took {seconds:.1f} s, expected under 10 s')
+    if expected_status == 'nonzero' and (status == 'hung' or status == 0):
+        problems.append(f'exit status {status}, expected non-zero')
+    elif expected_status != 'nonzero' and status != expected_status:
+        problems.append(f'exit status {status}, expected {expected_status}')
+    problems += [f'no {text!r} in the output' for text in expected_texts if text not in output]
+    problems += [f'{text!r} in the output' for text in absent if text in output]
+    print(f'{"ok  " if not problems else "FAIL"} {mode}: ended in {seconds:.1f} s, status {status}'
+          + ''.join(f'\n     {problem}' for problem in problems))
+    if problems:
+        print('     output:\n' + '\n'.join('       ' + line for line in output.splitlines()[-30:]))
+        failures += 1
+
+
+# One rank's exception mid-run: that rank's message, then the job is aborted (the others wait).
+run('one-throws', 'nonzero', 'error on rank 1 of 3: probe: rank 1 failed at step 5',
+    'aborting the job')
+# Every rank fails alike: one message from rank 0, status 2, no abort.
+run('all-throw', 2, 'error: probe: --flag is bad (seen at step 5)',
+    absent=('error on rank', 'MPI_ABORT'))
+# A rank killed by a signal ends mpirun.
+run('one-killed', 'nonzero')
+# Mismatched collectives: every rank throws, and the message names both calls.
+run('mismatch', 2, 'the ranks called different collectives',
+    'all_gather(4 elements of 4 bytes per rank) on rank 0',
+    'broadcast(8 elements of 8 bytes, root 0) on ranks 1, 2')
+# A collective the others never call: the timeout names it, then the job is aborted.
+run('timeout', 'nonzero', 'error on rank 0 of 3: kfsdp::comm::mpi::barrier: not complete after 1 s',
+    'aborting the job')
+
+print(f'failure modes: {failures} failed')
+sys.exit(1 if failures else 0)
