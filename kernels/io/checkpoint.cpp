@@ -15,6 +15,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <utility>
@@ -311,12 +312,16 @@ struct failure {
   throw std::runtime_error(error.message);
 }
 
+// MPI's error classes for files are coarse (MPI_ERR_IO, MPI_ERR_OTHER); the system's errno, when
+// the call left one (together() clears it first), says what went wrong.
 void check_mpi(int code, std::string_view function, std::string_view call,
                const std::filesystem::path& path) {
-  if (code != MPI_SUCCESS)
-    throw std::runtime_error(fmt::format("{}: {} on {} failed: {} (MPI error code {})", function,
-                                         call, quoted(path), comm::detail::mpi_error_text(code),
-                                         code));
+  const int cause = errno;
+  if (code == MPI_SUCCESS) return;
+  throw std::runtime_error(fmt::format(
+      "{}: {} on {} failed: {} (MPI error code {}){}", function, call, quoted(path),
+      comm::detail::mpi_error_text(code), code,
+      cause != 0 ? fmt::format("; the system's last error: {}", std::strerror(cause)) : ""));
 }
 
 // Collective: when any rank holds a failure, every rank throws the lowest failing rank's one (the
@@ -344,6 +349,7 @@ template <class Step>
 void together(MPI_Comm comm, Step&& step) {
   std::optional<failure> local;
   try {
+    errno = 0;
     step();
   } catch (const format_error& error) {
     local = failure{failure_kind::format, error.what()};
@@ -365,6 +371,34 @@ struct file_piece {
   std::uint64_t offset = 0;
   std::uint64_t length = 0;
 };
+
+// MPI-IO can report a short write (a full disk, a file size limit) without its cause: writing the
+// same bytes with pwrite either completes them or fails with the errno that names it.
+std::optional<failure> rewrite_with_pwrite(const std::filesystem::path& path,
+                                           std::span<const file_piece> pieces,
+                                           const std::byte* staging, std::string_view function,
+                                           std::uint64_t moved, std::uint64_t asked) {
+  const auto failed = [&] {
+    return failure{failure_kind::runtime,
+                   fmt::format("{}: write to {} failed: {} (MPI-IO wrote {} of the {} bytes asked for)",
+                               function, quoted(path), std::strerror(errno), moved, asked)};
+  };
+  file_descriptor file{::open(path.c_str(), O_WRONLY | O_CLOEXEC)};
+  if (file.value < 0) return failed();
+  for (const file_piece& piece : pieces) {
+    for (std::uint64_t done = 0; done < piece.length;) {
+      const ssize_t written = ::pwrite(file.value, staging + done,
+                                       std::min<std::uint64_t>(piece.length - done, max_bytes_per_call),
+                                       static_cast<off_t>(piece.offset + done));
+      if (written < 0 && errno == EINTR) continue;
+      if (written == 0) errno = ENOSPC;  // no progress and no error: the space is gone
+      if (written <= 0) return failed();
+      done += static_cast<std::uint64_t>(written);
+    }
+    staging += piece.length;
+  }
+  return std::nullopt;
+}
 
 // Moves a rank's pieces between the file and `staging` (their bytes back to back) with collective
 // MPI-IO calls through a file view; every rank makes the same number of calls. Returns the error of
@@ -414,7 +448,12 @@ std::optional<failure> transfer_pieces(MPI_File file, MPI_Comm comm, std::span<c
     record(code, writing ? "MPI_File_write_at_all" : "MPI_File_read_at_all");
     int moved = count;
     if (code == MPI_SUCCESS && count > 0) MPI_Get_count(&status, MPI_BYTE, &moved);
-    if (!error && moved != count)
+    if (!error && moved != count && writing) {
+      error = rewrite_with_pwrite(path, pieces, staging, function, static_cast<std::uint64_t>(moved),
+                                  static_cast<std::uint64_t>(count));
+      // (When pwrite wrote every piece, the later calls rewrite the same bytes: every rank must
+      // make the same number of collective calls.)
+    } else if (!error && moved != count)
       error = failure{failure_kind::format,
                       fmt::format("{}: file {}: {} {} bytes of {} asked for: the file is shorter "
                                   "than its header says (truncated?)",
@@ -657,10 +696,13 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
 
 // ------------------------------------------------------------------ the parallel reader
 
+// With `lenient`, tensors missing from the file are skipped and named there, with the file's
+// tensors the model lacks, instead of being an error.
 template <class Scalar>
 metadata_map read_sharded_file(std::string_view function, const std::filesystem::path& path,
                                fsdp_engine<Scalar>& engine, comm::mpi& comm,
-                               std::span<const named_shard<Scalar>> shards) {
+                               std::span<const named_shard<Scalar>> shards,
+                               import_report* lenient = nullptr) {
   const MPI_Comm native = comm.native();
   const int rank = comm.rank();
   std::vector<sharded_tensor<Scalar>> tensors;
@@ -688,13 +730,15 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
     const auto fail = [&](const std::string& tensor, const std::string& what) {
       throw format_error(fmt::format("{}: file {}: tensor '{}': {}", function, quoted(path), tensor, what));
     };
+    std::vector<sharded_tensor<Scalar>> present;
     for (const sharded_tensor<Scalar>& tensor : tensors) {
       const param_info& param = engine.params()[tensor.param];
       const tensor_info* found = table.find(tensor.name);
-      if (found == nullptr) {
-        fail(tensor.name, "missing from the file, expected it (the model has it)");
+      if (found == nullptr && lenient != nullptr) {
+        lenient->missing.push_back(tensor.name);
         continue;
       }
+      if (found == nullptr) fail(tensor.name, "missing from the file, expected it (the model has it)");
       if (found->type != dtype_of<Scalar>)
         fail(tensor.name, fmt::format("dtype {} in the file, expected {} (the model's)",
                                       dtype_name(found->type), dtype_name(dtype_of<Scalar>)));
@@ -708,9 +752,19 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
         pieces.push_back({first_row_offset<Scalar>(*found, engine.plan().params[tensor.param],
                                                    static_cast<std::size_t>(rank)),
                           tensor.local_bytes});
+      present.push_back(tensor);
     }
+    if (lenient != nullptr) {
+      std::set<std::string_view> known;
+      for (const sharded_tensor<Scalar>& tensor : tensors) known.insert(tensor.name);
+      for (const tensor_info& in_file : table.tensors)
+        if (!known.contains(in_file.name)) lenient->unexpected.push_back(in_file.name);
+      for (const sharded_tensor<Scalar>& tensor : present) lenient->loaded.push_back(tensor.name);
+    }
+    tensors = std::move(present);
     const auto count = table.metadata.find(parameters_key);
-    if (count != table.metadata.end() && count->second != std::to_string(engine.params().size()))
+    if (lenient == nullptr && count != table.metadata.end() &&
+        count->second != std::to_string(engine.params().size()))
       throw format_error(fmt::format("{}: file {}: holds {} weight tensors ('{}'), expected {} for the model",
                                      function, quoted(path), count->second, parameters_key,
                                      engine.params().size()));
@@ -792,6 +846,27 @@ template <class Scalar>
 metadata_map load_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
                         comm::mpi& comm) {
   return read_sharded_file<Scalar>("kfsdp::io::load_model", path, engine, comm, {});
+}
+
+template <class Scalar>
+import_report import_weights(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+                             comm::mpi& comm) {
+  import_report report;
+  report.metadata = read_sharded_file<Scalar>("kfsdp::io::import_weights", path, engine, comm, {}, &report);
+  return report;
+}
+
+std::string describe(const import_report& report) {
+  const auto names = [](const std::vector<std::string>& list) {
+    std::string text;
+    for (const std::string& name : list) text += fmt::format("{}'{}'", text.empty() ? "" : ", ", name);
+    return text;
+  };
+  std::string text = fmt::format("loaded {} of {} tensors", report.loaded.size(),
+                                 report.loaded.size() + report.missing.size());
+  if (!report.missing.empty()) text += "; missing (kept as they were): " + names(report.missing);
+  if (!report.unexpected.empty()) text += "; unexpected (ignored): " + names(report.unexpected);
+  return text;
 }
 
 template <class Scalar>
@@ -884,6 +959,8 @@ void set_stop_after_header(std::function<bool(const std::filesystem::path&)> hoo
                                         comm::mpi&, const checkpoint_state<Scalar>&);             \
   template metadata_map load_model<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&,   \
                                            comm::mpi&);                                           \
+  template import_report import_weights<Scalar>(const std::filesystem::path&,                    \
+                                                fsdp_engine<Scalar>&, comm::mpi&);                \
   template void load_checkpoint<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&,      \
                                         comm::mpi&, checkpoint_state<Scalar>&);
 KFSDP_CHECKPOINT_INSTANTIATE(float)

@@ -650,6 +650,9 @@ file_layout make_header(const std::vector<tensor_entry>& tensors, const metadata
     json += '}';
   }
   std::set<std::string_view> names;
+  // The header lists the tensors sorted by name, as the reference writer does; their bytes stay in
+  // the order given (offsets need not follow the keys).
+  std::vector<std::pair<std::string_view, std::string>> entries;
   std::uint64_t data_bytes = 0;
   for (const auto& tensor : tensors) {
     if (tensor.name == "__metadata__")
@@ -664,15 +667,21 @@ file_layout make_header(const std::vector<tensor_entry>& tensors, const metadata
       throw std::invalid_argument("make_header: tensor " + printable(tensor.name) + " of shape " +
                                   shape_text(tensor.shape) +
                                   " is too large, expected a file under 2^63 bytes");
-    if (json.size() > 1) json += ',';
-    append_json_string(json, tensor.name);
-    json += ":{\"dtype\":\"";
-    json += dtype_name(tensor.type);
-    json += "\",\"shape\":" + shape_text(tensor.shape);
-    json += ",\"data_offsets\":[" + std::to_string(data_bytes) + "," +
-            std::to_string(data_bytes + *bytes) + "]}";
+    std::string entry;
+    append_json_string(entry, tensor.name);
+    entry += ":{\"dtype\":\"";
+    entry += dtype_name(tensor.type);
+    entry += "\",\"shape\":" + shape_text(tensor.shape);
+    entry += ",\"data_offsets\":[" + std::to_string(data_bytes) + "," +
+             std::to_string(data_bytes + *bytes) + "]}";
+    entries.emplace_back(tensor.name, std::move(entry));
     layout.tensors.push_back({tensor.name, tensor.type, tensor.shape, data_bytes, data_bytes + *bytes});
     data_bytes += *bytes;
+  }
+  std::sort(entries.begin(), entries.end());
+  for (const auto& [name, entry] : entries) {
+    if (json.size() > 1) json += ',';
+    json += entry;
   }
   json += '}';
   // Spaces after the JSON so that the data section starts 8-byte aligned, as the reference does.

@@ -4,7 +4,9 @@
 // malformed file raises format_error naming the file and the tensor on every rank, shards untouched.
 #include <doctest/doctest.h>
 
+#include <csignal>
 #include <cstring>
+#include <sys/resource.h>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -12,6 +14,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <fmt/ranges.h>
 
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
@@ -210,12 +214,9 @@ void write_standard_safetensors(const fs::path& path, const state_dict& full) {
   std::string data;
   for (const tensor& t : full) {  // state_dict keeps the names sorted
     const auto values = t.values<double>();
-    std::string shape;
-    for (std::size_t e : t.shape) shape += (shape.empty() ? "" : ",") + std::to_string(e);
     const std::uint64_t bytes = values.size() * sizeof(double);
-    json += (json.size() > 1 ? "," : "") + ("\"" + t.name + "\":{\"dtype\":\"F64\",\"shape\":[" + shape +
-                                          "],\"data_offsets\":[" + std::to_string(offset) + "," +
-                                          std::to_string(offset + bytes) + "]}");
+    json += fmt::format("{}\"{}\":{{\"dtype\":\"F64\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+                        json.size() > 1 ? "," : "", t.name, fmt::join(t.shape, ","), offset, offset + bytes);
     data.append(reinterpret_cast<const char*>(values.data()), bytes);
     offset += bytes;
   }
@@ -248,6 +249,58 @@ TEST_CASE("a standard safetensors file (no kfsdp checksums) loads after the layo
   // Its layout is still checked: a model it does not fit is refused, naming the tensor.
   fsdp_engine<double> other(make_param_table(thunder_padding{}), world, {});
   CHECK_THROWS_AS((void)io::load_model(file, other, world), format_error);
+}
+
+TEST_CASE("import_weights loads by name for fine-tuning and names what is missing and unexpected") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  const fs::path two_blocks = scratch.path / "two_blocks.safetensors";
+  fsdp_engine<double> pretrained(make_param_table(gpt<2, 8, 5>{}), world, {});
+  pretrained.initialize(3, all_normal);
+  io::save_model(two_blocks, pretrained, world, {{"step", "9"}});
+  const state_dict source = pretrained.original_state_dict();
+
+  // A deeper model: the shared layers and the first two blocks come from the file, the third
+  // block keeps its own initialisation.
+  fsdp_engine<double> deeper(make_param_table(gpt<3, 8, 5>{}), world, {.bucketing_strategy = bucketing::block});
+  deeper.initialize(11, all_normal);
+  const state_dict before = deeper.original_state_dict();
+  const io::import_report report = io::import_weights(two_blocks, deeper, world);
+  CHECK(report.metadata.at("step") == "9");
+  CHECK(report.unexpected.empty());
+  CHECK(report.loaded.size() == source.size());
+  CHECK(report.missing.size() == deeper.params().size() - source.size());
+  for (const std::string& name : report.missing) CHECK(name.starts_with("transformer.h.2."));
+  const state_dict after = deeper.original_state_dict();
+  for (const tensor& t : after) {
+    CAPTURE(t.name);
+    const tensor* from_file = source.find(t.name);
+    CHECK(t.bytes == (from_file != nullptr ? from_file->bytes : before.at(t.name).bytes));
+  }
+  CHECK(nonzero_padding(deeper) == 0);
+  CHECK(io::describe(report).starts_with(fmt::format(
+      "loaded {} of {} tensors; missing (kept as they were): 'transformer.h.2.", source.size(),
+      deeper.params().size())));
+
+  // The other way: the third block's tensors are unexpected and ignored.
+  const fs::path three_blocks = scratch.path / "three_blocks.safetensors";
+  io::save_model(three_blocks, deeper, world);
+  fsdp_engine<double> shallower(make_param_table(gpt<2, 8, 5>{}), world, {});
+  const io::import_report back = io::import_weights(three_blocks, shallower, world);
+  CHECK(back.missing.empty());
+  CHECK(back.unexpected == report.missing);
+  CHECK(io::describe(back).find("; unexpected (ignored): 'transformer.h.2.") != std::string::npos);
+  CHECK(same_tensors(shallower.original_state_dict(), source));
+  // load_model stays strict: the same file is refused there, naming the count.
+  CHECK(load_error(three_blocks, shallower, world).find("weight tensors") != std::string::npos);
+
+  // A name in both with another shape is an error on every rank, the shards unchanged.
+  fsdp_engine<double> wider(make_param_table(gpt<2, 16, 5>{}), world, {});
+  wider.initialize(5, all_normal);
+  const state_dict wider_before = wider.original_state_dict();
+  CHECK_THROWS_WITH_AS((void)io::import_weights(two_blocks, wider, world),
+                       doctest::Contains("tensor 'transformer.wte.weight': shape [256, 8] in the file, expected [256, 16] for the model"), format_error);
+  CHECK(same_tensors(wider.original_state_dict(), wider_before));
 }
 
 TEST_CASE("written at world size 3, loaded at 1, 2 and 4: identical state dicts and moments, padding zero") {
@@ -583,6 +636,42 @@ TEST_CASE("saving writes regular files only: a device or a directory is refused,
     CHECK_THROWS_AS(io::save_state_dict_file("/dev/null", engine.original_state_dict()), std::invalid_argument);
   } else {
     (void)engine.original_state_dict();
+  }
+}
+
+TEST_CASE("a write that the file system refuses names the cause and the path; the previous file stays") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  const fs::path file = scratch.path / "model.safetensors";
+  fsdp_engine<double> engine(make_param_table(tiny_gpt{}), world, {});
+  engine.initialize(3, all_normal);
+  io::save_model(file, engine, world);
+  const std::vector<char> good = world.rank() == 0 ? file_bytes(file) : std::vector<char>{};
+  // A file size limit below the file's size stands in for a full disk: the system refuses the
+  // bytes past it (EFBIG) as it would refuse them with ENOSPC.
+  rlimit saved{};
+  ::getrlimit(RLIMIT_FSIZE, &saved);
+  rlimit limited = saved;
+  limited.rlim_cur = 4096;
+  const auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);  // an error return, not a signal
+  ::setrlimit(RLIMIT_FSIZE, &limited);
+  std::string message;
+  try {
+    io::save_model(file, engine, world);
+  } catch (const std::runtime_error& error) {
+    message = error.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, previous_handler);
+  CAPTURE(message);
+  CHECK(message.find(std::strerror(EFBIG)) != std::string::npos);
+  CHECK(message.find((scratch.path / "model.safetensors.tmp.").string()) != std::string::npos);
+  CHECK(same_on_every_rank(world, message));
+  if (world.rank() == 0) {
+    CHECK(file_bytes(file) == good);
+    std::size_t files = 0;
+    for ([[maybe_unused]] const auto& entry : fs::directory_iterator(scratch.path)) ++files;
+    CHECK(files == 1);  // no temporary file left
   }
 }
 

@@ -112,6 +112,33 @@ template <class Scalar>
 metadata_map load_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
                         comm::mpi& comm);
 
+/// What import_weights did, by tensor name: what it loaded, what the model has and the file lacks
+/// (left as they were, e.g. freshly initialised), what the file has and the model lacks (ignored).
+struct import_report {
+  std::vector<std::string> loaded;
+  std::vector<std::string> missing;
+  std::vector<std::string> unexpected;
+  metadata_map metadata;  // the file's __metadata__
+};
+
+/// "loaded 10 of 12 tensors; missing (kept as they were): 'head.weight', 'head.bias'; unexpected
+/// (ignored): 'optimizer.exp_avg.fc.weight'", for a log line.
+[[nodiscard]] std::string describe(const import_report& report);
+
+/// Fine-tuning: loads by name the weights of `path` that the model has (like PyTorch's
+/// load_state_dict(strict=False)), at any world size; a tensor the file lacks keeps its current
+/// value, a tensor the model lacks is ignored, and the report names both. A tensor present in both
+/// with another dtype or shape is still a format_error, as is a corrupt file; nothing is changed
+/// unless everything checked out on every rank. Export the weights alone with save_model.
+///
+///   kfsdp::io::save_model("pretrained.safetensors", engine, world);         // weights only
+///   ...                                                                       // a new run:
+///   const kfsdp::io::import_report report = kfsdp::io::import_weights("pretrained.safetensors", engine, world);
+///   if (world.rank() == 0) fmt::print("{}\n", kfsdp::io::describe(report));
+template <class Scalar>
+[[nodiscard]] import_report import_weights(const std::filesystem::path& path,
+                                           fsdp_engine<Scalar>& engine, comm::mpi& comm);
+
 /// load_model plus every view of state.shards (restored in place from "<name>.<parameter>"), and
 /// state.metadata replaced by the file's `__metadata__`. Nothing is changed unless everything
 /// verified on every rank.
