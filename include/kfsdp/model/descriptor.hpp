@@ -32,6 +32,7 @@
 #include <string_view>
 #endif
 
+#include <kfsdp/meta/checked.hpp>
 #include <kfsdp/meta/export.hpp>
 #include <kfsdp/meta/fixed_string.hpp>
 
@@ -152,28 +153,11 @@ constexpr std::size_t checked_extent(std::string_view layer, std::string_view la
   return value;
 }
 
-// a · b and a + b, or std::overflow_error naming what is computed and the operands (sizes near
-// 2^64 must stop with a message, not wrap around into a small allocation). `what` is called only
-// to build that message:
-//   checked_mul(std::size_t(1) << 40, std::size_t(1) << 30, [] { return "fc.weight's elements"; })
-//     -> throws "kfsdp: fc.weight's elements: 1099511627776 · 1073741824 overflows 64 bits"
-template <class What>
-constexpr std::size_t checked_mul(std::size_t a, std::size_t b, What&& what) {
-  if (b != 0 && a > std::size_t(-1) / b)
-    throw std::overflow_error("kfsdp: " + std::string(what()) + ": " + std::to_string(a) + " · " + std::to_string(b) +
-                              " overflows 64 bits");
-  return a * b;
-}
-template <class What>
-constexpr std::size_t checked_add(std::size_t a, std::size_t b, What&& what) {
-  if (a > std::size_t(-1) - b)
-    throw std::overflow_error("kfsdp: " + std::string(what()) + ": " + std::to_string(a) + " + " + std::to_string(b) +
-                              " overflows 64 bits");
-  return a + b;
-}
-
 // `Factor * extent`, staying dyn when the extent is dyn (for shapes like c_attn's [3·D, D]).
 template <std::size_t Factor, std::size_t Extent>
-inline constexpr std::size_t scaled_extent = Extent == dyn ? dyn : Factor * Extent;
+inline constexpr std::size_t scaled_extent = [] {
+  if constexpr (Extent == dyn) return dyn;
+  else return static_mul<Factor, Extent>();  // a static 3·D past 2^64 does not compile
+}();
 
 }  // namespace kfsdp

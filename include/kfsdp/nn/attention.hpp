@@ -29,10 +29,11 @@ class causal_self_attention {
     tensor4<Scalar> probs;        // [B, H, T, T] softmax probabilities, 0 above the diagonal
   };
 
-  // Throws std::invalid_argument unless heads divides dim.
+  // Throws std::invalid_argument unless heads divides dim, std::overflow_error when 3 · dim or a
+  // window's probabilities [heads, seq_len, seq_len] overflow 64 bits.
   causal_self_attention(std::size_t dim, std::size_t heads, std::size_t seq_len);
 
-  [[nodiscard]] std::size_t in_features() const noexcept { return 3 * dim_; }
+  [[nodiscard]] std::size_t in_features() const noexcept { return 3 * dim_; }  // checked by the constructor
   [[nodiscard]] std::size_t out_features() const noexcept { return dim_; }
   [[nodiscard]] std::size_t dim() const noexcept { return dim_; }
   [[nodiscard]] std::size_t heads() const noexcept { return heads_; }
@@ -47,6 +48,7 @@ class causal_self_attention {
 
  private:
   std::size_t windows(const char* where, std::size_t rows) const;
+  tensor4<Scalar> make_scores(const char* where, const char* label, std::size_t batch, bool initialize) const;
   std::size_t dim_;
   std::size_t heads_;
   std::size_t seq_len_;

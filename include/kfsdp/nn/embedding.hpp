@@ -42,8 +42,11 @@ class embedding {
     const_index_vector ids;  // kept as a view
   };
 
+  // Throws std::overflow_error when the weight [num_embeddings, dim] has more than 2^64 bytes.
   embedding(std::size_t num_embeddings, std::size_t dim)
-      : num_embeddings_(num_embeddings), dim_(dim) {}
+      : num_embeddings_(num_embeddings), dim_(dim) {
+    (void)detail::checked_numel("embedding", "weight", {num_embeddings, dim}, sizeof(Scalar));
+  }
 
   [[nodiscard]] std::size_t num_embeddings() const noexcept { return num_embeddings_; }
   [[nodiscard]] std::size_t dim() const noexcept { return dim_; }

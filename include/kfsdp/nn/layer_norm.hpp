@@ -43,8 +43,11 @@ class layer_norm {
     vector<Scalar> rstd;         // [rows], 1 / sqrt(var + eps)
   };
 
+  // Throws std::overflow_error when the weight [features] has more than 2^64 bytes.
   explicit layer_norm(std::size_t features, Scalar eps = Scalar(1e-5))
-      : features_(features), eps_(eps) {}
+      : features_(features), eps_(eps) {
+    (void)detail::checked_numel("layer_norm", "weight", {features}, sizeof(Scalar));
+  }
 
   [[nodiscard]] std::size_t in_features() const noexcept { return features_; }
   [[nodiscard]] std::size_t out_features() const noexcept { return features_; }

@@ -43,8 +43,11 @@ class linear {
     const_matrix<Scalar> input;
   };
 
+  // Throws std::overflow_error when the weight [out_features, in_features] has more than 2^64 bytes.
   linear(std::size_t in_features, std::size_t out_features, bool has_bias = true)
-      : in_features_(in_features), out_features_(out_features), has_bias_(has_bias) {}
+      : in_features_(in_features), out_features_(out_features), has_bias_(has_bias) {
+    (void)detail::checked_numel("linear", "weight", {out_features, in_features}, sizeof(Scalar));
+  }
 
   [[nodiscard]] std::size_t in_features() const noexcept { return in_features_; }
   [[nodiscard]] std::size_t out_features() const noexcept { return out_features_; }

@@ -14,14 +14,20 @@
 //   atomics, so results are bit-for-bit reproducible for a given build and shape.
 // - Shapes are checked on every call; a bad shape throws std::invalid_argument naming the
 //   parameter, the shape seen and the shape expected.
+// - Sizes are checked before any buffer is made: an element or byte count past 2^64 throws
+//   std::overflow_error (kfsdp::checked_mul), and an extent past INT_MAX (the kernels index
+//   with int) throws std::overflow_error too, both naming the layer, the buffer and the operands.
 //
 //   kfsdp::nn::matrix<double> x("x", rows, 64);         // activations [rows, 64]
 //   kfsdp::nn::const_matrix<double> w = weight;          // parameters are passed as const views
 
 #include <Kokkos_Core.hpp>
 
+#include <kfsdp/meta/checked.hpp>
+
 #include <cstddef>
 #include <initializer_list>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -76,6 +82,27 @@ inline std::string shape_string(std::initializer_list<std::size_t> extents) {
 inline std::string shape_string(std::size_t a) { return shape_string({a}); }
 inline std::string shape_string(std::size_t a, std::size_t b) { return shape_string({a, b}); }
 
+// The elements of a buffer of these extents, checked so that neither they nor the bytes Kokkos
+// allocates for them (element_size each) wrap around 2^64:
+//   checked_numel("layer_norm::make_cache", "mean", {std::size_t(1) << 62}, 8)
+//     -> throws "kfsdp: layer_norm::make_cache: mean [4611686018427387904] bytes: 4611686018427387904 · 8 overflows 64 bits"
+inline std::size_t checked_numel(const char* where, const char* buffer, std::initializer_list<std::size_t> extents,
+                                 std::size_t element_size) {
+  const auto what = [&](const char* count) { return std::string(where) + ": " + buffer + " " + shape_string(extents) + " " + count; };
+  std::size_t numel = 1;
+  for (std::size_t e : extents) numel = checked_mul(numel, e, [&] { return what("elements"); });
+  (void)checked_mul(numel, element_size, [&] { return what("bytes"); });
+  return numel;
+}
+
+// The kernels index rows and columns with int: a larger extent must stop, not truncate.
+inline void check_int_extent(const char* where, const char* parameter, const char* extent_name, std::size_t value) {
+  if (value > std::size_t(std::numeric_limits<int>::max()))
+    throw std::overflow_error(std::string(where) + ": " + parameter + " has " + std::to_string(value) + " " + extent_name +
+                              ", expected at most " + std::to_string(std::numeric_limits<int>::max()) +
+                              " (the kernels index with int)");
+}
+
 // check_matrix("linear::forward", "x", x, rows, in) throws unless x is [rows, in].
 template <class View>
 void check_matrix(const char* where, const char* parameter, const View& view, std::size_t rows,
@@ -83,12 +110,15 @@ void check_matrix(const char* where, const char* parameter, const View& view, st
   if (view.extent(0) != rows || view.extent(1) != cols)
     throw_shape(where, parameter, shape_string(view.extent(0), view.extent(1)),
                 shape_string(rows, cols));
+  check_int_extent(where, parameter, "rows", rows);
+  check_int_extent(where, parameter, "columns", cols);
 }
 
 template <class View>
 void check_vector(const char* where, const char* parameter, const View& view, std::size_t size) {
   if (view.extent(0) != size)
     throw_shape(where, parameter, shape_string(view.extent(0)), shape_string(size));
+  check_int_extent(where, parameter, "elements", size);
 }
 
 }  // namespace detail

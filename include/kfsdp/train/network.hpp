@@ -139,9 +139,16 @@ auto unit_backward(Node& n, pass_context<typename Node::scalar_type>& ctx, DY dy
   return dx;
 }
 
+// m as [rows, cols], reallocated when its shape differs; the sizes are checked first, naming the layer.
 template <class S>
-nn::matrix<S> ensure(nn::matrix<S>& m, const char* label, std::size_t rows, std::size_t cols) {
-  if (m.extent(0) != rows || m.extent(1) != cols) m = nn::matrix<S>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows, cols);
+nn::matrix<S> ensure(nn::matrix<S>& m, const char* label, const std::string& layer, std::size_t rows, std::size_t cols) {
+  if (m.extent(0) != rows || m.extent(1) != cols) {
+    const std::string where = "kfsdp::network: layer '" + layer + "'";
+    (void)nn::detail::checked_numel(where.c_str(), label, {rows, cols}, sizeof(S));
+    nn::detail::check_int_extent(where.c_str(), label, "rows", rows);  // the kernels index with int: stop before allocating
+    nn::detail::check_int_extent(where.c_str(), label, "columns", cols);
+    m = nn::matrix<S>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows, cols);
+  }
   return m;
 }
 
@@ -255,21 +262,21 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
         return op_.forward(x, ctx.target_values);
       }
     } else {
-      op_.forward(ctx.params(indices()), x, detail::ensure(y_, "kfsdp::nn::activation", rows_, out_));
+      op_.forward(ctx.params(indices()), x, detail::ensure(y_, "kfsdp::nn::activation", name_, rows_, out_));
       return y_;
     }
   }
 
   gradient_t<in_tag, S> compute_backward(pass_context<S>& ctx, gradient_t<out_tag, S> dy) {
     if constexpr (std::is_same_v<out_tag, loss>) {
-      op_.backward(ctx.grad_scale, detail::ensure(dx_, "kfsdp::nn::gradient", rows_, in_));
+      op_.backward(ctx.grad_scale, detail::ensure(dx_, "kfsdp::nn::gradient", name_, rows_, in_));
       return dx_;
     } else if constexpr (std::is_same_v<in_tag, ids>) {
       op_.backward(ctx.params(indices()), ctx.grads(indices()), dy);
       return {};
     } else {
       nn::matrix<S> dx;
-      if (input_grad_) dx = detail::ensure(dx_, "kfsdp::nn::gradient", rows_, in_);
+      if (input_grad_) dx = detail::ensure(dx_, "kfsdp::nn::gradient", name_, rows_, in_);
       op_.backward(ctx.params(indices()), ctx.grads(indices()), dy, dx);
       return dx;
     }
@@ -370,13 +377,13 @@ class residual_node : public node_base<residual_node<D, S>, S, features, feature
 
   value_t<features, S> compute_forward(pass_context<S>& ctx, value_t<features, S> x) {
     const nn::const_matrix<S> fx = inner_.compute_forward(ctx, x);
-    nn::detail::add<S>(detail::ensure(out_, "kfsdp::nn::activation", x.extent(0), x.extent(1)), fx, x);
+    nn::detail::add<S>(detail::ensure(out_, "kfsdp::nn::activation", name_, x.extent(0), x.extent(1)), fx, x);
     return out_;
   }
   gradient_t<features, S> compute_backward(pass_context<S>& ctx, gradient_t<features, S> dy) {
     const nn::const_matrix<S> dfx = inner_.compute_backward(ctx, dy);
     if (!input_grad_) return {};
-    nn::detail::add<S>(detail::ensure(dx_, "kfsdp::nn::gradient", dy.extent(0), dy.extent(1)), dfx, dy);
+    nn::detail::add<S>(detail::ensure(dx_, "kfsdp::nn::gradient", name_, dy.extent(0), dy.extent(1)), dfx, dy);
     return dx_;
   }
   void release() {
@@ -393,6 +400,7 @@ class residual_node : public node_base<residual_node<D, S>, S, features, feature
     const bool is_unit = detail::count_params(d) > 0 && !b.inside_unit && as_unit;
     if (is_unit) unit = b.unit_of_param[b.next_param];
     saved_ = b.enter_unit(unit);
+    name_ = b.prefix.empty() ? std::string("(residual)") : "residual " + std::string(b.prefix.view());
     const std::size_t width = b.width;
     inner_type inner(static_cast<const typename D::base&>(d), b, input_grad, false);
     if (width != 0 && b.width != width)
@@ -401,6 +409,7 @@ class residual_node : public node_base<residual_node<D, S>, S, features, feature
     return inner;
   }
   std::pair<bool, std::size_t> saved_{};
+  std::string name_;  // for the size checks' messages
   bool input_grad_;
   inner_type inner_;
   nn::matrix<S> out_, dx_;

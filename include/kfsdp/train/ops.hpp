@@ -116,8 +116,14 @@ struct linear_op {
 
 // An op without a way to skip its input gradient computes it into scratch when none is wanted.
 template <class S>
-nn::matrix<S> scratch_if_empty(nn::matrix<S> dx, std::size_t rows, std::size_t cols) {
-  return dx.data() != nullptr ? dx : nn::matrix<S>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::nn::scratch"), rows, cols);
+nn::matrix<S> scratch_if_empty(const char* layer, nn::matrix<S> dx, std::size_t rows, std::size_t cols) {
+  if (dx.data() != nullptr) return dx;
+  (void)nn::detail::checked_numel(layer, "input gradient scratch", {rows, cols}, sizeof(S));
+  return nn::matrix<S>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::nn::scratch"), rows, cols);
+}
+template <class S>
+nn::matrix<S> scratch_if_empty(nn::matrix<S> dx, std::size_t rows, std::size_t cols) {  // the signature users' layers know
+  return scratch_if_empty<S>("scratch_if_empty", dx, rows, cols);
 }
 
 template <class S>
@@ -132,7 +138,7 @@ struct layer_norm_op {
   }
   void backward(const layer_params<const S>& p, const layer_params<S>& g, nn::const_matrix<S> dy, nn::matrix<S> dx) {
     kernel.backward({p.vector(0), p.vector(1)}, {g.vector(0), g.vector(1)}, cache, dy,
-                    scratch_if_empty(dx, dy.extent(0), dy.extent(1)));
+                    scratch_if_empty("layer_norm", dx, dy.extent(0), dy.extent(1)));
   }
 };
 
@@ -162,6 +168,8 @@ struct positional_embedding_op {
   void forward(const layer_params<const S>& p, nn::const_matrix<S> x, nn::matrix<S> y) {
     const std::size_t rows = x.extent(0);
     if (positions.extent(0) != rows) {
+      (void)nn::detail::checked_numel("positional_embedding", "positions", {rows}, sizeof(int));
+      nn::detail::check_int_extent("positional_embedding", "x", "rows", rows);
       positions = nn::index_vector(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::nn::positions"), rows);
       const nn::index_vector pos = positions;
       const int t = int(seq);
@@ -214,7 +222,7 @@ struct attention_op {
     kernel.forward({}, x, y, cache);
   }
   void backward(const layer_params<const S>&, const layer_params<S>&, nn::const_matrix<S> dy, nn::matrix<S> dx) {
-    kernel.backward({}, {}, cache, dy, scratch_if_empty(dx, dy.extent(0), 3 * kernel.dim()));
+    kernel.backward({}, {}, cache, dy, scratch_if_empty("causal_self_attention", dx, dy.extent(0), kernel.in_features()));
   }
 };
 
@@ -252,18 +260,39 @@ template <class Layer, class S>
 struct compute_of {
   using type = typename Layer::template compute<S>;  // a user's layer names its own
 };
+// Static extents whose buffers cannot exist do not compile (dyn ones throw from the kernels).
 template <fixed_string N, std::size_t I, std::size_t O, bool B, class S>
-struct compute_of<linear<N, I, O, B>, S> { using type = linear_op<S>; };
+struct compute_of<linear<N, I, O, B>, S> {
+  static_assert(I == dyn || O == dyn || product_fits({O, I, sizeof(S)}),
+                "kfsdp::linear: the weight's bytes, Out · In · sizeof(Scalar), overflow 64 bits");
+  using type = linear_op<S>;
+};
 template <fixed_string N, std::size_t D, class S>
-struct compute_of<layer_norm<N, D>, S> { using type = layer_norm_op<S>; };
+struct compute_of<layer_norm<N, D>, S> {
+  static_assert(D == dyn || product_fits({D, sizeof(S)}), "kfsdp::layer_norm: the weight's bytes, Dim · sizeof(Scalar), overflow 64 bits");
+  using type = layer_norm_op<S>;
+};
 template <fixed_string N, std::size_t V, std::size_t D, class S>
-struct compute_of<embedding<N, V, D>, S> { using type = embedding_op<S>; };
+struct compute_of<embedding<N, V, D>, S> {
+  static_assert(V == dyn || D == dyn || product_fits({V, D, sizeof(S)}),
+                "kfsdp::embedding: the weight's bytes, Num · Dim · sizeof(Scalar), overflow 64 bits");
+  using type = embedding_op<S>;
+};
 template <fixed_string N, std::size_t T, std::size_t D, class S>
-struct compute_of<positional_embedding<N, T, D>, S> { using type = positional_embedding_op<S>; };
+struct compute_of<positional_embedding<N, T, D>, S> {
+  static_assert(T == dyn || D == dyn || product_fits({T, D, sizeof(S)}),
+                "kfsdp::positional_embedding: the weight's bytes, Seq · Dim · sizeof(Scalar), overflow 64 bits");
+  using type = positional_embedding_op<S>;
+};
 template <fixed_string N, activation_fn F, class S>
 struct compute_of<activation<N, F>, S> { using type = activation_op<S>; };
 template <fixed_string N, std::size_t D, std::size_t H, std::size_t T, class S>
-struct compute_of<causal_self_attention<N, D, H, T>, S> { using type = attention_op<S>; };
+struct compute_of<causal_self_attention<N, D, H, T>, S> {
+  static_assert(D == dyn || product_fits({3, D}), "kfsdp::causal_self_attention: its input features, 3 · Dim, overflow 64 bits");
+  static_assert(H == dyn || T == dyn || product_fits({H, T, T, sizeof(S)}),
+                "kfsdp::causal_self_attention: a window's probabilities, Heads · Seq · Seq · sizeof(Scalar) bytes, overflow 64 bits");
+  using type = attention_op<S>;
+};
 template <fixed_string N, std::size_t C, class S>
 struct compute_of<cross_entropy<N, C>, S> { using type = cross_entropy_op<S>; };
 template <fixed_string N, class S>

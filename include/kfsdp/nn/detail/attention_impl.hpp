@@ -20,7 +20,13 @@ struct attention_layout {
 
   attention_layout(std::size_t windows_, std::size_t heads_, std::size_t seq_, std::size_t dim_)
       : windows(int(windows_)), heads(int(heads_)), seq(int(seq_)), dim(int(dim_)),
-        head_dim(int(dim_ / heads_)), scale(Scalar(1) / math::sqrt(Scalar(dim_ / heads_))) {}
+        head_dim(int(dim_ / heads_)), scale(Scalar(1) / math::sqrt(Scalar(dim_ / heads_))) {
+    // threads() and at() multiply in int: the whole (window, head, position) range must fit.
+    check_int_extent("causal_self_attention", "the (window, head, position) range", "threads",
+                     checked_mul(checked_mul(windows_, heads_, [] { return "causal_self_attention: threads"; }), seq_,
+                                 [] { return "causal_self_attention: threads"; }));
+    check_int_extent("causal_self_attention", "qkv", "columns", checked_mul(3, dim_, [] { return "causal_self_attention: qkv columns"; }));
+  }
 
   struct place {
     int b, h, t, row, q_col, k_col, v_col;
@@ -132,6 +138,8 @@ causal_self_attention<Scalar>::causal_self_attention(std::size_t dim, std::size_
     throw std::invalid_argument("causal_self_attention: heads = " + std::to_string(heads) +
                                 " must divide dim = " + std::to_string(dim));
   if (seq_len == 0) throw std::invalid_argument("causal_self_attention: seq_len must be > 0");
+  (void)checked_mul(3, dim, [] { return "causal_self_attention: in_features (3 · dim)"; });
+  (void)detail::checked_numel("causal_self_attention", "a window's probabilities", {heads, seq_len, seq_len}, sizeof(Scalar));
 }
 
 template <class Scalar>
@@ -142,13 +150,21 @@ std::size_t causal_self_attention<Scalar>::windows(const char* where, std::size_
   return rows / seq_len_;
 }
 
+// [batch, heads, seq, seq], its element and byte counts checked before Kokkos multiplies them.
+template <class Scalar>
+tensor4<Scalar> causal_self_attention<Scalar>::make_scores(const char* where, const char* label, std::size_t batch,
+                                                           bool initialize) const {
+  (void)detail::checked_numel(where, label, {batch, heads_, seq_len_, seq_len_}, sizeof(Scalar));
+  if (initialize) return tensor4<Scalar>(Kokkos::view_alloc(std::string(label)), batch, heads_, seq_len_, seq_len_);
+  return tensor4<Scalar>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), batch, heads_, seq_len_, seq_len_);
+}
+
 template <class Scalar>
 typename causal_self_attention<Scalar>::cache causal_self_attention<Scalar>::make_cache(
     std::size_t rows) const {
-  const std::size_t batch = windows("causal_self_attention::make_cache", rows);
+  const char* where = "causal_self_attention::make_cache";
   cache c;
-  c.probs = tensor4<Scalar>(Kokkos::view_alloc("kfsdp::nn::attention::probs"), batch, heads_,
-                            seq_len_, seq_len_);
+  c.probs = make_scores(where, "kfsdp::nn::attention::probs", windows(where, rows), true);
   return c;
 }
 
@@ -158,7 +174,7 @@ void causal_self_attention<Scalar>::forward(const params&, const_matrix<Scalar> 
   const char* where = "causal_self_attention::forward";
   const std::size_t rows = qkv.extent(0);
   const std::size_t batch = windows(where, rows);
-  detail::check_matrix(where, "qkv", qkv, rows, 3 * dim_);
+  detail::check_matrix(where, "qkv", qkv, rows, in_features());
   detail::check_matrix(where, "y", y, rows, dim_);
   if (c.probs.extent(0) != batch) c = make_cache(rows);
   detail::attention_forward<Scalar>(qkv, y, c.probs);
@@ -171,18 +187,15 @@ void causal_self_attention<Scalar>::backward(const params&, const grads&, const 
   const char* where = "causal_self_attention::backward";
   const std::size_t rows = c.qkv.extent(0);
   const std::size_t batch = windows(where, rows);
-  detail::check_matrix(where, "cache.qkv", c.qkv, rows, 3 * dim_);
+  detail::check_matrix(where, "cache.qkv", c.qkv, rows, in_features());
   if (c.probs.extent(0) != batch || c.probs.extent(1) != heads_ || c.probs.extent(2) != seq_len_)
     detail::throw_shape(where, "cache.probs",
                         detail::shape_string({c.probs.extent(0), c.probs.extent(1),
                                               c.probs.extent(2), c.probs.extent(3)}),
                         detail::shape_string({batch, heads_, seq_len_, seq_len_}));
   detail::check_matrix(where, "dy", dy, rows, dim_);
-  detail::check_matrix(where, "dqkv", dqkv, rows, 3 * dim_);
-  if (dscores_.extent(0) != batch)
-    dscores_ = tensor4<Scalar>(Kokkos::view_alloc(Kokkos::WithoutInitializing,
-                                                  "kfsdp::nn::attention::dscores"),
-                               batch, heads_, seq_len_, seq_len_);
+  detail::check_matrix(where, "dqkv", dqkv, rows, in_features());
+  if (dscores_.extent(0) != batch) dscores_ = make_scores(where, "kfsdp::nn::attention::dscores", batch, false);
   detail::attention_backward_queries<Scalar>(c.qkv, dy, c.probs, dscores_, dqkv);
   detail::attention_backward_keys<Scalar>(c.qkv, dy, c.probs, dscores_, dqkv);
 }

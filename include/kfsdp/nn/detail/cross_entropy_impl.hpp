@@ -56,6 +56,7 @@ void cross_entropy_gradient(const_matrix<Scalar> logits, const_index_vector targ
 
 template <class Scalar>
 typename cross_entropy<Scalar>::cache cross_entropy<Scalar>::make_cache(std::size_t rows) const {
+  (void)detail::checked_numel("cross_entropy::make_cache", "logsumexp", {rows}, sizeof(Scalar));
   cache c;
   c.logsumexp = vector<Scalar>(Kokkos::view_alloc("kfsdp::nn::cross_entropy::logsumexp"), rows);
   c.losses = vector<Scalar>(Kokkos::view_alloc("kfsdp::nn::cross_entropy::losses"), rows);

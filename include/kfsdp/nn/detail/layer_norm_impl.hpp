@@ -76,6 +76,7 @@ void layer_norm_backward_params(const_matrix<Scalar> x, const_vector<Scalar> mea
 
 template <class Scalar>
 typename layer_norm<Scalar>::cache layer_norm<Scalar>::make_cache(std::size_t rows) const {
+  (void)detail::checked_numel("layer_norm::make_cache", "mean", {rows}, sizeof(Scalar));
   cache c;
   c.mean = vector<Scalar>(Kokkos::view_alloc("kfsdp::nn::layer_norm::mean"), rows);
   c.rstd = vector<Scalar>(Kokkos::view_alloc("kfsdp::nn::layer_norm::rstd"), rows);

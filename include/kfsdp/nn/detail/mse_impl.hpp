@@ -18,6 +18,7 @@ Scalar mse_loss<Scalar>::forward(const_matrix<Scalar> pred, const_matrix<Scalar>
   detail::check_matrix("mse_loss::forward", "pred", pred, rows, features_);
   detail::check_matrix("mse_loss::forward", "target", target, rows, features_);
   if (rows == 0) return Scalar(0);
+  (void)detail::checked_numel("mse_loss::forward", "row sums", {rows}, sizeof(Scalar));
   vector<Scalar> row_sums(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::nn::mse_loss::rows"),
                           rows);
   const int cols = int(features_);
