@@ -166,8 +166,10 @@ int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_fil
     if (!s.trace.empty()) engine.set_trace(&trace);
     if (s.load.empty())
       trainer.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
-    else
-      kfsdp::io::load_model(s.load, engine, world);
+    else if (!kfsdp::io::load_model(s.load, engine, world).contains(std::string(kfsdp::io::header_checksum_key)) &&
+             world.rank() == 0)
+      fmt::print("train_gpt: {} has no kfsdp checksums (a standard safetensors file): its layout was "
+                 "checked, its data could not be verified\n", s.load);
 
     if (s.eval_windows > 0) {  // evaluation only: this rank's windows are rank, rank + N, ...
       double totals[2] = {0, 0};  // the sum of per-byte losses, the bytes
