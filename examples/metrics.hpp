@@ -5,6 +5,7 @@
 //
 //   kfsdp::examples::metrics_file metrics("train_gpt", c.str("metrics"), world);  // throws on every rank
 //   if (metrics) metrics.write({{"step", step + 1}, {"loss", r.loss}, {"step_time_s", seconds}});
+//   if (metrics) metrics.write_step({.step = step + 1, .loss = r.loss, ..., .memory = engine.memory()});
 
 #include <cerrno>
 #include <cmath>
@@ -21,6 +22,7 @@
 #include <fmt/format.h>
 
 #include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/fsdp/engine.hpp>
 
 namespace kfsdp::examples {
 
@@ -31,6 +33,16 @@ struct metric {
   metric(std::string_view k, std::integral auto v) : key(k), json(fmt::format("{}", v)) {}
   // fmt's shortest round-trip form, so a reader gets back the very double the program had.
   metric(std::string_view k, std::floating_point auto v) : key(k), json(std::isfinite(v) ? fmt::format("{}", v) : "null") {}
+};
+
+// What a training example records each step (one write_step line).
+struct step_metrics {
+  std::size_t step = 0;
+  double loss = 0, grad_norm = 0, lr = 0;
+  std::string_view throughput_key;  // "tokens_per_s", "samples_per_s", ...
+  double throughput = 0, step_time_s = 0;
+  kfsdp::memory_report memory;      // the engine's, after the step (its peak reset before it)
+  std::size_t optimizer_bytes = 0, activation_peak_bytes = 0, comm_bytes = 0;
 };
 
 class metrics_file {
@@ -58,6 +70,24 @@ class metrics_file {
 
   // True on the rank that writes (rank 0, with --metrics given).
   explicit operator bool() const noexcept { return file_ != nullptr; }
+
+  // The per-step line both training examples write; memory per rank = shards + optimizer + unsharded peak.
+  void write_step(const step_metrics& s) {
+    const kfsdp::memory_report& m = s.memory;
+    write({{"step", s.step},
+           {"loss", s.loss},
+           {"grad_norm", s.grad_norm},
+           {"lr", s.lr},
+           {s.throughput_key, s.throughput},
+           {"step_time_s", s.step_time_s},
+           {"memory_per_rank_bytes", m.sharded_params + m.sharded_grads + s.optimizer_bytes + m.unsharded_peak},
+           {"params_bytes", m.sharded_params},
+           {"grads_bytes", m.sharded_grads},
+           {"optimizer_bytes", s.optimizer_bytes},
+           {"unsharded_peak_bytes", m.unsharded_peak},
+           {"activation_peak_bytes", s.activation_peak_bytes},
+           {"comm_bytes", s.comm_bytes}});
+  }
 
   // One line: {"key": value, ...}; flushed, so a reader (or a killed run) sees whole lines only.
   void write(std::initializer_list<metric> fields) {

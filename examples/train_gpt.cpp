@@ -27,6 +27,7 @@
 #include <kfsdp/comm/nccl.hpp>
 #endif
 #include <kfsdp/environment.hpp>
+#include <kfsdp/fsdp/memory_fit.hpp>
 #include <kfsdp/io/checkpoint.hpp>
 #include <kfsdp/io/text_dataset.hpp>
 #include <kfsdp/model/gpt.hpp>
@@ -135,8 +136,58 @@ settings read(const cli& c, int world_size) {
 
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
 
+// The flags that size a rank's memory, for the message of a model that does not fit.
+std::string sizing_flags(const settings& s) {
+  return fmt::format("--layers {} --dim {} --heads {} --seq {} --batch {} --dtype {} --optimizer {} --sharding {} "
+                     "--checkpointing {}",
+                     s.model.layers, s.model.dim, s.model.heads, s.model.seq, s.batch, s.dtype, s.optimizer,
+                     kfsdp::to_string(s.fsdp.sharding_strategy), s.training.checkpointing ? "on" : "off");
+}
+
+// Stops, before anything is allocated, a model that cannot fit this rank's share of its node's
+// memory: the need per rank from the shard plan, with the activations measured for this GPT (per
+// token, about twice what the blocks keep for backward: 18·dim + heads·seq per block, or one block
+// plus each block's input with --checkpointing, and the logits). Every rank decides alike.
+// Returns the estimate (zero where the shards live on a GPU: only the host's memory is known here).
+template <class Scalar>
+kfsdp::memory_need check_fits(const settings& s, kfsdp::comm::mpi& world) {
+  const double ws = double(world.size()), bytes = sizeof(Scalar), d = double(s.model.dim), layers = double(s.model.layers);
+  const std::size_t states = s.optimizer == "adamw" ? 2 : (s.momentum > 0 ? 1 : 0);
+  const double available = kfsdp::available_host_memory() / double(world.ranks_on_node());
+  double verdict[1] = {0};  // how many ranks the model does not fit
+  const auto refuse = [&](const std::string& need) {
+    verdict[0] = 1;
+    world.all_reduce_sum(std::span<double>(verdict));
+    throw std::invalid_argument(fmt::format(
+        "train_gpt: the model does not fit: it needs {} per rank, and {} of memory is available to each of the {} "
+        "ranks on this node; set by {} (more ranks, --sharding zero3, --checkpointing on or smaller sizes need less)",
+        need, kfsdp::format_bytes(available), world.ranks_on_node(), sizing_flags(s)));
+  };
+  // A first bound from the sizes alone, before the parameter table (12·dim² per block) is built.
+  const double table_bytes = layers * 16 * 2 * sizeof(kfsdp::param_info);  // the table and the plan, ~16 entries a block
+  const double quick = layers * 12 * d * d * bytes * double(2 + states) / ws + table_bytes;
+  if (quick > available) refuse(fmt::format("more than {}", kfsdp::format_bytes(quick)));
+  kfsdp::memory_need need;
+  if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
+    const auto table = kfsdp::make_param_table(kfsdp::make_gpt(s.model));
+    const auto plan = kfsdp::make_shard_plan(table, world.size(), s.fsdp.bucketing_strategy);
+    const auto units = kfsdp::make_units(table, plan, s.fsdp.wrap);
+    const double block = 18 * d + double(s.model.heads) * double(s.model.seq);
+    const double per_token = 2 * ((s.training.checkpointing ? block + layers * d : layers * block) + 2 * double(s.model.vocab));
+    const double tokens = double(s.batch) / ws * double(s.model.seq);
+    need = kfsdp::estimate_memory(plan, units, sizeof(Scalar), states, s.fsdp, per_token * tokens * bytes);
+    if (need.total() > available) refuse(kfsdp::describe(need));
+  }
+  world.all_reduce_sum(std::span<double>(verdict));
+  if (verdict[0] > 0)
+    throw std::invalid_argument(fmt::format("train_gpt: the model does not fit the memory of another rank's node; set by {}",
+                                            sizing_flags(s)));
+  return need;
+}
+
 template <class Scalar>
 int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_file& metrics) {
+  const kfsdp::memory_need need = check_fits<Scalar>(s, world);
   const bool root = world.rank() == 0;
   const auto data = kfsdp::io::text_windows::from_file(s.data, s.model.seq);
   const auto model = kfsdp::make_gpt(s.model);
@@ -251,6 +302,7 @@ int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_fil
                  ws, s.dtype, engine.plan().full_numel, shard, kfsdp::to_string(s.fsdp.sharding_strategy),
                  kfsdp::to_string(s.fsdp.bucketing_strategy), engine.plan().buckets.size(), s.optimizer,
                  s.grad_accum, s.batch, s.model.seq + 1, data.count(), s.data);
+    if (root && need.total() > 0) fmt::print("train_gpt: estimated memory per rank {}\n", kfsdp::describe(need));
     const bool terminal = root && isatty(STDERR_FILENO);
     std::vector<batch> batches(s.grad_accum);
     double first_loss = 0, last_loss = 0;
@@ -267,23 +319,13 @@ int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_fil
       const kfsdp::step_result r =
           std::visit([&](auto& opt) { return trainer.step(std::span<const batch>(batches), opt, s.clip, s.accumulation); }, optimizer);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (metrics) {
-        const auto m = engine.memory();
-        const std::size_t comm_bytes = engine.bytes_communicated() - bytes_before;
-        metrics.write({{"step", step + 1},
-                       {"loss", r.loss},
-                       {"grad_norm", r.grad_norm},
-                       {"lr", s.lr},
-                       {"tokens_per_s", double(s.grad_accum * s.batch * s.model.seq) / seconds},
-                       {"step_time_s", seconds},
-                       {"memory_per_rank_bytes", m.sharded_params + m.sharded_grads + optimizer_bytes + m.unsharded_peak},
-                       {"params_bytes", m.sharded_params},
-                       {"grads_bytes", m.sharded_grads},
-                       {"optimizer_bytes", optimizer_bytes},
-                       {"unsharded_peak_bytes", m.unsharded_peak},
-                       {"activation_peak_bytes", trainer.peak_activation_bytes()},
-                       {"comm_bytes", comm_bytes}});
-      }
+      if (metrics)
+        metrics.write_step({.step = step + 1, .loss = r.loss, .grad_norm = r.grad_norm, .lr = s.lr,
+                            .throughput_key = "tokens_per_s",
+                            .throughput = double(s.grad_accum * s.batch * s.model.seq) / seconds,
+                            .step_time_s = seconds, .memory = engine.memory(), .optimizer_bytes = optimizer_bytes,
+                            .activation_peak_bytes = trainer.peak_activation_bytes(),
+                            .comm_bytes = engine.bytes_communicated() - bytes_before});
       if (step == first_step) first_loss = r.loss;
       last_loss = r.loss;
       if (root && (step % s.log_every == 0 || step + 1 == s.steps)) {

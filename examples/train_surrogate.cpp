@@ -191,23 +191,13 @@ int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_fil
       const auto step_start = std::chrono::steady_clock::now();
       const kfsdp::step_result r = trainer.step({{x, y}}, adam, s.clip);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
-      if (metrics) {
-        const auto m = engine.memory();
-        const std::size_t optimizer_bytes = 2 * engine.plan().shard_numel * sizeof(Scalar);  // AdamW: exp_avg, exp_avg_sq
-        metrics.write({{"step", step + 1},
-                       {"loss", r.loss},
-                       {"grad_norm", r.grad_norm},
-                       {"lr", lr},
-                       {"samples_per_s", double(s.batch) / seconds},
-                       {"step_time_s", seconds},
-                       {"memory_per_rank_bytes", m.sharded_params + m.sharded_grads + optimizer_bytes + m.unsharded_peak},
-                       {"params_bytes", m.sharded_params},
-                       {"grads_bytes", m.sharded_grads},
-                       {"optimizer_bytes", optimizer_bytes},
-                       {"unsharded_peak_bytes", m.unsharded_peak},
-                       {"activation_peak_bytes", trainer.peak_activation_bytes()},
-                       {"comm_bytes", engine.bytes_communicated() - bytes_before}});
-      }
+      if (metrics)
+        metrics.write_step({.step = step + 1, .loss = r.loss, .grad_norm = r.grad_norm, .lr = lr,
+                            .throughput_key = "samples_per_s", .throughput = double(s.batch) / seconds,
+                            .step_time_s = seconds, .memory = engine.memory(),
+                            .optimizer_bytes = 2 * engine.plan().shard_numel * sizeof(Scalar),  // AdamW: exp_avg, exp_avg_sq
+                            .activation_peak_bytes = trainer.peak_activation_bytes(),
+                            .comm_bytes = engine.bytes_communicated() - bytes_before});
       if (root && (step == 0 || (step + 1) % s.log_every == 0 || step + 1 == s.steps))
         fmt::print("step {:>5}/{} | loss {:.8g} | grad norm {:.4g}\n", step + 1, s.steps, r.loss, r.grad_norm);
     }

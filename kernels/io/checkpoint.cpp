@@ -726,10 +726,20 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
   header_table table;
   std::vector<file_piece> pieces;
   together(native, [&] {
-    table = parse_header(prefix, file_size, path.string());
     const auto fail = [&](const std::string& tensor, const std::string& what) {
       throw format_error(fmt::format("{}: file {}: tensor '{}': {}", function, quoted(path), tensor, what));
     };
+    try {
+      table = parse_header(prefix, file_size, path.string());
+    } catch (const format_error& invalid) {
+      // A tensor deleted from the header leaves its bytes as a hole: name what the model misses first.
+      const std::string_view text(reinterpret_cast<const char*>(prefix.data()), prefix.size());
+      if (lenient == nullptr)
+        for (const sharded_tensor<Scalar>& tensor : tensors)
+          if (text.find('"' + tensor.name + '"') == std::string_view::npos)
+            fail(tensor.name, fmt::format("missing from the file, expected it (the model has it); {}", invalid.what()));
+      throw;
+    }
     std::vector<sharded_tensor<Scalar>> present;
     for (const sharded_tensor<Scalar>& tensor : tensors) {
       const param_info& param = engine.params()[tensor.param];

@@ -98,6 +98,16 @@ with tempfile.TemporaryDirectory() as tmp:
               and abs(r['tokens_per_s'] * r['step_time_s'] - 12 * 16) < 1e-6 * 12 * 16 for r in records),
           '--metrics: memory sums, comm bytes, lr, grad norm, tokens/s x step time = tokens')
 
+    # The memory estimate printed before training bounds what the engine and the layers measured
+    # (metrics: shards + optimizer + unsharded peak, and the activations' peak), from above and closely.
+    units = {'B': 1, 'KiB': 1024, 'MiB': 1024 ** 2, 'GiB': 1024 ** 3}
+    for flags in ([], ['--sharding', 'zero3', '--bucketing', 'none', '--checkpointing', 'on']):
+        out = run(2, '--steps', '2', '--metrics', f('fit.jsonl'), *flags)
+        value, unit = out.split('estimated memory per rank ')[1].split()[:2]
+        r = [json.loads(line) for line in open(f('fit.jsonl'))][-1]
+        ratio = float(value) * units[unit] / (r['memory_per_rank_bytes'] + r['activation_peak_bytes'])
+        check(0.95 <= ratio <= 1.5, f'memory estimate {" ".join(flags) or "(defaults)"}: {ratio:.3f} x the measured peak')
+
     # Bad input is a clear error, the same on every rank, and no hang.
     out = run(2, '--batch', '3', expect=2)
     check('--batch is 3, expected a positive multiple of the 2 ranks' in out, 'an uneven batch is refused')
@@ -113,6 +123,11 @@ with tempfile.TemporaryDirectory() as tmp:
                            (['--metrics', tmp], f"--metrics '{tmp}' cannot be opened for writing: Is a directory")):
         out = run(2, *flags, expect=2)
         check(message in out, f'{" ".join(flags)}: "{message}"')
+    # A model that cannot fit stops before allocating, with its figures and the flags that set them.
+    for flags in (['--dim', '1000000', '--heads', '1'], ['--layers', '1000000000000000000'], ['--batch', '100000000']):
+        out = run(2, *flags, expect=2)
+        check('the model does not fit: it needs' in out and f'--{flags[0][2:]} {flags[1]}' in out and
+              'available to each of the 2 ranks' in out, f'{" ".join(flags)}: refused as not fitting')
 
 print(f'train_gpt end to end: {len(failures)} checks failed')
 sys.exit(1 if failures else 0)

@@ -514,6 +514,16 @@ std::string replace_after(std::string json, const std::string& tensor, const std
   return json.replace(at, from.size(), to);
 }
 
+// Deletes `tensor`'s entry ("name": {...} and one comma) from the header JSON; its bytes stay.
+std::string remove_entry(std::string json, const std::string& tensor) {
+  const std::size_t begin = json.find("\"" + tensor + "\"");
+  const std::size_t end = json.find('}', begin) + 1;
+  const std::size_t after = json.find_first_not_of(' ', end);
+  if (json[after] == ',') return json.erase(begin, after + 1 - begin);
+  const std::size_t comma = json.rfind(',', begin);  // the last entry: the comma before it goes
+  return json.erase(comma, end - comma);
+}
+
 struct malformed_case {
   std::string name;    // the file, under the scratch directory
   std::string tensor;  // the tensor the message must name ("" when none is involved)
@@ -564,6 +574,7 @@ TEST_CASE("every malformed file raises format_error naming the file and the tens
     write_json("not_json.safetensors", std::string(parts.json.size(), 'x'));
     write_json("metadata_lies.safetensors", replace_after(parts.json, "step", "42", "43"));
     write_json("renamed.safetensors", replace_after(parts.json, middle_tensor, "c_proj", "c_prox"));
+    write_json("removed.safetensors", remove_entry(parts.json, middle_tensor));
   }
   save_other_model<tiny_gpt, double>(world, scratch.path / "double.safetensors");
   save_other_model<gpt<2, 16, 5>, float>(world, scratch.path / "wider.safetensors");
@@ -584,6 +595,7 @@ TEST_CASE("every malformed file raises format_error naming the file and the tens
       {"not_json.safetensors", ""},
       {"metadata_lies.safetensors", ""},
       {"renamed.safetensors", middle_tensor},
+      {"removed.safetensors", middle_tensor},  // its bytes left as a hole: named as missing, not as the hole's neighbour
       {"double.safetensors", "transformer.wte.weight"},
       {"wider.safetensors", "transformer.wte.weight"},
       {"shallower.safetensors", "transformer.h.1.ln_1.weight"},
@@ -601,6 +613,7 @@ TEST_CASE("every malformed file raises format_error naming the file and the tens
     if (!bad.tensor.empty()) CHECK(error.find("'" + bad.tensor + "'") != std::string::npos);
     CHECK(same_on_every_rank(world, error));
     CHECK(to_host(engine.shards().flat()) == before);
+    if (bad.name == "removed.safetensors") CHECK(error.find("'" + middle_tensor + "': missing from the file") != std::string::npos);
   }
   // A file that is not there: an I/O error, on every rank, shards untouched.
   const std::string missing = load_error(scratch.path / "absent.safetensors", engine, world);

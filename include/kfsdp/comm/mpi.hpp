@@ -238,6 +238,17 @@ class mpi {
   // The duplicated communicator, for calls kfsdp does not wrap; kfsdp keeps ownership.
   [[nodiscard]] MPI_Comm native() const noexcept { return comm_; }
   [[nodiscard]] const mpi_options& options() const noexcept { return options_; }
+  // How many of this communicator's ranks share this rank's node (its memory); collective.
+  [[nodiscard]] int ranks_on_node() const {
+    constexpr std::string_view function = "kfsdp::comm::mpi::ranks_on_node";
+    MPI_Comm node = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), function, "MPI_Comm_split_type");
+    int n = 1;
+    const int code = MPI_Comm_size(node, &n);
+    MPI_Comm_free(&node);
+    check(code, function, "MPI_Comm_size");
+    return n;
+  }
 
   // recv = [rank 0's send | rank 1's | ...]; recv.size() == size()*send.size(). In place when
   // send.data() == recv.data() + rank()*send.size(). send is non-deduced, so a vector converts.
