@@ -14,8 +14,12 @@
 
 #include <fmt/format.h>
 
+#ifdef KFSDP_IMPORT_MODULE  // the module build (-Dmodules=enabled) compiles the same program through the module
+import kfsdp;
+#else
 #include <kfsdp/fsdp/options.hpp>
 #include <kfsdp/model/gpt.hpp>
+#endif
 
 namespace kfsdp::examples {
 

@@ -21,8 +21,12 @@
 
 #include <fmt/format.h>
 
+#ifdef KFSDP_IMPORT_MODULE  // the module build (-Dmodules=enabled) compiles the same program through the module
+import kfsdp;
+#else
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/fsdp/engine.hpp>
+#endif
 
 namespace kfsdp::examples {
 

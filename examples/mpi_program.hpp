@@ -8,8 +8,14 @@
 //     return kfsdp::examples::mpi_program(argc, argv, [&](kfsdp::comm::mpi& world) { return run(world); });
 //   }
 
+#include <mpi.h>
+
+#ifdef KFSDP_IMPORT_MODULE  // the module build (-Dmodules=enabled) compiles the same program through the module
+import kfsdp;
+#else
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/environment.hpp>
+#endif
 
 namespace kfsdp::examples {
 

@@ -19,8 +19,12 @@
 #include <string>
 #include <variant>
 
+#include <Kokkos_Core.hpp>
 #include <fmt/format.h>
 
+#ifdef KFSDP_IMPORT_MODULE  // the module build (-Dmodules=enabled) compiles the same program through the module
+import kfsdp;
+#else
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/comm/threaded.hpp>
 #ifdef KFSDP_HAVE_NCCL
@@ -35,6 +39,7 @@
 #include <kfsdp/optim/sgd.hpp>
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/trainer.hpp>
+#endif
 
 #include "cli.hpp"
 #include "metrics.hpp"

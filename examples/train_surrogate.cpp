@@ -20,13 +20,18 @@
 #include <string>
 #include <vector>
 
+#include <Kokkos_Core.hpp>
 #include <fmt/format.h>
 
+#ifdef KFSDP_IMPORT_MODULE  // the module build (-Dmodules=enabled) compiles the same program through the module
+import kfsdp;
+#else
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/io/array_dataset.hpp>
 #include <kfsdp/io/checkpoint.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/trainer.hpp>
+#endif
 
 #include "cli.hpp"
 #include "heat_problem.hpp"

@@ -34,7 +34,7 @@ std::uint64_t options_fingerprint(const shard_plan& plan, const fsdp_options& o,
 
 template <class Scalar>
 fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_communicator comm,
-                                 const fsdp_options& options)
+                                 const fsdp_options& options, std::optional<shard_plan> plan)
     : table_(std::move(table)), comm_(std::move(comm)), options_(options) {
   rank_ = comm_.rank();
   world_size_ = comm_.size();
@@ -49,14 +49,27 @@ fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_commun
           "leave device unset on CPU builds",
           *options_.device, Kokkos::DefaultExecutionSpace::name()));
     } else {
-#if KOKKOS_VERSION >= 40000
+#if KOKKOS_VERSION >= 40100  // Kokkos::device_id() arrived in 4.1
       if (*options_.device != Kokkos::device_id())
         throw std::invalid_argument(fmt::format("kfsdp::fsdp: device is {}, but Kokkos runs this rank on device {}",
                                                 *options_.device, Kokkos::device_id()));
 #endif
     }
   }
-  plan_ = make_shard_plan(table_, static_cast<std::size_t>(world_size_), options_.bucketing_strategy);
+  if (plan) {
+    if (plan->world_size != static_cast<std::size_t>(world_size_))
+      throw std::invalid_argument(fmt::format("kfsdp::fsdp: the communicator has {} ranks, expected {} (the plan's "
+                                              "world size, static_world_size<{}>)",
+                                              world_size_, plan->world_size, plan->world_size));
+    if (plan->bucketing != options_.bucketing_strategy || plan->params.size() != table_.size())
+      throw std::invalid_argument(fmt::format("kfsdp::fsdp: the plan given has {} parameters with {} bucketing, "
+                                              "expected {} with {} (the table and options)",
+                                              plan->params.size(), to_string(plan->bucketing), table_.size(),
+                                              to_string(options_.bucketing_strategy)));
+    plan_ = std::move(*plan);
+  } else {
+    plan_ = make_shard_plan(table_, static_cast<std::size_t>(world_size_), options_.bucketing_strategy);
+  }
   // Ranks that disagree on the plan would hang in mismatched collectives: fail here instead.
   comm_.check_agreement(options_fingerprint(plan_, options_, sizeof(Scalar)), "the shard plan and fsdp options");
 

@@ -1,4 +1,4 @@
-// `import kfsdp;` gives the same plans as the headers, and leaks no macro.
+// `import kfsdp;` gives the same plans and the same training as the headers, and leaks no macro.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -8,13 +8,19 @@
 
 import kfsdp;
 
-#if defined(KFSDP_MODULE) || defined(KFSDP_EXPORT)
+#if defined(KFSDP_EXPORT) || defined(KFSDP_MODULE_MPI)
 #error "a kfsdp macro leaked out of the module"
 #endif
-#if defined(FMT_VERSION)
-#error "a macro of fmt leaked out of the module"
+#if defined(FMT_VERSION) || defined(KOKKOS_VERSION) || defined(MPI_VERSION)
+#error "a macro of fmt, Kokkos or MPI leaked out of the module"
 #endif
 
+#include <fmt/format.h>  // not re-exported by the module: a program that formats includes it
+
+#include "mlp.hpp"
+
+std::vector<double> header_mlp_losses();
+std::size_t shard_numel_imported_and_included();
 std::uint64_t header_plan_fingerprint(std::size_t world_size, int strategy);
 std::size_t header_plan_shard_numel(std::size_t world_size, int strategy);
 
@@ -48,4 +54,12 @@ TEST_CASE("the module's run-time descriptors, errors and formatter work") {
   CHECK(text.starts_with("shard_plan(world_size=3, bucketing=layer): 29 params in 16 buckets"));
   CHECK_THROWS_WITH(kfsdp::make_shard_plan(table, 0, kfsdp::bucketing::layer),
                     "kfsdp::make_shard_plan: world_size is 0, expected at least 1");
+}
+
+TEST_CASE("the module trains an MLP as the headers do, and a file may both import and include") {
+  const kfsdp::environment kokkos_up;
+  const std::vector<double> imported = kfsdp_module_test::train_mlp();
+  CHECK(imported.size() == 3);
+  CHECK(imported == header_mlp_losses());  // the same compiler, the same kernels: the same bits
+  CHECK(shard_numel_imported_and_included() == header_plan_shard_numel(3, static_cast<int>(kfsdp::bucketing::block)));
 }

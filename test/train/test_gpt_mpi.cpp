@@ -39,38 +39,46 @@ struct run_result {
   state_dict weights;
 };
 
-// Trains `steps` steps on `comm` with the given options; every rank gets its slice of each batch.
+// Trains `steps` steps with `trainer`; every rank gets its slice of each batch.
+template <class Scalar, class Trainer>
+run_result run_steps(Trainer& trainer, std::size_t micro_batches = 1, std::size_t batch = global_batch,
+                     grad_accumulation accumulation = grad_accumulation::unsharded, bool use_sgd = false,
+                     double clip = 0.5) {
+  const auto data = sample_text();
+  auto& engine = trainer.engine();
+  using batch_type = typename std::remove_reference_t<decltype(trainer)>::batch;
+  const std::size_t ws = std::size_t(engine.world_size());
+  trainer.initialize(1234, gpt2_init(config.layers));
+  optim::adamw<Scalar> adam(engine.plan().shard_numel, {.lr = 3e-3, .weight_decay = 0.1});
+  optim::sgd<Scalar> sgd(engine.plan().shard_numel, {.lr = 0.1, .momentum = 0.9});
+  run_result out;
+  for (std::size_t s = 0; s < steps; ++s) {
+    std::vector<batch_type> batches;
+    for (std::size_t k = 0; k < micro_batches; ++k) {
+      std::vector<int> tokens, targets;
+      data.rank_slice(data.micro_batch(io::window_sampling::sequential, 0, s * micro_batches + k, batch),
+                      std::size_t(engine.rank()), ws, tokens, targets);
+      batches.push_back({device_ids(tokens), device_ids(targets)});
+    }
+    const std::span<const batch_type> all(batches);
+    const step_result r = use_sgd ? trainer.step(all, sgd, clip, accumulation) : trainer.step(all, adam, clip, accumulation);
+    out.losses.push_back(r.loss);
+    out.norms.push_back(r.grad_norm);
+  }
+  out.weights = engine.original_state_dict();
+  return out;
+}
+
+// Trains `steps` steps on `comm` with the given options (the run-time GPT, make_gpt's).
 template <class Scalar>
 run_result train(comm::any_communicator comm, fsdp_options options, std::size_t micro_batches = 1,
                  std::size_t batch = global_batch, grad_accumulation accumulation = grad_accumulation::unsharded,
                  bool use_sgd = false, double clip = 0.5, trainer_options topts = {}, bool tie = false) {
-  const auto data = sample_text();
   gpt_config sizes = config;
   sizes.tie_weights = tie;
   const auto model = make_gpt(sizes);
   return with_trainer<Scalar>(model, comm, options, topts, [&](auto& trainer) {
-    auto& engine = trainer.engine();
-    using batch_type = typename std::remove_reference_t<decltype(trainer)>::batch;
-    const std::size_t ws = std::size_t(engine.world_size());
-    trainer.initialize(1234, gpt2_init(config.layers));
-    optim::adamw<Scalar> adam(engine.plan().shard_numel, {.lr = 3e-3, .weight_decay = 0.1});
-    optim::sgd<Scalar> sgd(engine.plan().shard_numel, {.lr = 0.1, .momentum = 0.9});
-    run_result out;
-    for (std::size_t s = 0; s < steps; ++s) {
-      std::vector<batch_type> batches;
-      for (std::size_t k = 0; k < micro_batches; ++k) {
-        std::vector<int> tokens, targets;
-        data.rank_slice(data.micro_batch(io::window_sampling::sequential, 0, s * micro_batches + k, batch),
-                        std::size_t(engine.rank()), ws, tokens, targets);
-        batches.push_back({device_ids(tokens), device_ids(targets)});
-      }
-      const std::span<const batch_type> all(batches);
-      const step_result r = use_sgd ? trainer.step(all, sgd, clip, accumulation) : trainer.step(all, adam, clip, accumulation);
-      out.losses.push_back(r.loss);
-      out.norms.push_back(r.grad_norm);
-    }
-    out.weights = engine.original_state_dict();
-    return out;
+    return run_steps<Scalar>(trainer, micro_batches, batch, accumulation, use_sgd, clip);
   });
 }
 
@@ -258,4 +266,29 @@ TEST_CASE("the GPT's gradients, untied and tied, match central differences") {
     data.rank_slice(data.micro_batch(io::window_sampling::random, 1, 0, 2), 0, 1, tokens, targets);
     kfsdp::testing::check_gradients(t, decltype(t)::batch{device_ids(tokens), device_ids(targets)});
   }
+}
+
+TEST_CASE("a static_world_size<2> engine: its plan from the compiler, the run-time engine's losses; another size refused") {
+  comm::mpi world;
+  using static_gpt = gpt<2, 16, 8, 256, 2>;  // config's sizes, every extent a compile-time constant
+  using engine_type = fsdp<static_gpt, double, zero3, block_bucketing, static_world_size<2>>;
+  static_assert(engine_type::static_world_size == 2 && engine_type::static_plan.world_size == 2);
+  // The bound a user would write: parameters, gradients and AdamW's two states under 1 MiB per rank.
+  static_assert(4 * engine_type::static_plan.shard_numel * sizeof(double) < (std::size_t(1) << 20));
+  if (world.size() != 2) {
+    CHECK_THROWS_WITH_AS((trainer<static_gpt, double, zero3, block_bucketing, static_world_size<2>>(static_gpt{}, world)),
+                         fmt::format("kfsdp::fsdp: the communicator has {} ranks, expected 2 (the plan's world size, "
+                                     "static_world_size<2>)", world.size()).c_str(),
+                         std::invalid_argument);
+    return;
+  }
+  trainer<static_gpt, double, zero3, block_bucketing, static_world_size<2>> fixed(static_gpt{}, world);
+  CHECK(fixed.engine().plan() == to_dynamic(engine_type::static_plan));
+  trainer<static_gpt, double, zero3, block_bucketing> sized_at_run_time(static_gpt{}, world);
+  const run_result a = run_steps<double>(fixed), b = run_steps<double>(sized_at_run_time);
+  CHECK(a.losses == b.losses);
+  CHECK(a.norms == b.norms);
+  // ... and make_gpt's run-time descriptor of the same sizes trains the same.
+  check_close<double>(a, train<double>(world, {.sharding_strategy = sharding_strategy::zero3,
+                                               .bucketing_strategy = bucketing::block}), 1e-12);
 }

@@ -8,12 +8,10 @@
 //   kfsdp::comm::any_communicator comm(world);
 //   comm.all_gather(std::span<const float>(shard), std::span<float>(full));
 
-#ifndef KFSDP_MODULE
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string_view>
-#endif
 
 #include <kfsdp/comm/communicator.hpp>
 

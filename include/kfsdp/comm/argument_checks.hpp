@@ -7,7 +7,6 @@
 //
 // `function` is the fully qualified name the user called, e.g. "kfsdp::comm::mpi::iall_gather".
 
-#ifndef KFSDP_MODULE
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -16,11 +15,8 @@
 #include <string_view>
 
 #include <fmt/format.h>
-#endif
 
-#include <kfsdp/meta/export.hpp>
-
-KFSDP_EXPORT namespace kfsdp::comm::detail {
+namespace kfsdp::comm::detail {
 
 // Byte ranges [first, first + bytes): pointers compared as integers, so device pointers work too.
 struct byte_range {

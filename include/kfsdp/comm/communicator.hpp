@@ -11,7 +11,6 @@
 //     pending.wait();                                                // full is valid from here
 //   }
 
-#ifndef KFSDP_MODULE
 #include <concepts>
 #include <cstdint>
 #include <cstdio>
@@ -23,11 +22,8 @@
 #include <utility>
 
 #include <fmt/format.h>
-#endif
 
-#include <kfsdp/meta/export.hpp>
-
-KFSDP_EXPORT namespace kfsdp::comm {
+namespace kfsdp::comm {
 
 // ---------------------------------------------------------------------------------------------
 // Element types that every backend moves: float and double for parameters and gradients,

@@ -7,17 +7,14 @@
 //   comm.all_gather(shard, std::span(full));                 // full == {1, 2}
 //   kfsdp::comm::check_agreement(comm, 42, "the plan");     // one rank always agrees
 
-#ifndef KFSDP_MODULE
 #include <algorithm>
 #include <span>
 #include <type_traits>
-#endif
 
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
-#include <kfsdp/meta/export.hpp>
 
-KFSDP_EXPORT namespace kfsdp::comm {
+namespace kfsdp::comm {
 
 class self {
  public:

@@ -13,7 +13,6 @@
 //   compute();                                   // the all-gather runs meanwhile
 //   pending.wait();
 
-#ifndef KFSDP_MODULE
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -23,7 +22,6 @@
 #include <span>
 #include <thread>
 #include <type_traits>
-#endif
 
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>

@@ -12,19 +12,18 @@
 //   e.reduce_gradients(b);                 // pack, reduce-scatter, divide by world size
 //   e.reshard(b);                          // free the unsharded buffers
 
-#ifndef KFSDP_MODULE
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 #include <Kokkos_Core.hpp>
-#endif
 
 #include <kfsdp/comm/any_communicator.hpp>
 #include <kfsdp/fsdp/options.hpp>
@@ -74,7 +73,11 @@ class fsdp_engine {
   using flat_view = Kokkos::View<Scalar*>;
   using initializer = std::function<param_init(const param_info&)>;
 
-  fsdp_engine(std::vector<param_info> table, comm::any_communicator comm, const fsdp_options& options);
+  // The plan is make_shard_plan's for the communicator's size, or `plan` where one is given (a
+  // static_world_size engine's, computed at compile time): a communicator of another size, or a
+  // plan of another table or bucketing, throws std::invalid_argument naming both.
+  fsdp_engine(std::vector<param_info> table, comm::any_communicator comm, const fsdp_options& options,
+              std::optional<shard_plan> plan = std::nullopt);
   fsdp_engine(const fsdp_engine&) = delete;
   fsdp_engine& operator=(const fsdp_engine&) = delete;
   ~fsdp_engine();

@@ -23,13 +23,11 @@
 // out of that order throws std::logic_error naming the unit and the state it was in.
 // kfsdp::trainer (train/trainer.hpp) makes these calls; a hand-written schedule may too.
 
-#ifndef KFSDP_MODULE
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
-#endif
 
 #include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/fsdp/options.hpp>
@@ -37,6 +35,7 @@
 #include <kfsdp/meta/type_list.hpp>
 #include <kfsdp/model/descriptor.hpp>
 #include <kfsdp/model/param_table.hpp>
+#include <kfsdp/plan/shard_plan.hpp>
 
 namespace kfsdp {
 
@@ -62,12 +61,24 @@ class fsdp : public fsdp_engine<Scalar>, public unit_hooks {
  public:
   static constexpr kfsdp::sharding_strategy sharding = policies::sharding;
   static constexpr kfsdp::bucketing bucketing_strategy = policies::bucketing_strategy;
+  // With static_world_size<N>: N, and the plan computed at compile time, for static_asserts on
+  // the bytes per rank; 0 and std::nullopt_t where the communicator sets the world size.
+  //   using sharded = kfsdp::fsdp<kfsdp::gpt<48, 1600, 1024>, float, kfsdp::zero3, kfsdp::static_world_size<8>>;
+  //   static_assert(4 * sharded::static_plan.shard_numel * sizeof(float) < (std::size_t(80) << 30));  // fits a GPU
+  static constexpr std::size_t static_world_size = policies::world_size;
+  static constexpr auto static_plan = [] {
+    if constexpr (static_world_size == 0) {
+      return std::nullopt;
+    } else {
+      return static_shard_plan<Model, static_world_size, bucketing_strategy>;  // needs a fully static Model
+    }
+  }();
 
   enum class unit_state { sharded, forward, forward_done, backward, backward_done };
 
   // options' sharding and bucketing are those of the policies; the rest is taken as given.
   fsdp(const Model& model, comm::any_communicator comm, fsdp_options options = {})
-      : engine(make_param_table(model), std::move(comm), with_policies(options)),
+      : engine(make_param_table(model), std::move(comm), with_policies(options), planned()),
         model_(model),
         units_(make_units(this->params(), this->plan(), this->options().wrap)),
         state_(units_.size(), unit_state::sharded) {}
@@ -137,6 +148,13 @@ class fsdp : public fsdp_engine<Scalar>, public unit_hooks {
   }
 
  private:
+  // The engine's plan: the compile-time one with static_world_size<N> (checked against the communicator).
+  static std::optional<shard_plan> planned() {
+    if constexpr (static_world_size == 0)
+      return std::nullopt;
+    else
+      return to_dynamic(static_plan);
+  }
   static fsdp_options with_policies(fsdp_options o) {
     o.sharding_strategy = sharding;
     o.bucketing_strategy = bucketing_strategy;

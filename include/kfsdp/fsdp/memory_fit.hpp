@@ -14,7 +14,6 @@
 //   (with overlap_reduce_scatter off).
 // Figures are doubles: an absurd size gives a huge estimate, never a wrapped small one.
 
-#ifndef KFSDP_MODULE
 #include <cstddef>
 #include <fstream>
 #include <limits>
@@ -22,14 +21,12 @@
 #include <sstream>
 #include <string>
 #include <fmt/format.h>
-#endif
 
 #include <kfsdp/fsdp/options.hpp>
 #include <kfsdp/fsdp/units.hpp>
-#include <kfsdp/meta/export.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
-KFSDP_EXPORT namespace kfsdp {
+namespace kfsdp {
 
 // Bytes one rank needs at its peak, by kind.
 struct memory_need {

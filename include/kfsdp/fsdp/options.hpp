@@ -5,13 +5,11 @@
 //                           .bucketing_strategy = kfsdp::bucketing::block,
 //                           .broadcast_from = 0};
 
-#ifndef KFSDP_MODULE
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
-#endif
 
 #include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/meta/type_list.hpp>
@@ -53,7 +51,8 @@ struct fsdp_options {
   wrap_options wrap{};
 };
 
-// Policy tags: fsdp<Model, Scalar, zero3, block_bucketing> (any order, each with a default).
+// Policy tags: fsdp<Model, Scalar, zero3, block_bucketing, static_world_size<8>> (any order, each
+// with a default).
 template <sharding_strategy S>
 struct sharding_policy {
   static constexpr sharding_strategy value = S;
@@ -61,6 +60,12 @@ struct sharding_policy {
 template <bucketing B>
 struct bucketing_policy {
   static constexpr bucketing value = B;
+};
+// The world size fixed at compile time: the engine takes its plan from static_shard_plan (the model
+// must be fully static) and refuses a communicator of another size. 0: the communicator's (default).
+template <std::size_t N>
+struct static_world_size {
+  static constexpr std::size_t value = N;
 };
 using zero2 = sharding_policy<sharding_strategy::zero2>;
 using zero3 = sharding_policy<sharding_strategy::zero3>;
@@ -78,7 +83,12 @@ struct is_bucketing_policy : std::false_type {};
 template <bucketing B>
 struct is_bucketing_policy<bucketing_policy<B>> : std::true_type {};
 template <class T>
-struct is_policy : std::bool_constant<is_sharding_policy<T>::value || is_bucketing_policy<T>::value> {};
+struct is_world_size_policy : std::false_type {};
+template <std::size_t N>
+struct is_world_size_policy<static_world_size<N>> : std::true_type {};
+template <class T>
+struct is_policy
+    : std::bool_constant<is_sharding_policy<T>::value || is_bucketing_policy<T>::value || is_world_size_policy<T>::value> {};
 
 // The policies of fsdp<Model, Scalar, Policies...>, checked and defaulted.
 template <class... Policies>
@@ -86,13 +96,16 @@ struct fsdp_policies {
   using list = meta::type_list<Policies...>;
   static_assert(meta::mp_count_if<list, is_policy>::value == sizeof...(Policies),
                 "kfsdp::fsdp: an unknown policy was given; policies are kfsdp::zero2, kfsdp::zero3, "
-                "kfsdp::no_bucketing, kfsdp::layer_bucketing, kfsdp::block_bucketing");
+                "kfsdp::no_bucketing, kfsdp::layer_bucketing, kfsdp::block_bucketing, kfsdp::static_world_size<N>");
   static_assert(meta::mp_count_if<list, is_sharding_policy>::value <= 1,
                 "kfsdp::fsdp: more than one sharding policy (kfsdp::zero2 / kfsdp::zero3) was given");
   static_assert(meta::mp_count_if<list, is_bucketing_policy>::value <= 1,
                 "kfsdp::fsdp: more than one bucketing policy (kfsdp::*_bucketing) was given");
   static constexpr sharding_strategy sharding = meta::mp_find_if<list, is_sharding_policy, zero2>::value;
+  static_assert(meta::mp_count_if<list, is_world_size_policy>::value <= 1,
+                "kfsdp::fsdp: more than one kfsdp::static_world_size<N> was given");
   static constexpr bucketing bucketing_strategy = meta::mp_find_if<list, is_bucketing_policy, no_bucketing>::value;
+  static constexpr std::size_t world_size = meta::mp_find_if<list, is_world_size_policy, static_world_size<0>>::value;
 };
 }  // namespace detail
 

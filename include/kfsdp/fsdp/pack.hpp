@@ -11,11 +11,9 @@
 // Packing is the inverse for gradients (padding rows become zero), so that after a reduce-scatter
 // rank r's part is exactly its chunks, contiguous.
 
-#ifndef KFSDP_MODULE
 #include <cstddef>
 #include <cstdint>
 #include <Kokkos_Core.hpp>
-#endif
 
 #include <kfsdp/plan/shard_plan.hpp>
 

@@ -11,7 +11,6 @@
 //   -> {"traceEvents":[{"name":"all_gather","cat":"comm","ph":"X","ts":12.5,"dur":80.1,
 //                       "pid":0,"tid":1,"args":{"bucket":3,"bytes":196608}}, ...]}
 
-#ifndef KFSDP_MODULE
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -20,7 +19,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-#endif
 
 #include <fmt/format.h>
 

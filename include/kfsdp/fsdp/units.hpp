@@ -14,7 +14,6 @@
 // Units are numbered in forward order; a bucket must lie in one unit (block or layer bucketing
 // with the blocks policy, none or layer bucketing with the layers policy).
 
-#ifndef KFSDP_MODULE
 #include <cstddef>
 #include <span>
 #include <stdexcept>
@@ -22,13 +21,11 @@
 #include <string_view>
 #include <vector>
 #include <fmt/format.h>
-#endif
 
-#include <kfsdp/meta/export.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
-KFSDP_EXPORT namespace kfsdp {
+namespace kfsdp {
 
 enum class wrap_policy { blocks, layers };
 

@@ -5,7 +5,6 @@
 //   kfsdp::state_dict sd = engine.original_state_dict();
 //   std::span<const float> w = sd.at("lm_head.weight").values<float>();   // [256, D] row-major
 
-#ifndef KFSDP_MODULE
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -15,7 +14,6 @@
 #include <string_view>
 #include <type_traits>
 #include <vector>
-#endif
 
 #include <fmt/format.h>
 

@@ -7,7 +7,6 @@
 //   sequential sampling, batch 2: step 0 -> windows 0, 1; step 1 -> windows 2, 0 (modulo 3)
 //   at world size 2, rank 1 of step 0 gets window 1: tokens "de", targets "ef"
 
-#ifndef KFSDP_MODULE
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -16,7 +15,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-#endif
 
 #include <fmt/format.h>
 

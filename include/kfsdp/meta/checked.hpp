@@ -4,16 +4,12 @@
 // two static extents, rejected at compile time. The descriptors, the parameter table, the shard
 // plan, the nn layers and the network size their buffers with these.
 
-#ifndef KFSDP_MODULE
 #include <cstddef>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
-#endif
 
-#include <kfsdp/meta/export.hpp>
-
-KFSDP_EXPORT namespace kfsdp {
+namespace kfsdp {
 
 // a · b and a + b, or std::overflow_error naming what is computed and the operands (sizes near
 // 2^64 must stop with a message, not wrap around into a small allocation). `what` is called only

@@ -4,14 +4,10 @@
 //   template <kfsdp::fixed_string Name> struct layer { static constexpr auto name = Name; };
 //   layer<"c_attn">::name.view()  -> "c_attn"
 
-#ifndef KFSDP_MODULE
 #include <cstddef>
 #include <string_view>
-#endif
 
-#include <kfsdp/meta/export.hpp>
-
-KFSDP_EXPORT namespace kfsdp {
+namespace kfsdp {
 
 template <std::size_t N>
 struct fixed_string {

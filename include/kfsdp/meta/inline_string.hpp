@@ -4,16 +4,12 @@
 //
 //   inline_string<16> s("h");  s.append(".").append_number(3);  s.view() -> "h.3"
 
-#ifndef KFSDP_MODULE
 #include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#endif
 
-#include <kfsdp/meta/export.hpp>
-
-KFSDP_EXPORT namespace kfsdp {
+namespace kfsdp {
 
 template <std::size_t Capacity>
 class inline_string {

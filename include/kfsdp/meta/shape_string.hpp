@@ -1,13 +1,9 @@
 #pragma once
 // shape_string(extents) -> "[768, 3072]": how every kfsdp message and table writes a shape.
 
-#ifndef KFSDP_MODULE
 #include <string>
-#endif
 
-#include <kfsdp/meta/export.hpp>
-
-KFSDP_EXPORT namespace kfsdp {
+namespace kfsdp {
 
 template <class Extents>
 std::string shape_string(const Extents& extents) {

@@ -2,17 +2,13 @@
 // Type-list utilities in Boost.Mp11 style: a signature comment, a detail:: impl, a public alias.
 // Nothing here knows about FSDP.
 
-#ifndef KFSDP_MODULE
 #include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
-#endif
 
-#include <kfsdp/meta/export.hpp>
-
-KFSDP_EXPORT namespace kfsdp::meta {
+namespace kfsdp::meta {
 
 // type_list<T...>
 template <class... T>

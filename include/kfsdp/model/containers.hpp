@@ -9,19 +9,16 @@
 // Neighbours must agree on what flows between them (ids, features, loss): a mismatch fails to
 // compile in check_chain<Producer, Consumer>, whose arguments are the two layers.
 
-#ifndef KFSDP_MODULE
 #include <cstddef>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
-#endif
 
-#include <kfsdp/meta/export.hpp>
 #include <kfsdp/meta/inline_string.hpp>
 #include <kfsdp/model/descriptor.hpp>
 
-KFSDP_EXPORT namespace kfsdp {
+namespace kfsdp {
 
 // Fails to compile, naming Producer and Consumer, unless Producer's output is Consumer's input.
 template <class Producer, class Consumer>

@@ -21,7 +21,6 @@
 // Sizes are static (template arguments) or `kfsdp::dyn` (given to the constructor at run time):
 // a zero static size is a compile error, a zero run-time size an exception — from the same check.
 
-#ifndef KFSDP_MODULE
 #include <array>
 #include <concepts>
 #include <cstddef>
@@ -30,13 +29,11 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#endif
 
 #include <kfsdp/meta/checked.hpp>
-#include <kfsdp/meta/export.hpp>
 #include <kfsdp/meta/fixed_string.hpp>
 
-KFSDP_EXPORT namespace kfsdp {
+namespace kfsdp {
 
 // A size given at run time instead of as a template argument (as in std::extents).
 inline constexpr std::size_t dyn = std::dynamic_extent;

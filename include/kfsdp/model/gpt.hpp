@@ -8,18 +8,15 @@
 //   kfsdp::gpt<96, 768, 1024> big;                       // fully static
 //   auto m = kfsdp::make_gpt({.layers = 4, .dim = 128, .seq = 64});  // sizes from the command line
 
-#ifndef KFSDP_MODULE
 #include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <utility>
-#endif
 
-#include <kfsdp/meta/export.hpp>
 #include <kfsdp/model/containers.hpp>
 #include <kfsdp/model/layers.hpp>
 
-KFSDP_EXPORT namespace kfsdp {
+namespace kfsdp {
 
 namespace detail {
 // GPT-2's head width of 64 where the width allows it.

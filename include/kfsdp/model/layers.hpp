@@ -10,19 +10,16 @@
 // A size may be kfsdp::dyn and given to the constructor: linear<"fc", dyn, dyn>(in, out).
 // Each layer's compute (forward, backward) is kfsdp::compute_t<Layer, Scalar> (train/ops.hpp).
 
-#ifndef KFSDP_MODULE
 #include <array>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
-#endif
 
-#include <kfsdp/meta/export.hpp>
 #include <kfsdp/model/descriptor.hpp>
 
-KFSDP_EXPORT namespace kfsdp {
+namespace kfsdp {
 
 template <fixed_string Name, std::size_t In = dyn, std::size_t Out = dyn, bool Bias = true>
 struct linear {

@@ -9,7 +9,6 @@
 // `param_table<M>` is a constexpr std::array for a fully static M; `make_param_table(model)` is
 // the same walk for any model value (run-time sizes) and returns a std::vector.
 
-#ifndef KFSDP_MODULE
 #include <array>
 #include <cstddef>
 #include <limits>
@@ -17,13 +16,11 @@
 #include <string>
 #include <string_view>
 #include <vector>
-#endif
 
-#include <kfsdp/meta/export.hpp>
 #include <kfsdp/meta/inline_string.hpp>
 #include <kfsdp/model/descriptor.hpp>
 
-KFSDP_EXPORT namespace kfsdp {
+namespace kfsdp {
 
 // Dotted names up to this length (transformer.h.95.attn.c_attn.weight is 35).
 inline constexpr std::size_t max_param_name = 96;

@@ -9,19 +9,16 @@
 //
 //   fmt::print("{}", kfsdp::plan_table(plan, table, sizeof(float)));  // one row per parameter
 
-#ifndef KFSDP_MODULE
 #include <algorithm>
 #include <cstddef>
 #include <span>
 #include <string>
 #include <fmt/format.h>
-#endif
 
-#include <kfsdp/meta/export.hpp>
 #include <kfsdp/meta/shape_string.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
-KFSDP_EXPORT namespace kfsdp {
+namespace kfsdp {
 
 // "[768, 3072]"
 inline std::string format_shape(const param_info& p) { return shape_string(std::span(p.shape.data(), p.rank)); }

@@ -20,7 +20,6 @@
 //   auto plan = kfsdp::make_shard_plan(kfsdp::param_table<M>, comm.size(), kfsdp::bucketing::layer);
 //   static_assert(kfsdp::static_shard_plan<M, 3, kfsdp::bucketing::layer>.buckets.size() == 2);
 
-#ifndef KFSDP_MODULE
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -29,12 +28,10 @@
 #include <string>
 #include <string_view>
 #include <vector>
-#endif
 
-#include <kfsdp/meta/export.hpp>
 #include <kfsdp/model/param_table.hpp>
 
-KFSDP_EXPORT namespace kfsdp {
+namespace kfsdp {
 
 // Thunder's FSDPBucketingStrategy.
 enum class bucketing {

@@ -5,12 +5,10 @@
 //   plan for 0.weight [13,4] at world size 3: chunk 5 rows, storage_offset 0
 //   rank 2: local_shard(0) = rows 10..14 of the padded weight; rows 13, 14 are padding (zero)
 
-#ifndef KFSDP_MODULE
 #include <cstddef>
 #include <string>
 #include <utility>
 #include <Kokkos_Core.hpp>
-#endif
 
 #include <kfsdp/plan/shard_plan.hpp>
 

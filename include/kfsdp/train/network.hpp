@@ -249,7 +249,6 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
     b.previous = "'" + name_ + "' before it";
   }
 
-
   value_t<out_tag, S> compute_forward(pass_context<S>& ctx, value_t<in_tag, S> x) {
     rows_ = x.extent(0);
     if constexpr (std::is_same_v<out_tag, loss>) {
@@ -292,7 +291,6 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   [[nodiscard]] std::size_t out_features() const noexcept { return out_; }
 
-
  private:
   void push(std::size_t index) {
     if (count_ == index_.size())
@@ -330,7 +328,6 @@ class sequence_node : public node_base<sequence_node<D, S, C...>, S, input_t<D>,
     std::apply([](auto&... c) { (c.release(), ...); }, children_);
   }
   [[nodiscard]] std::size_t out_features() const { return std::get<sizeof...(C) - 1>(children_).out_features(); }
-
 
  private:
   template <std::size_t... I>
@@ -393,7 +390,6 @@ class residual_node : public node_base<residual_node<D, S>, S, features, feature
   }
   [[nodiscard]] std::size_t out_features() const { return inner_.out_features(); }
 
-
  private:
   using inner_type = node_t<typename D::base, S>;
   inner_type init(const D& d, detail::network_builder& b, bool input_grad, bool as_unit) {
@@ -451,7 +447,6 @@ class repeat_node : public node_base<repeat_node<D, S>, S, input_t<D>, output_t<
     for (auto& c : copies_) c.release();
   }
   [[nodiscard]] std::size_t out_features() const { return copies_.back().out_features(); }
-
 
  private:
   std::vector<node_t<element, S>> copies_;
