@@ -29,6 +29,11 @@ TEST_CASE("the worked example of shard_plan.hpp") {
   CHECK(plan.params[0].valid_rows(2) == 3);
   CHECK(plan.params[3].valid_rows(0) == 1);
   CHECK(plan.params[3].valid_rows(1) == 0);  // ranks 1 and 2 hold only padding
+  // The unpacked buffers: each bucket's full, unpadded parameters back to back.
+  CHECK(plan.params[1].full_offset == 52);
+  CHECK(plan.params[3].full_offset == 13);
+  CHECK(plan.buckets[0].full_numel == 65);
+  CHECK(plan.buckets[1].full_numel == 14);
 }
 
 TEST_CASE("every bucketing covers the storage contiguously, bucket after bucket") {
@@ -42,12 +47,14 @@ TEST_CASE("every bucketing covers the storage contiguously, bucket after bucket"
       for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
         const auto& bucket = plan.buckets[k];
         CHECK(bucket.storage_offset == offset);
-        std::size_t inside = 0;
+        std::size_t inside = 0, unpacked = 0;
         for (std::size_t i = bucket.first_param; i < bucket.first_param + bucket.param_count; ++i) {
           const auto& p = plan.params[i];
           CHECK(p.bucket == k);
           CHECK(p.bucket_offset == inside);
           CHECK(p.storage_offset == offset + inside);
+          CHECK(p.full_offset == unpacked);
+          unpacked += p.full_numel();
           CHECK(p.chunk_rows * ws >= p.dim0);
           CHECK(p.chunk_rows * ws - p.dim0 < ws);  // padding below one row per rank
           std::size_t rows = 0;
@@ -56,6 +63,7 @@ TEST_CASE("every bucketing covers the storage contiguously, bucket after bucket"
           inside += p.chunk_numel();
         }
         CHECK(inside == bucket.shard_numel);
+        CHECK(unpacked == bucket.full_numel);
         offset += inside;
       }
       CHECK(offset == plan.shard_numel);

@@ -1,6 +1,6 @@
 #pragma once
 // any_communicator — a communicator of any backend behind one type, so that the engine is compiled
-// once (in kernels/) instead of once per backend. Collectives are per bucket, so one virtual call
+// once (in src/fsdp/engine.cpp) instead of once per backend. Collectives are per bucket, so one virtual call
 // each costs nothing next to the transfer. It refers to the communicator it wraps: that one must
 // outlive it.
 //

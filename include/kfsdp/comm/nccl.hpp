@@ -173,7 +173,7 @@ class nccl {
   // A request on an event recorded now on the communication stream (the non-blocking forms).
   request record(std::string_view function);
 
-  struct device_state;  // ncclComm_t, the stream, the device: defined in kernels/comm/nccl.cpp
+  struct device_state;  // ncclComm_t, the stream, the device: defined in src/comm/nccl.cpp
   mpi host_;
   std::unique_ptr<device_state> state_;
 };

@@ -1,6 +1,6 @@
 #pragma once
 // fsdp_engine<Scalar> — everything an FSDP rank does to its parameters, independent of the
-// sharding and bucketing policies (compiled once per scalar type in kernels/fsdp/engine.cpp):
+// sharding and bucketing policies (compiled once per scalar type in src/fsdp/engine.cpp):
 // sharded storage, initialisation (with broadcast_from), unshard / reshard of a bucket,
 // reduce-scatter of a bucket's gradients, the full state dict, and memory accounting.
 //
@@ -32,7 +32,7 @@
 #include <kfsdp/io/state_dict.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
-#include <kfsdp/shard/storage.hpp>
+#include <kfsdp/fsdp/storage.hpp>
 
 namespace kfsdp {
 
@@ -191,7 +191,6 @@ class fsdp_engine {
   int rank_ = 0;
   int world_size_ = 1;
   shard_plan plan_;
-  std::vector<std::size_t> full_offset_;  // parameter's offset in its bucket's unpacked buffer
   std::unordered_map<std::string, std::size_t> index_;
   sharded_storage<Scalar> shards_;
   sharded_storage<Scalar> grads_;

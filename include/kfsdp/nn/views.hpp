@@ -24,9 +24,11 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/meta/checked.hpp>
+#include <kfsdp/meta/shape_string.hpp>
 
 #include <cstddef>
 #include <initializer_list>
+#include <span>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -70,14 +72,9 @@ namespace detail {
                               expected);
 }
 
-// "[2, 3]". Built by appending: GCC 12 warns falsely (-Wrestrict, bug 105329) on "[" + to_string.
+// "[2, 3]" for extents written in place.
 inline std::string shape_string(std::initializer_list<std::size_t> extents) {
-  std::string shape(1, '[');
-  for (std::size_t e : extents) {
-    if (shape.size() > 1) shape.append(", ");
-    shape.append(std::to_string(e));
-  }
-  return shape.append("]");
+  return kfsdp::shape_string(std::span<const std::size_t>(extents.begin(), extents.size()));
 }
 inline std::string shape_string(std::size_t a) { return shape_string({a}); }
 inline std::string shape_string(std::size_t a, std::size_t b) { return shape_string({a, b}); }

@@ -3,13 +3,16 @@
 // (one all-gather / one reduce-scatter) it travels in, and where its local shard lives in the
 // rank's flat storage. A pure constexpr function of (param table, world size, bucketing).
 //
+// It is the one place where offsets are computed; the engine, its kernels and the checkpoints ask it.
+//
 // Worked example: Linear(4,13) then Linear(13,1) at world_size 3, bucketing layer
-//   param        shape    chunk_rows  padding_rows  bucket  bucket_offset  storage_offset
-//   0.weight     [13,4]   5           2             0       0              0
-//   0.bias       [13]     5           2             0       20             20
-//   1.weight     [1,13]   1           2             1       0              25
-//   1.bias       [1]      1           2             1       13             38
-//   bucket 0: params 0..1, 25 elements per rank; bucket 1: params 2..3, 14 per rank; 39 per rank.
+//   param        shape    chunk_rows  padding_rows  bucket  bucket_offset  storage_offset  full_offset
+//   0.weight     [13,4]   5           2             0       0              0               0
+//   0.bias       [13]     5           2             0       20             20              52
+//   1.weight     [1,13]   1           2             1       0              25              0
+//   1.bias       [1]      1           2             1       13             38              13
+//   bucket 0: params 0..1, 25 elements per rank, 65 unpacked; bucket 1: params 2..3, 14 per rank,
+//   14 unpacked; 39 per rank.
 // Rank r holds rows [r·chunk_rows, (r+1)·chunk_rows) of each parameter; rows ≥ dim0 are zero padding
 // (rank 2 holds rows 10..12 of 0.weight and two padding rows; ranks 1 and 2 hold only padding of 1.*).
 //
@@ -65,6 +68,8 @@ struct param_shard {
   std::size_t bucket = 0;          // index of the bucket it travels in
   std::size_t bucket_offset = 0;   // element offset of its local chunk in the bucket's local shard
   std::size_t storage_offset = 0;  // element offset of its local chunk in the rank's flat storage
+  std::size_t full_offset = 0;     // element offset of the full, unpadded parameter in its bucket's
+                                   // unpacked buffer (the bucket's parameters back to back)
 
   [[nodiscard]] constexpr std::size_t chunk_numel() const noexcept { return chunk_rows * row_numel; }
   [[nodiscard]] constexpr std::size_t full_numel() const noexcept { return dim0 * row_numel; }
@@ -80,6 +85,7 @@ struct bucket_shard {
   std::size_t param_count = 0;
   std::size_t shard_numel = 0;     // elements of the bucket's local shard on every rank
   std::size_t storage_offset = 0;  // where that shard starts in the rank's flat storage
+  std::size_t full_numel = 0;      // elements of its parameters unpacked: full, unpadded, back to back
 };
 
 template <class Params, class Buckets>
@@ -108,11 +114,11 @@ struct basic_shard_plan {
 constexpr bool operator==(const param_shard& a, const param_shard& b) noexcept {
   return a.dim0 == b.dim0 && a.row_numel == b.row_numel && a.chunk_rows == b.chunk_rows &&
          a.padding_rows == b.padding_rows && a.bucket == b.bucket &&
-         a.bucket_offset == b.bucket_offset && a.storage_offset == b.storage_offset;
+         a.bucket_offset == b.bucket_offset && a.storage_offset == b.storage_offset && a.full_offset == b.full_offset;
 }
 constexpr bool operator==(const bucket_shard& a, const bucket_shard& b) noexcept {
   return a.first_param == b.first_param && a.param_count == b.param_count &&
-         a.shard_numel == b.shard_numel && a.storage_offset == b.storage_offset;
+         a.shard_numel == b.shard_numel && a.storage_offset == b.storage_offset && a.full_numel == b.full_numel;
 }
 
 // The plan for a world size known at run time (also usable inside a constant expression).
@@ -166,15 +172,17 @@ constexpr shard_plan make_shard_plan(std::span<const param_info> table, std::siz
 
     const detail::bucket_key key = detail::key_of(info, i, strategy);
     if (i == 0 || !(key == previous)) {
-      plan.buckets.push_back(bucket_shard{i, 0, 0, plan.shard_numel});
+      plan.buckets.push_back(bucket_shard{i, 0, 0, plan.shard_numel, 0});
       previous = key;
     }
     bucket_shard& bucket = plan.buckets.back();
     p.bucket = plan.buckets.size() - 1;
     p.bucket_offset = bucket.shard_numel;
     p.storage_offset = plan.shard_numel;
+    p.full_offset = bucket.full_numel;
     bucket.param_count += 1;
     bucket.shard_numel += p.chunk_numel();
+    bucket.full_numel += p.full_numel();
     plan.shard_numel = checked_add(plan.shard_numel, p.chunk_numel(), [] { return "make_shard_plan: elements per rank"; });
     plan.full_numel = checked_add(plan.full_numel, p.full_numel(), [] { return "make_shard_plan: elements of the model"; });
     plan.padding_numel += p.padding_rows * p.row_numel;

@@ -1,11 +1,14 @@
-// safetensors header: writer (make_header) and validating reader (parse_header) with its own
-// small JSON parser. Check: meson test -C <build> io_safetensors; fuzz: build-io-clang/test/io/
+// safetensors header: writer (make_header) and validating reader (parse_header): the schema (names,
+// dtypes, shapes, offsets and what they mean) over the strict JSON reader of json_reader.hpp. Check: meson test -C <build> io_safetensors; fuzz: build-io-clang/test/io/
 // fuzz_safetensors_header test/io/corpus (clang builds only).
 //
 // The reader works in two passes over the header text: first a pure syntax check of the whole
 // text (so that broken JSON is always reported as such, with the byte where it breaks), then a
 // schema pass that decodes names, dtypes, shapes and offsets and checks what they mean.
 #include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/meta/shape_string.hpp>
+
+#include "json_reader.hpp"
 
 #include <algorithm>
 #include <array>
@@ -16,6 +19,8 @@
 
 namespace kfsdp::io {
 namespace {
+
+using namespace json_detail;
 
 // ---------------------------------------------------------------- dtypes
 
@@ -42,99 +47,6 @@ std::string known_dtype_names() {
   return names;
 }
 
-// ---------------------------------------------------------------- UTF-8 and text for messages
-
-// Length of the valid UTF-8 sequence starting at text[position], or 0 when it is not valid.
-std::size_t utf8_sequence_length(std::string_view text, std::size_t position) noexcept {
-  const auto byte = [&](std::size_t index) -> unsigned {
-    return index < text.size() ? static_cast<unsigned char>(text[index]) : 0x100u;
-  };
-  const auto continuation = [&](std::size_t index, unsigned low = 0x80, unsigned high = 0xbf) {
-    const unsigned value = byte(index);
-    return value >= low && value <= high;
-  };
-  const unsigned lead = byte(position);
-  if (lead < 0x80) return 1;
-  if (lead >= 0xc2 && lead <= 0xdf) return continuation(position + 1) ? 2 : 0;
-  if (lead >= 0xe0 && lead <= 0xef) {
-    // E0 excludes overlong forms, ED excludes the UTF-16 surrogates.
-    const unsigned low = lead == 0xe0 ? 0xa0 : 0x80;
-    const unsigned high = lead == 0xed ? 0x9f : 0xbf;
-    return continuation(position + 1, low, high) && continuation(position + 2) ? 3 : 0;
-  }
-  if (lead >= 0xf0 && lead <= 0xf4) {
-    // F0 excludes overlong forms, F4 stops at U+10FFFF.
-    const unsigned low = lead == 0xf0 ? 0x90 : 0x80;
-    const unsigned high = lead == 0xf4 ? 0x8f : 0xbf;
-    return continuation(position + 1, low, high) && continuation(position + 2) &&
-                   continuation(position + 3)
-               ? 4
-               : 0;
-  }
-  return 0;
-}
-
-bool is_valid_utf8(std::string_view text) noexcept {
-  for (std::size_t position = 0; position < text.size();) {
-    const std::size_t length = utf8_sequence_length(text, position);
-    if (length == 0) return false;
-    position += length;
-  }
-  return true;
-}
-
-constexpr char hex_digits[] = "0123456789abcdef";
-
-// A name as it appears in messages: quoted, control bytes and non-UTF-8 escaped, long names cut.
-std::string printable(std::string_view text) {
-  constexpr std::size_t longest_shown = 120;
-  std::string shown = "'";
-  std::size_t position = 0;
-  for (; position < text.size() && shown.size() < longest_shown;) {
-    const std::size_t length = utf8_sequence_length(text, position);
-    const auto byte = static_cast<unsigned char>(text[position]);
-    if (length == 1 && byte >= 0x20 && byte != 0x7f && byte != '\\' && byte != '\'') {
-      shown += static_cast<char>(byte);
-    } else if (length > 1) {
-      shown.append(text.substr(position, length));
-    } else {
-      shown += "\\x";
-      shown += hex_digits[byte >> 4];
-      shown += hex_digits[byte & 0xf];
-      position += 1;
-      continue;
-    }
-    position += length;
-  }
-  if (position < text.size()) shown += "'... (" + std::to_string(text.size()) + " bytes)";
-  else shown += "'";
-  return shown;
-}
-
-// A character of the header as it appears in messages.
-std::string printable_char(int character) {
-  if (character < 0) return "the end of the header";
-  return printable(std::string(1, static_cast<char>(character)));
-}
-
-[[noreturn]] void fail(std::string_view file_name, const std::string& what) {
-  throw format_error("safetensors file " + printable(file_name) + ": " + what);
-}
-
-[[noreturn]] void fail_tensor(std::string_view file_name, std::string_view tensor,
-                              const std::string& what) {
-  fail(file_name, "tensor " + printable(tensor) + ": " + what);
-}
-
-std::string shape_text(const std::vector<std::uint64_t>& shape) {
-  std::string text = "[";
-  for (std::size_t axis = 0; axis < shape.size(); ++axis) {
-    if (axis != 0) text += ", ";
-    text += std::to_string(shape[axis]);
-  }
-  return text + "]";
-}
-
 // Element count and byte count of a shape, or nullopt when they overflow 64 bits.
 std::optional<std::uint64_t> byte_count(const std::vector<std::uint64_t>& shape, dtype type) {
   constexpr auto most = std::numeric_limits<std::uint64_t>::max();
@@ -149,249 +61,6 @@ std::optional<std::uint64_t> byte_count(const std::vector<std::uint64_t>& shape,
   if (count > most / element_bytes) return std::nullopt;
   return count * element_bytes;
 }
-
-// ---------------------------------------------------------------- JSON reading
-
-enum class json_kind { null, boolean, number, string, array, object };
-
-std::string_view kind_name(json_kind kind) {
-  switch (kind) {
-    case json_kind::null: return "null";
-    case json_kind::boolean: return "a boolean";
-    case json_kind::number: return "a number";
-    case json_kind::string: return "a string";
-    case json_kind::array: return "an array";
-    case json_kind::object: return "an object";
-  }
-  return "a value";
-}
-
-// A cursor over the header text; every read is bounds-checked, every error throws format_error.
-class json_reader {
- public:
-  json_reader(std::string_view text, std::string_view file_name) : text_(text), file_(file_name) {}
-
-  [[nodiscard]] std::size_t position() const noexcept { return position_; }
-  [[nodiscard]] bool at_end() const noexcept { return position_ >= text_.size(); }
-  [[nodiscard]] int peek() const noexcept {
-    return at_end() ? -1 : static_cast<unsigned char>(text_[position_]);
-  }
-
-  void skip_whitespace() noexcept {
-    while (!at_end()) {
-      const char c = text_[position_];
-      if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return;
-      ++position_;
-    }
-  }
-
-  [[noreturn]] void syntax_error(const std::string& what) const {
-    fail(file_, "header is not valid JSON: at byte " + std::to_string(position_) +
-                    " of the header: " + what + ", found " + printable_char(peek()));
-  }
-
-  void expect(char wanted, std::string_view context) {
-    skip_whitespace();
-    if (peek() != static_cast<unsigned char>(wanted))
-      syntax_error("expected '" + std::string(1, wanted) + "' " + std::string(context));
-    ++position_;
-  }
-
-  // True (and consumes it) when the next non-space character is `wanted`.
-  bool consume(char wanted) {
-    skip_whitespace();
-    if (peek() != static_cast<unsigned char>(wanted)) return false;
-    ++position_;
-    return true;
-  }
-
-  [[nodiscard]] json_kind next_kind() {
-    skip_whitespace();
-    switch (peek()) {
-      case '{': return json_kind::object;
-      case '[': return json_kind::array;
-      case '"': return json_kind::string;
-      case 't': case 'f': return json_kind::boolean;
-      case 'n': return json_kind::null;
-      default:
-        if (peek() == '-' || (peek() >= '0' && peek() <= '9')) return json_kind::number;
-        syntax_error("expected a JSON value");
-    }
-  }
-
-  // Reads any value, checking its syntax; nesting deeper than max_json_depth is an error.
-  void skip_value(std::size_t depth) {
-    switch (next_kind()) {
-      case json_kind::object: {
-        enter(depth);
-        ++position_;
-        if (consume('}')) return;
-        do {
-          skip_whitespace();
-          if (peek() != '"') syntax_error("expected a string key in an object");
-          read_string();
-          expect(':', "after an object key");
-          skip_value(depth + 1);
-        } while (consume(','));
-        expect('}', "or ',' in an object");
-        return;
-      }
-      case json_kind::array: {
-        enter(depth);
-        ++position_;
-        if (consume(']')) return;
-        do skip_value(depth + 1);
-        while (consume(','));
-        expect(']', "or ',' in an array");
-        return;
-      }
-      case json_kind::string: read_string(); return;
-      case json_kind::number: read_number_text(); return;
-      case json_kind::boolean:
-      case json_kind::null: read_literal(); return;
-    }
-  }
-
-  // Reads a string at the cursor and returns it decoded (escapes resolved, UTF-8 checked).
-  std::string read_string() {
-    skip_whitespace();
-    if (peek() != '"') syntax_error("expected a string");
-    ++position_;
-    std::string decoded;
-    for (;;) {
-      if (at_end()) syntax_error("unterminated string");
-      const auto byte = static_cast<unsigned char>(text_[position_]);
-      if (byte == '"') {
-        ++position_;
-        return decoded;
-      }
-      if (byte < 0x20) syntax_error("control character in a string (escape it)");
-      if (byte == '\\') {
-        read_escape(decoded);
-        continue;
-      }
-      const std::size_t length = utf8_sequence_length(text_, position_);
-      if (length == 0) syntax_error("invalid UTF-8 in a string");
-      decoded.append(text_.substr(position_, length));
-      position_ += length;
-    }
-  }
-
-  // Reads a number at the cursor (JSON grammar) and returns its text.
-  std::string_view read_number_text() {
-    skip_whitespace();
-    const std::size_t start = position_;
-    if (peek() == '-') ++position_;
-    if (peek() == '0') {
-      ++position_;
-    } else if (peek() >= '1' && peek() <= '9') {
-      skip_digits();
-    } else {
-      syntax_error("expected a digit in a number");
-    }
-    if (peek() == '.') {
-      ++position_;
-      if (!(peek() >= '0' && peek() <= '9')) syntax_error("expected a digit after '.'");
-      skip_digits();
-    }
-    if (peek() == 'e' || peek() == 'E') {
-      ++position_;
-      if (peek() == '+' || peek() == '-') ++position_;
-      if (!(peek() >= '0' && peek() <= '9')) syntax_error("expected a digit in an exponent");
-      skip_digits();
-    }
-    // "01" would stop after the 0; the caller then sees '1' where ',' or ']' belongs.
-    return text_.substr(start, position_ - start);
-  }
-
- private:
-  void enter(std::size_t depth) const {
-    if (depth >= max_json_depth)
-      syntax_error("arrays and objects nested deeper than " + std::to_string(max_json_depth));
-  }
-
-  void skip_digits() noexcept {
-    while (peek() >= '0' && peek() <= '9') ++position_;
-  }
-
-  void read_literal() {
-    for (const std::string_view literal : {"true", "false", "null"}) {
-      if (text_.substr(position_, literal.size()) == literal) {
-        position_ += literal.size();
-        return;
-      }
-    }
-    syntax_error("expected true, false or null");
-  }
-
-  unsigned read_hex4() {
-    unsigned value = 0;
-    for (int digit = 0; digit < 4; ++digit) {
-      const int c = peek();
-      unsigned nibble = 0;
-      if (c >= '0' && c <= '9') nibble = static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f') nibble = static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') nibble = static_cast<unsigned>(c - 'A' + 10);
-      else syntax_error("expected 4 hex digits after \\u");
-      value = value * 16 + nibble;
-      ++position_;
-    }
-    return value;
-  }
-
-  static void append_utf8(std::string& out, unsigned code_point) {
-    if (code_point < 0x80) {
-      out += static_cast<char>(code_point);
-    } else if (code_point < 0x800) {
-      out += static_cast<char>(0xc0 | (code_point >> 6));
-      out += static_cast<char>(0x80 | (code_point & 0x3f));
-    } else if (code_point < 0x10000) {
-      out += static_cast<char>(0xe0 | (code_point >> 12));
-      out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (code_point & 0x3f));
-    } else {
-      out += static_cast<char>(0xf0 | (code_point >> 18));
-      out += static_cast<char>(0x80 | ((code_point >> 12) & 0x3f));
-      out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (code_point & 0x3f));
-    }
-  }
-
-  void read_escape(std::string& decoded) {
-    ++position_;  // the backslash
-    const int c = peek();
-    if (c < 0) syntax_error("unterminated escape");
-    ++position_;
-    switch (c) {
-      case '"': decoded += '"'; return;
-      case '\\': decoded += '\\'; return;
-      case '/': decoded += '/'; return;
-      case 'b': decoded += '\b'; return;
-      case 'f': decoded += '\f'; return;
-      case 'n': decoded += '\n'; return;
-      case 'r': decoded += '\r'; return;
-      case 't': decoded += '\t'; return;
-      case 'u': break;
-      default: --position_; syntax_error("unknown escape");
-    }
-    const unsigned unit = read_hex4();
-    if (unit >= 0xdc00 && unit <= 0xdfff) syntax_error("lone low surrogate in a \\u escape");
-    if (unit < 0xd800 || unit > 0xdbff) {
-      append_utf8(decoded, unit);
-      return;
-    }
-    // A high surrogate must be followed by an escaped low surrogate.
-    if (text_.substr(position_, 2) != "\\u") syntax_error("high surrogate without a low surrogate");
-    position_ += 2;
-    const unsigned low = read_hex4();
-    if (low < 0xdc00 || low > 0xdfff) syntax_error("high surrogate without a low surrogate");
-    append_utf8(decoded, 0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00));
-  }
-
-  std::string_view text_;
-  std::string_view file_;
-  std::size_t position_ = 0;
-};
 
 // ---------------------------------------------------------------- the schema pass
 
@@ -665,13 +334,13 @@ file_layout make_header(const std::vector<tensor_entry>& tensors, const metadata
     const auto bytes = byte_count(tensor.shape, tensor.type);
     if (!bytes || *bytes > std::numeric_limits<std::uint64_t>::max() / 2 - data_bytes)
       throw std::invalid_argument("make_header: tensor " + printable(tensor.name) + " of shape " +
-                                  shape_text(tensor.shape) +
+                                  shape_string(tensor.shape) +
                                   " is too large, expected a file under 2^63 bytes");
     std::string entry;
     append_json_string(entry, tensor.name);
     entry += ":{\"dtype\":\"";
     entry += dtype_name(tensor.type);
-    entry += "\",\"shape\":" + shape_text(tensor.shape);
+    entry += "\",\"shape\":" + shape_string(tensor.shape);
     entry += ",\"data_offsets\":[" + std::to_string(data_bytes) + "," +
              std::to_string(data_bytes + *bytes) + "]}";
     entries.emplace_back(tensor.name, std::move(entry));
@@ -785,11 +454,11 @@ header_table parse_header(std::span<const std::byte> file_prefix, std::uint64_t 
     const auto bytes = byte_count(*tensor.shape, *tensor.type);
     if (!bytes)
       fail_tensor(file_name, tensor.name,
-                  "shape " + shape_text(*tensor.shape) + " of " +
+                  "shape " + shape_string(*tensor.shape) + " of " +
                       std::string(dtype_name(*tensor.type)) + " has more than 2^64 bytes");
     if (*bytes != end - begin)
       fail_tensor(file_name, tensor.name,
-                  "shape " + shape_text(*tensor.shape) + " of " +
+                  "shape " + shape_string(*tensor.shape) + " of " +
                       std::string(dtype_name(*tensor.type)) + " (" +
                       std::to_string(dtype_size(*tensor.type)) + " bytes each) is " +
                       std::to_string(*bytes) + " bytes, but " + offsets_text + " span " +

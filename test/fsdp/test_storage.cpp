@@ -1,7 +1,7 @@
 // sharded_storage: one flat view laid out by the plan; buckets and chunks are views into it.
 #include <doctest/doctest.h>
 
-#include <kfsdp/shard/storage.hpp>
+#include <kfsdp/fsdp/storage.hpp>
 
 #include "../fsdp/engine_checks.hpp"
 

@@ -73,14 +73,6 @@ fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_commun
   // Ranks that disagree on the plan would hang in mismatched collectives: fail here instead.
   comm_.check_agreement(options_fingerprint(plan_, options_, sizeof(Scalar)), "the shard plan and fsdp options");
 
-  full_offset_.resize(table_.size());
-  for (const bucket_shard& b : plan_.buckets) {
-    std::size_t offset = 0;
-    for (std::size_t p = b.first_param; p < b.first_param + b.param_count; ++p) {
-      full_offset_[p] = offset;
-      offset += plan_.params[p].full_numel();
-    }
-  }
   for (std::size_t p = 0; p < table_.size(); ++p) index_.emplace(std::string(table_[p].name.view()), p);
   shards_ = sharded_storage<Scalar>(plan_, "kfsdp::shards");
   grads_ = sharded_storage<Scalar>(plan_, "kfsdp::grads");
@@ -142,7 +134,7 @@ void fsdp_engine<Scalar>::release(flat_view& view) {
 template <class Scalar>
 kernels::param_slot fsdp_engine<Scalar>::slot(std::size_t p) const {
   const param_shard& s = plan_.params[p];
-  return {s.bucket_offset, s.chunk_numel(), s.full_numel(), full_offset_[p]};
+  return {s.bucket_offset, s.chunk_numel(), s.full_numel(), s.full_offset};
 }
 
 template <class Scalar>
@@ -204,10 +196,7 @@ void fsdp_engine<Scalar>::finish_unshard(std::size_t b) {
     // (a one-parameter bucket needs none: its gathered buffer already is the padded parameter)
     const trace_recorder::scope region(trace_, "unpack", "compute", trace_recorder::compute_lane, std::int64_t(b), 0);
     const bucket_shard& bucket = plan_.buckets[b];
-    std::size_t full = 0;
-    for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p)
-      full += plan_.params[p].full_numel();
-    s.unpacked = allocate("kfsdp::unpacked", full);
+    s.unpacked = allocate("kfsdp::unpacked", bucket.full_numel);
     for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p)
       kernels::unpack_param<Scalar>(as_const(s.gathered), bucket.shard_numel, slot(p), s.unpacked);
     Kokkos::fence();
@@ -248,9 +237,10 @@ typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_param(std::siz
   if (!s.unsharded)
     throw std::logic_error(fmt::format("kfsdp::fsdp::full_param: '{}' is sharded (bucket {}); unshard it first",
                                        table_[p].name.view(), b));
-  const std::size_t n = plan_.params[p].full_numel();
-  if (single(b)) return Kokkos::subview(s.gathered, std::make_pair(std::size_t(0), n));
-  return Kokkos::subview(s.unpacked, std::make_pair(full_offset_[p], full_offset_[p] + n));
+  // A one-parameter bucket is not unpacked: its gathered buffer is the padded parameter (full_offset 0).
+  const param_shard& param = plan_.params[p];
+  return Kokkos::subview(single(b) ? s.gathered : s.unpacked,
+                         std::make_pair(param.full_offset, param.full_offset + param.full_numel()));
 }
 
 // ---------------------------------------------------------------- gradients
@@ -263,18 +253,11 @@ typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_grad(std::size
   if (s.reducing) finish_reduce_gradients(b);  // a reduce-scatter in flight may still read the buffer
   if (s.full_grads.data() == nullptr) {
     // One parameter: the padded layout, so the buffer is the reduce-scatter's input as it is.
-    std::size_t n = plan_.gathered_numel(b);
-    if (!single(b)) {
-      n = 0;
-      const bucket_shard& bucket = plan_.buckets[b];
-      for (std::size_t q = bucket.first_param; q < bucket.first_param + bucket.param_count; ++q)
-        n += plan_.params[q].full_numel();
-    }
+    const std::size_t n = single(b) ? plan_.gathered_numel(b) : plan_.buckets[b].full_numel;
     s.full_grads = allocate("kfsdp::full_grads", n, fill::zeros);  // accumulated into; padding stays zero
   }
-  const std::size_t n = plan_.params[p].full_numel();
-  if (single(b)) return Kokkos::subview(s.full_grads, std::make_pair(std::size_t(0), n));
-  return Kokkos::subview(s.full_grads, std::make_pair(full_offset_[p], full_offset_[p] + n));
+  const param_shard& param = plan_.params[p];
+  return Kokkos::subview(s.full_grads, std::make_pair(param.full_offset, param.full_offset + param.full_numel()));
 }
 
 template <class Scalar>
@@ -353,12 +336,10 @@ void fsdp_engine<Scalar>::scatter_from(int root, const std::function<void(std::s
     const bucket_shard& bucket = plan_.buckets[b];
     flat_view packed = allocate("kfsdp::broadcast", plan_.gathered_numel(b));
     if (rank_ == root) {
-      std::size_t full = 0;
-      for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p)
-        full += plan_.params[p].full_numel();
-      flat_view unpacked = allocate("kfsdp::broadcast_full", full);
+      flat_view unpacked = allocate("kfsdp::broadcast_full", bucket.full_numel);
       for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p) {
-        fill(p, Kokkos::subview(unpacked, std::make_pair(full_offset_[p], full_offset_[p] + plan_.params[p].full_numel())));
+        const param_shard& param = plan_.params[p];
+        fill(p, Kokkos::subview(unpacked, std::make_pair(param.full_offset, param.full_offset + param.full_numel())));
         kernels::pack_param<Scalar>(as_const(unpacked), slot(p), bucket.shard_numel,
                                     static_cast<std::size_t>(world_size_), packed);
       }

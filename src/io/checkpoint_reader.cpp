@@ -1,0 +1,224 @@
+// Parallel safetensors checkpoints over MPI-IO, the reader (include/kfsdp/io/checkpoint.hpp):
+// load_model, import_weights, load_checkpoint, load_state_dict_file.
+#include "checkpoint_transfer.hpp"
+
+namespace kfsdp::io {
+
+using namespace checkpoint_detail;
+
+namespace {
+
+// ------------------------------------------------------------------ the parallel reader
+
+// With `lenient`, tensors missing from the file are skipped and named there, with the file's
+// tensors the model lacks, instead of being an error.
+template <class Scalar>
+metadata_map read_sharded_file(std::string_view function, const std::filesystem::path& path,
+                               fsdp_engine<Scalar>& engine, comm::mpi& comm,
+                               std::span<const named_shard<Scalar>> shards,
+                               import_report* lenient = nullptr) {
+  const MPI_Comm native = comm.native();
+  const int rank = comm.rank();
+  std::vector<sharded_tensor<Scalar>> tensors;
+  together(native, [&] {
+    check_communicator(engine, comm, function);
+    tensors = sharded_tensors(engine, shards, function);
+  });
+
+  // Rank 0 reads the header; every rank parses the same bytes, so all reach the same verdict.
+  std::vector<std::byte> prefix;
+  std::uint64_t file_size = 0;
+  together(native, [&] {
+    if (rank == 0) prefix = read_header_bytes(path, file_size, function);
+  });
+  std::uint64_t sizes[2] = {file_size, prefix.size()};
+  MPI_Bcast(sizes, 2, MPI_UINT64_T, 0, native);
+  file_size = sizes[0];
+  prefix.resize(sizes[1]);
+  MPI_Bcast(prefix.data(), static_cast<int>(prefix.size()), MPI_BYTE, 0, native);
+
+  header_table table;
+  std::vector<file_piece> pieces;
+  together(native, [&] {
+    const auto fail = [&](const std::string& tensor, const std::string& what) {
+      throw format_error(fmt::format("{}: file {}: tensor '{}': {}", function, quoted(path), tensor, what));
+    };
+    try {
+      table = parse_header(prefix, file_size, path.string());
+    } catch (const format_error& invalid) {
+      // A tensor deleted from the header leaves its bytes as a hole: name what the model misses first.
+      const std::string_view text(reinterpret_cast<const char*>(prefix.data()), prefix.size());
+      if (lenient == nullptr)
+        for (const sharded_tensor<Scalar>& tensor : tensors)
+          if (text.find('"' + tensor.name + '"') == std::string_view::npos)
+            fail(tensor.name, fmt::format("missing from the file, expected it (the model has it); {}", invalid.what()));
+      throw;
+    }
+    std::vector<sharded_tensor<Scalar>> present;
+    for (const sharded_tensor<Scalar>& tensor : tensors) {
+      const param_info& param = engine.params()[tensor.param];
+      const tensor_info* found = table.find(tensor.name);
+      if (found == nullptr && lenient != nullptr) {
+        lenient->missing.push_back(tensor.name);
+        continue;
+      }
+      if (found == nullptr) fail(tensor.name, "missing from the file, expected it (the model has it)");
+      if (found->type != dtype_of<Scalar>)
+        fail(tensor.name, fmt::format("dtype {} in the file, expected {} (the model's)",
+                                      dtype_name(found->type), dtype_name(dtype_of<Scalar>)));
+      if (found->shape != shape_of(param))
+        fail(tensor.name, fmt::format("shape {} in the file, expected {} for the model",
+                                      shape_string(found->shape), shape_string(shape_of(param))));
+      if (has_checksums(table) && !table.metadata.contains(std::string(checksum_key_prefix) + tensor.name))
+        fail(tensor.name, fmt::format("no '{}{}' in __metadata__, expected its checksum",
+                                      checksum_key_prefix, tensor.name));
+      if (tensor.local_bytes > 0)
+        pieces.push_back({first_row_offset<Scalar>(*found, engine.plan().params[tensor.param],
+                                                   static_cast<std::size_t>(rank)),
+                          tensor.local_bytes});
+      present.push_back(tensor);
+    }
+    if (lenient != nullptr) {
+      std::set<std::string_view> known;
+      for (const sharded_tensor<Scalar>& tensor : tensors) known.insert(tensor.name);
+      for (const tensor_info& in_file : table.tensors)
+        if (!known.contains(in_file.name)) lenient->unexpected.push_back(in_file.name);
+      for (const sharded_tensor<Scalar>& tensor : present) lenient->loaded.push_back(tensor.name);
+    }
+    tensors = std::move(present);
+    const auto count = table.metadata.find(parameters_key);
+    if (lenient == nullptr && count != table.metadata.end() &&
+        count->second != std::to_string(engine.params().size()))
+      throw format_error(fmt::format("{}: file {}: holds {} weight tensors ('{}'), expected {} for the model",
+                                     function, quoted(path), count->second, parameters_key,
+                                     engine.params().size()));
+    verify_header_checksum(table, function);
+  });
+  // The pieces were pushed in the order of `tensors`; the file view needs them in file order.
+  std::vector<std::size_t> order(pieces.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return pieces[a].offset < pieces[b].offset; });
+  std::vector<file_piece> sorted_pieces;
+  std::vector<std::uint64_t> staged_at(pieces.size());  // piece i's place in the read buffer
+  std::uint64_t read_offset = 0;
+  for (const std::size_t i : order) {
+    sorted_pieces.push_back(pieces[i]);
+    staged_at[i] = read_offset;
+    read_offset += pieces[i].length;
+  }
+
+  std::vector<std::byte> staging;
+  together(native, [&] { staging.resize(read_offset); });
+  MPI_File file = MPI_FILE_NULL;
+  together(native, [&] {
+    check_mpi(MPI_File_open(native, path.c_str(), MPI_MODE_RDONLY, MPI_INFO_NULL, &file), function,
+              "MPI_File_open", path);
+  });
+  std::optional<failure> read_error =
+      transfer_pieces(file, native, sorted_pieces, staging.data(), false, function, path);
+  MPI_File_close(&file);
+  agree(native, read_error);
+
+  // Checksums over every rank's rows, combined in rank order, against __metadata__.
+  std::vector<checksum_state> local_checksums;
+  std::vector<std::uint64_t> piece_of_tensor(tensors.size());  // offset in `staging`
+  for (std::size_t t = 0, piece = 0; t < tensors.size(); ++t) {
+    piece_of_tensor[t] = tensors[t].local_bytes > 0 ? staged_at[piece++] : 0;
+    local_checksums.push_back(
+        checksum_of(std::span(staging).subspan(piece_of_tensor[t], tensors[t].local_bytes)));
+  }
+  const std::vector<checksum_state> checksums = combine_checksums(native, local_checksums, function, path);
+  together(native, [&] {
+    for (std::size_t t = 0; t < tensors.size(); ++t)
+      verify_tensor_checksum(table, tensors[t].name, checksums[t], function);
+  });
+
+  // Every rank verified everything: commit, padding rows zero.
+  together(native, [&] {
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      const param_shard& shard = engine.plan().params[tensors[t].param];
+      const std::size_t first = shard.storage_offset;
+      const std::size_t valid = tensors[t].local_bytes / sizeof(Scalar);
+      Kokkos::deep_copy(Kokkos::subview(tensors[t].flat, std::make_pair(first, first + valid)),
+                        Kokkos::View<const Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                            reinterpret_cast<const Scalar*>(staging.data() + piece_of_tensor[t]), valid));
+      Kokkos::deep_copy(Kokkos::subview(tensors[t].flat, std::make_pair(first + valid, first + shard.chunk_numel())),
+                        Scalar{0});
+    }
+  });
+  return table.metadata;
+}
+
+}  // namespace
+
+template <class Scalar>
+metadata_map load_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+                        comm::mpi& comm) {
+  return read_sharded_file<Scalar>("kfsdp::io::load_model", path, engine, comm, {});
+}
+
+template <class Scalar>
+import_report import_weights(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+                             comm::mpi& comm) {
+  import_report report;
+  report.metadata = read_sharded_file<Scalar>("kfsdp::io::import_weights", path, engine, comm, {}, &report);
+  return report;
+}
+
+std::string describe(const import_report& report) {
+  const auto names = [](const std::vector<std::string>& list) {
+    std::string text;
+    for (const std::string& name : list) text += fmt::format("{}'{}'", text.empty() ? "" : ", ", name);
+    return text;
+  };
+  std::string text = fmt::format("loaded {} of {} tensors", report.loaded.size(),
+                                 report.loaded.size() + report.missing.size());
+  if (!report.missing.empty()) text += "; missing (kept as they were): " + names(report.missing);
+  if (!report.unexpected.empty()) text += "; unexpected (ignored): " + names(report.unexpected);
+  return text;
+}
+
+template <class Scalar>
+void load_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+                     comm::mpi& comm, checkpoint_state<Scalar>& state) {
+  state.metadata = read_sharded_file<Scalar>("kfsdp::io::load_checkpoint", path, engine, comm, state.shards);
+}
+
+state_dict load_state_dict_file(const std::filesystem::path& path, metadata_map* metadata) {
+  constexpr std::string_view function = "kfsdp::io::load_state_dict_file";
+  std::uint64_t file_size = 0;
+  const std::vector<std::byte> prefix = read_header_bytes(path, file_size, function);
+  const header_table table = parse_header(prefix, file_size, path.string());
+  verify_header_checksum(table, function);
+  file_descriptor file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (file.value < 0) throw_errno(function, "open of", path);
+  state_dict full;
+  for (const tensor_info& info : table.tensors) {
+    if (info.type != dtype::F32 && info.type != dtype::F64)
+      throw format_error(fmt::format("{}: file {}: tensor '{}': dtype {}, expected F32 or F64",
+                                     function, quoted(path), info.name, dtype_name(info.type)));
+    tensor t{info.name, {info.shape.begin(), info.shape.end()},
+             info.type, {}};
+    t.bytes.resize(info.size_bytes());
+    if (read_fully(file.value, t.bytes, info.begin, function, path) != info.size_bytes())
+      throw format_error(fmt::format("{}: file {}: tensor '{}': the file ended inside it",
+                                     function, quoted(path), info.name));
+    verify_tensor_checksum(table, info.name, checksum_of(t.bytes), function);
+    full.add(std::move(t));
+  }
+  if (metadata != nullptr) *metadata = table.metadata;
+  return full;
+}
+
+#define KFSDP_CHECKPOINT_INSTANTIATE(Scalar)                                                      \
+  template metadata_map load_model<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&,   \
+                                           comm::mpi&);                                           \
+  template import_report import_weights<Scalar>(const std::filesystem::path&,                    \
+                                                fsdp_engine<Scalar>&, comm::mpi&);                \
+  template void load_checkpoint<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&,      \
+                                        comm::mpi&, checkpoint_state<Scalar>&);
+KFSDP_CHECKPOINT_INSTANTIATE(float)
+KFSDP_CHECKPOINT_INSTANTIATE(double)
+#undef KFSDP_CHECKPOINT_INSTANTIATE
+
+}  // namespace kfsdp::io

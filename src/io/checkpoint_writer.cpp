@@ -1,0 +1,200 @@
+// Parallel safetensors checkpoints over MPI-IO, the writer (include/kfsdp/io/checkpoint.hpp):
+// save_model, save_checkpoint, save_state_dict_file.
+#include "checkpoint_transfer.hpp"
+
+namespace kfsdp::io {
+
+using namespace checkpoint_detail;
+
+namespace {
+
+// ------------------------------------------------------------------ the parallel writer
+
+template <class Scalar>
+void write_sharded_file(std::string_view function, const std::filesystem::path& requested,
+                        fsdp_engine<Scalar>& engine, comm::mpi& comm,
+                        std::span<const named_shard<Scalar>> shards, const metadata_map& metadata) {
+  const MPI_Comm native = comm.native();
+  const int rank = comm.rank();
+  std::vector<sharded_tensor<Scalar>> tensors;
+  std::vector<std::byte> staging;
+  std::vector<checksum_state> local_checksums;
+  std::filesystem::path path;
+  together(native, [&] {
+    path = save_target(requested, function);  // every rank refuses the same bad path
+    check_communicator(engine, comm, function);
+    check_user_metadata(metadata, function);
+    tensors = sharded_tensors(engine, shards, function);
+    // This rank's rows of every tensor, back to back in file order, on the host.
+    staging.resize(tensors.empty() ? 0 : tensors.back().staging_offset + tensors.back().local_bytes);
+    std::vector<Scalar> host;
+    Kokkos::View<Scalar*> copied;
+    for (const sharded_tensor<Scalar>& tensor : tensors) {
+      if (copied.data() != tensor.flat.data()) {
+        host.resize(tensor.flat.extent(0));
+        Kokkos::deep_copy(Kokkos::View<Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                              host.data(), host.size()),
+                          tensor.flat);
+        copied = tensor.flat;
+      }
+      const std::size_t first = engine.plan().params[tensor.param].storage_offset;
+      std::memcpy(staging.data() + tensor.staging_offset, host.data() + first, tensor.local_bytes);
+      local_checksums.push_back(
+          checksum_of(std::span(staging).subspan(tensor.staging_offset, tensor.local_bytes)));
+    }
+  });
+  std::vector<std::string> shard_names;
+  for (const named_shard<Scalar>& shard : shards) shard_names.push_back(shard.name);
+  together(native, [&] { check_same_metadata(native, metadata, shard_names, function); });
+  const std::vector<checksum_state> checksums = combine_checksums(native, local_checksums, function, path);
+
+  file_layout layout;
+  std::vector<file_piece> pieces;
+  together(native, [&] {
+    std::vector<tensor_entry> entries;
+    std::uint64_t weight_numel = 0;
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      const param_info& param = engine.params()[tensors[t].param];
+      entries.push_back({tensors[t].name, dtype_of<Scalar>, shape_of(param)});
+      if (t < engine.params().size()) weight_numel += param.numel;  // the weights come first
+    }
+    layout = checkpoint_layout(entries, checksums, metadata, engine.params().size(), weight_numel,
+                               dtype_name(dtype_of<Scalar>));
+    for (std::size_t t = 0; t < tensors.size(); ++t)
+      if (tensors[t].local_bytes > 0)
+        pieces.push_back({first_row_offset<Scalar>(layout.tensors[t], engine.plan().params[tensors[t].param],
+                                                   static_cast<std::size_t>(rank)),
+                          tensors[t].local_bytes});
+  });
+
+  if (rank == 0) remove_leftover_temporaries(path);
+  const std::filesystem::path temporary =
+      broadcast_string(native, rank == 0 ? temporary_name(path).string() : std::string());
+  MPI_File file = MPI_FILE_NULL;
+  together(native, [&] {
+    check_mpi(MPI_File_open(native, temporary.c_str(), MPI_MODE_CREATE | MPI_MODE_WRONLY,
+                            MPI_INFO_NULL, &file),
+              function, "MPI_File_open", temporary);
+  });
+  try {
+    together(native, [&] {
+      check_mpi(MPI_File_set_size(file, static_cast<MPI_Offset>(layout.file_size)), function,
+                "MPI_File_set_size", temporary);
+    });
+    together(native, [&] {
+      MPI_Status status;
+      check_mpi(MPI_File_write_at_all(file, 0, layout.prefix.data(),
+                                      rank == 0 ? static_cast<int>(layout.prefix.size()) : 0,
+                                      MPI_BYTE, &status),
+                function, "MPI_File_write_at_all of the header", temporary);
+    });
+    bool stop = false;
+    together(native, [&] { stop = stop_after_header_hook() && stop_after_header_hook()(temporary); });
+    int stop_anywhere = stop ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &stop_anywhere, 1, MPI_INT, MPI_MAX, native);
+    if (stop_anywhere)
+      throw simulated_kill(fmt::format("{}: stopped by the test hook after the header of {} (a "
+                                       "simulated kill: {} left as it was)",
+                                       function, quoted(temporary), quoted(path)));
+    agree(native, transfer_pieces(file, native, pieces, staging.data(), true, function, temporary));
+    together(native, [&] { check_mpi(MPI_File_sync(file), function, "MPI_File_sync", temporary); });
+    const int closed = MPI_File_close(&file);
+    file = MPI_FILE_NULL;
+    together(native, [&] { check_mpi(closed, function, "MPI_File_close", temporary); });
+    // Every rank's data is synced: only now may the new file replace the old one.
+    together(native, [&] {
+      if (rank == 0) rename_over(temporary, path, function);
+    });
+  } catch (const simulated_kill&) {
+    if (file != MPI_FILE_NULL) MPI_File_close(&file);
+    throw std::runtime_error(
+        fmt::format("{}: stopped by the test hook after the header of {} (a simulated kill)",
+                    function, quoted(temporary)));
+  } catch (...) {
+    if (file != MPI_FILE_NULL) MPI_File_close(&file);
+    if (rank == 0) {
+      std::error_code ignored;
+      std::filesystem::remove(temporary, ignored);
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ public API
+
+template <class Scalar>
+void save_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+                const metadata_map& metadata) {
+  write_sharded_file<Scalar>("kfsdp::io::save_model", path, engine, comm, {}, metadata);
+}
+
+template <class Scalar>
+void save_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+                     comm::mpi& comm, const checkpoint_state<Scalar>& state) {
+  write_sharded_file<Scalar>("kfsdp::io::save_checkpoint", path, engine, comm, state.shards,
+                             state.metadata);
+}
+
+void save_state_dict_file(const std::filesystem::path& requested, const state_dict& full,
+                          const metadata_map& metadata) {
+  constexpr std::string_view function = "kfsdp::io::save_state_dict_file";
+  const std::filesystem::path path = save_target(requested, function);
+  check_user_metadata(metadata, function);
+  std::vector<tensor_entry> entries;
+  std::vector<checksum_state> checksums;
+  std::uint64_t numel = 0;
+  std::string weight_dtype;
+  for (const tensor& t : full) {
+    if (t.bytes.size() != t.numel() * dtype_size(t.type))
+      throw std::invalid_argument(fmt::format("{}: tensor '{}' of shape {} holds {} bytes, expected {}",
+                                              function, t.name, shape_string(t.shape), t.bytes.size(),
+                                              t.numel() * dtype_size(t.type)));
+    entries.push_back({t.name, t.type, {t.shape.begin(), t.shape.end()}});
+    checksums.push_back(checksum_of(t.bytes));
+    numel += t.numel();
+    const std::string name(dtype_name(t.type));
+    weight_dtype = weight_dtype.empty() || weight_dtype == name ? name : "mixed";
+  }
+  const file_layout layout = checkpoint_layout(entries, checksums, metadata, full.size(), numel, weight_dtype);
+
+  remove_leftover_temporaries(path);
+  const std::filesystem::path temporary = temporary_name(path);
+  file_descriptor file{::open(temporary.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644)};
+  if (file.value < 0) throw_errno(function, "open of", temporary);
+  try {
+    write_fully(file.value, layout.prefix, function, temporary);
+    if (stop_after_header_hook() && stop_after_header_hook()(temporary))
+      throw simulated_kill(fmt::format("{}: stopped by the test hook after the header of {} (a simulated kill)",
+                                       function, quoted(temporary)));
+    for (const tensor& t : full) write_fully(file.value, t.bytes, function, temporary);
+    if (::fsync(file.value) != 0) throw_errno(function, "fsync of", temporary);
+    const int descriptor = std::exchange(file.value, -1);
+    if (::close(descriptor) != 0) throw_errno(function, "close of", temporary);
+    rename_over(temporary, path, function);
+  } catch (const simulated_kill& stopped) {
+    throw std::runtime_error(stopped.what());
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    throw;
+  }
+}
+
+namespace testing {
+void set_stop_after_header(std::function<bool(const std::filesystem::path&)> hook) {
+  stop_after_header_hook() = std::move(hook);
+}
+}  // namespace testing
+
+#define KFSDP_CHECKPOINT_INSTANTIATE(Scalar)                                                      \
+  template void save_model<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&,           \
+                                   comm::mpi&, const metadata_map&);                              \
+  template void save_checkpoint<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&,      \
+                                        comm::mpi&, const checkpoint_state<Scalar>&);
+KFSDP_CHECKPOINT_INSTANTIATE(float)
+KFSDP_CHECKPOINT_INSTANTIATE(double)
+#undef KFSDP_CHECKPOINT_INSTANTIATE
+
+}  // namespace kfsdp::io
