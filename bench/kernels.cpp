@@ -4,7 +4,9 @@
 //                       at world size 4, against one std::memcpy of the bucket;
 //   accumulate_scaled:  the gradient average (dst += scale * src) against a plain loop;
 //   sgd / adamw:        the fused optimizer steps of kfsdp::optim against a plain loop with the
-//                       same arithmetic on raw pointers.
+//                       same arithmetic on raw pointers;
+//   gelu:               kfsdp::nn::activation<float> gelu forward + backward (fast_erf) against the
+//                       same kernels with libm's erf and exp (the code before fast_erf), 4M elements.
 // GB/s counts every byte read or written once (memcpy: 2 per byte; adamw: 4 reads, 3 writes).
 //
 //   build/bench/bench_kernels --min-bytes 65536 --max-bytes 67108864 --repeats 20
@@ -26,7 +28,9 @@
 
 #include <fmt/format.h>
 
+#include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/environment.hpp>
+#include <kfsdp/nn/activation.hpp>
 #include <kfsdp/fsdp/pack.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/sgd.hpp>
@@ -178,6 +182,39 @@ void bench_adamw(std::size_t numel, std::size_t repeats) {
   print_row("adamw_step", numel * sizeof(float), 7.0 * numel * sizeof(float), kfsdp_seconds, plain_seconds);
 }
 
+// gelu forward + backward over [rows, 512] floats; elements/s counts each element once per pass pair.
+void bench_gelu(std::size_t numel, std::size_t repeats) {
+  constexpr int cols = 512;
+  const int rows = int(numel / cols);
+  using matrix = kfsdp::nn::matrix<float>;
+  matrix x("x", rows, cols), y("y", rows, cols), dy("dy", rows, cols), dx("dx", rows, cols);
+  Kokkos::parallel_for("fill", Kokkos::MDRangePolicy<Kokkos::Rank<2>>({0, 0}, {rows, cols}), KOKKOS_LAMBDA(int r, int c) {
+    x(r, c) = float((r * cols + c) % 2001) * 0.004F - 4.0F;  // [-4, 4], the range where erf is not ±1
+    dy(r, c) = 1.0F;
+  });
+  const kfsdp::nn::activation<float> gelu(kfsdp::nn::activation_kind::gelu, cols);
+  const double fast_seconds = median_seconds(repeats, [&] {
+    gelu.forward(x, y);
+    gelu.backward(x, dy, dx);
+  });
+  const double libm_seconds = median_seconds(repeats, [&] {
+    const auto policy = Kokkos::MDRangePolicy<Kokkos::Rank<2>>({0, 0}, {rows, cols});
+    Kokkos::parallel_for("gelu_forward_libm", policy, KOKKOS_LAMBDA(int r, int c) {
+      const float v = x(r, c);
+      y(r, c) = 0.5F * v * (1.0F + kfsdp::math::erf(v * 0.70710678F));
+    });
+    Kokkos::parallel_for("gelu_backward_libm", policy, KOKKOS_LAMBDA(int r, int c) {
+      const float v = x(r, c);
+      const float cdf = 0.5F * (1.0F + kfsdp::math::erf(v * 0.70710678F));
+      dx(r, c) = dy(r, c) * (cdf + v * 0.39894228F * kfsdp::math::exp(-0.5F * v * v));
+    });
+  });
+  const double elements = double(rows) * cols;
+  fmt::print("{:<18} {:>11} {:>10.4f} {:>10.4f} {:>7.2f}   fast_erf {:.3g} elements/s, libm erf {:.3g} elements/s\n",
+             "gelu fwd+bwd", elements * sizeof(float), fast_seconds * 1e3, libm_seconds * 1e3,
+             fast_seconds / libm_seconds, elements / fast_seconds, elements / libm_seconds);
+}
+
 int run(int argc, char** argv) {
   const bench_options options = parse_options(argc, argv);
   fmt::print("# bench_kernels: float, Kokkos {} on one core; median of {} repeats (fewer above 4 MiB); "
@@ -196,6 +233,7 @@ int run(int argc, char** argv) {
     bench_sgd(numel, repeats);
     bench_adamw(numel, repeats);
   }
+  bench_gelu(4 * 1024 * 1024, options.repeats);
   return 0;
 }
 

@@ -23,6 +23,7 @@ module;
 #include <kfsdp/comm/communicator.hpp>
 #include <kfsdp/comm/self.hpp>
 #include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/detail/erf.hpp>
 #include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/environment.hpp>
 #include <kfsdp/fsdp/engine.hpp>
@@ -123,6 +124,11 @@ using kfsdp::comm::self;
 // <kfsdp/comm/threaded.hpp>
 export namespace kfsdp::comm {
 using kfsdp::comm::threaded;
+}
+// <kfsdp/detail/erf.hpp>
+export namespace kfsdp::math {
+using kfsdp::math::fast_erf;
+using kfsdp::math::fast_exp_nonpositive;
 }
 // <kfsdp/environment.hpp>
 export namespace kfsdp {
