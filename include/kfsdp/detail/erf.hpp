@@ -40,6 +40,14 @@ namespace kfsdp::math {
 
 namespace detail {
 
+// c0 xⁿ + c1 xⁿ⁻¹ + ... + cn, by Horner's rule (the coefficients from the highest power down).
+template <class T, class... C>
+KOKKOS_FORCEINLINE_FUNCTION T horner(T x, T first, C... rest) {
+  T p = first;
+  ((p = p * x + T(rest)), ...);
+  return p;
+}
+
 // 2^k for an integer k in [-1022, 1023] held as `shifted` = k + 0x1.8p52: its low bits are k.
 KOKKOS_FORCEINLINE_FUNCTION double power_of_two_from_shifted(double shifted) {
   std::uint64_t bits = 0;
@@ -57,20 +65,9 @@ KOKKOS_FORCEINLINE_FUNCTION double exp_nonpositive(double y) {
   const double shifted = y * log2e + shifter;  // rounds y / ln 2 to the integer k in its low mantissa bits
   const double k = shifted - shifter;
   const double r = (y - k * ln2_hi) - k * ln2_lo;
-  double p = 1.0 / 6227020800;  // 1/13!
-  p = p * r + 1.0 / 479001600;
-  p = p * r + 1.0 / 39916800;
-  p = p * r + 1.0 / 3628800;
-  p = p * r + 1.0 / 362880;
-  p = p * r + 1.0 / 40320;
-  p = p * r + 1.0 / 5040;
-  p = p * r + 1.0 / 720;
-  p = p * r + 1.0 / 120;
-  p = p * r + 1.0 / 24;
-  p = p * r + 1.0 / 6;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
+  // Taylor to r^13: 1/13!, 1/12!, ..., 1/2, 1, 1.
+  const double p = detail::horner(r, 1.0 / 6227020800, 1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880,
+      1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0);
   return p * power_of_two_from_shifted(shifted);
 }
 
@@ -150,47 +147,21 @@ KOKKOS_FORCEINLINE_FUNCTION double fast_erf(double x) {
   const double s = a * a;
   // P(u), u = 2 a² − 1: erf(x) / x on |x| < 1 (Chebyshev fit error 7e-18).
   const double u_small = 2 * s - 1;
-  double p = -3.8065912241221399e-13;
-  p = p * u_small + 9.2112501874282304e-12;
-  p = p * u_small + -2.035231956483527e-10;
-  p = p * u_small + 4.1157515002658853e-09;
-  p = p * u_small + -7.51156925108609e-08;
-  p = p * u_small + 1.2233827638093572e-06;
-  p = p * u_small + -1.7537169441280198e-05;
-  p = p * u_small + 0.00021751715603563488;
-  p = p * u_small + -0.0022854855611440855;
-  p = p * u_small + 0.019852496688984218;
-  p = p * u_small + -0.14053608902271711;
-  p = p * u_small + 0.96546873866986727;
+  const double p = detail::horner(u_small, -3.8065912241221399e-13, 9.2112501874282304e-12, -2.035231956483527e-10,
+      4.1157515002658853e-09, -7.51156925108609e-08, 1.2233827638093572e-06, -1.7537169441280198e-05,
+      0.00021751715603563488, -0.0022854855611440855, 0.019852496688984218, -0.14053608902271711,
+      0.96546873866986727);
   const double small = x * p;
   // L(u), u = (a − 3.5) / 2.5: log(erfc(a) e^(a²)) on [1, 6] (fit error · erfc below 3e-18).
   const double a_tail = a > 6 ? 6 : a;  // written so that NaN passes through
   const double u_tail = (a_tail - 3.5) * 0.4;
-  double l = 2.2472763521074389e-09;
-  l = l * u_tail + -7.2408249745153269e-09;
-  l = l * u_tail + 4.5214162045836509e-09;
-  l = l * u_tail + 4.7108405270992661e-09;
-  l = l * u_tail + -2.1580142736303587e-09;
-  l = l * u_tail + 1.8848830089033838e-08;
-  l = l * u_tail + -1.2999681259733388e-07;
-  l = l * u_tail + 3.9189232885279243e-07;
-  l = l * u_tail + -9.1655075925352759e-07;
-  l = l * u_tail + 1.9126979860773401e-06;
-  l = l * u_tail + -3.4204246659666945e-06;
-  l = l * u_tail + 4.5683976219076296e-06;
-  l = l * u_tail + -1.4780737118311842e-06;
-  l = l * u_tail + -1.8475289860008109e-05;
-  l = l * u_tail + 9.0901015515971757e-05;
-  l = l * u_tail + -0.00030781940159072446;
-  l = l * u_tail + 0.00089357657168803186;
-  l = l * u_tail + -0.0023739973006794987;
-  l = l * u_tail + 0.0059537044771415838;
-  l = l * u_tail + -0.014384548328888422;
-  l = l * u_tail + 0.03412841107971968;
-  l = l * u_tail + -0.081650909717857198;
-  l = l * u_tail + 0.20779340786106157;
-  l = l * u_tail + -0.66524897091297663;
-  l = l * u_tail + -1.8624374021481738;
+  const double l = detail::horner(u_tail, 2.2472763521074389e-09, -7.2408249745153269e-09, 4.5214162045836509e-09,
+      4.7108405270992661e-09, -2.1580142736303587e-09, 1.8848830089033838e-08, -1.2999681259733388e-07,
+      3.9189232885279243e-07, -9.1655075925352759e-07, 1.9126979860773401e-06, -3.4204246659666945e-06,
+      4.5683976219076296e-06, -1.4780737118311842e-06, -1.8475289860008109e-05, 9.0901015515971757e-05,
+      -0.00030781940159072446, 0.00089357657168803186, -0.0023739973006794987, 0.0059537044771415838,
+      -0.014384548328888422, 0.03412841107971968, -0.081650909717857198, 0.20779340786106157, -0.66524897091297663,
+      -1.8624374021481738);
   const double tail = 1 - detail::exp_nonpositive(l - a_tail * a_tail);
   const double signed_tail = x < 0 ? -tail : tail;
   return a < 1 ? small : signed_tail;
@@ -201,13 +172,8 @@ KOKKOS_FORCEINLINE_FUNCTION float fast_erf(float x) {
   const float s = a * a;
   // |x| < 1: erf(x) = x + x · Y(s), Y(s) = erf(√s)/√s − 1 (|Y| ≤ 0.16, so its rounding is a small
   // part of the result's; fit error 1.6e-8, from rounding the coefficients to float).
-  float y = 8.18125118e-05F;
-  y = y * s + -8.10101221e-04F;
-  y = y * s + 5.19771455e-03F;
-  y = y * s + -2.68582497e-02F;
-  y = y * s + 1.12836786e-01F;
-  y = y * s + -3.76126319e-01F;
-  y = y * s + 1.28379166e-01F;
+  const float y = detail::horner(s, 8.18125118e-05F, -8.10101221e-04F, 5.19771455e-03F, -2.68582497e-02F,
+      1.12836786e-01F, -3.76126319e-01F, 1.28379166e-01F);
   const float small = x + x * y;  // keeps −0; for subnormal x only x · y rounds (≤ 1 ulp)
   // |x| ≥ 1: erf(|x|) = 1 − exp(L(u) − a²), u = (a − 2.5) / 1.5 on [1, 4], L = log(erfc(a) e^(a²))
   // (fit error 4.8e-8 in L, i.e. relative in erfc); erfc(4) = 1.5e-8 already rounds 1 − erfc to 1.0f.
@@ -221,9 +187,7 @@ KOKKOS_FORCEINLINE_FUNCTION float fast_erf(float x) {
   const float u2 = u * u;
   const float high = (-3.66471037e-02F + 1.09616788e-02F * u) + u2 * (-3.19142174e-03F + 8.80535285e-04F * u) +
                      (u2 * u2) * (-2.26770746e-04F + 4.19583994e-05F * u);
-  float l = high * u + 1.26239210e-01F;
-  l = l * u + -5.29021084e-01F;
-  l = l * u + -1.55681527e+00F;
+  const float l = detail::horner(u, high * u + 1.26239210e-01F, -5.29021084e-01F, -1.55681527e+00F);
   const float tail = 1.0F - detail::exp_nonpositive_float(l - s_tail);
   // The choice between the two, as a bit mask too: a select here would let GCC sink the tail's
   // arithmetic into a branch that if-conversion cannot undo. NaN (bits above +inf's) takes small.
