@@ -71,7 +71,7 @@ fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_commun
     plan_ = make_shard_plan(table_, static_cast<std::size_t>(world_size_), options_.bucketing_strategy);
   }
   // Ranks that disagree on the plan would hang in mismatched collectives: fail here instead.
-  comm_.check_agreement(options_fingerprint(plan_, options_, sizeof(Scalar)), "the shard plan and fsdp options");
+  comm::check_agreement(comm_, options_fingerprint(plan_, options_, sizeof(Scalar)), "the shard plan and fsdp options");
 
   for (std::size_t p = 0; p < table_.size(); ++p) index_.emplace(std::string(table_[p].name.view()), p);
   shards_ = sharded_storage<Scalar>(plan_, "kfsdp::shards");
@@ -400,7 +400,7 @@ void fsdp_engine<Scalar>::load_original_state_dict(const state_dict& full) {
   const bool reads = !options_.broadcast_from || *options_.broadcast_from == rank_;
   const std::string error = reads ? validate(full) : std::string();
   // Every rank learns whether any rank rejected it, so none goes on into a collective alone.
-  if (comm_.any(!error.empty())) {
+  if (comm::any_rank(comm_, !error.empty())) {
     if (!error.empty()) throw std::invalid_argument(error);
     throw std::invalid_argument(
         "kfsdp::load_original_state_dict: another rank rejected its state dict (its error names the parameter); "

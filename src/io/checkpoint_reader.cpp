@@ -20,7 +20,7 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
   const MPI_Comm native = comm.native();
   const int rank = comm.rank();
   std::vector<sharded_tensor<Scalar>> tensors;
-  together(native, [&] {
+  together(comm, [&] {
     check_communicator(engine, comm, function);
     tensors = sharded_tensors(engine, shards, function);
   });
@@ -28,7 +28,7 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
   // Rank 0 reads the header; every rank parses the same bytes, so all reach the same verdict.
   std::vector<std::byte> prefix;
   std::uint64_t file_size = 0;
-  together(native, [&] {
+  together(comm, [&] {
     if (rank == 0) prefix = read_header_bytes(path, file_size, function);
   });
   std::uint64_t sizes[2] = {file_size, prefix.size()};
@@ -39,7 +39,7 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
 
   header_table table;
   std::vector<file_piece> pieces;
-  together(native, [&] {
+  together(comm, [&] {
     const auto fail = [&](const std::string& tensor, const std::string& what) {
       throw format_error(fmt::format("{}: file {}: tensor '{}': {}", function, quoted(path), tensor, what));
     };
@@ -108,16 +108,16 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
   }
 
   std::vector<std::byte> staging;
-  together(native, [&] { staging.resize(read_offset); });
+  together(comm, [&] { staging.resize(read_offset); });
   MPI_File file = MPI_FILE_NULL;
-  together(native, [&] {
+  together(comm, [&] {
     check_mpi(MPI_File_open(native, path.c_str(), MPI_MODE_RDONLY, MPI_INFO_NULL, &file), function,
               "MPI_File_open", path);
   });
   std::optional<failure> read_error =
       transfer_pieces(file, native, sorted_pieces, staging.data(), false, function, path);
   MPI_File_close(&file);
-  agree(native, read_error);
+  agree(comm, read_error);
 
   // Checksums over every rank's rows, combined in rank order, against __metadata__.
   std::vector<checksum_state> local_checksums;
@@ -127,14 +127,14 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
     local_checksums.push_back(
         checksum_of(std::span(staging).subspan(piece_of_tensor[t], tensors[t].local_bytes)));
   }
-  const std::vector<checksum_state> checksums = combine_checksums(native, local_checksums, function, path);
-  together(native, [&] {
+  const std::vector<checksum_state> checksums = combine_checksums(comm, local_checksums, function, path);
+  together(comm, [&] {
     for (std::size_t t = 0; t < tensors.size(); ++t)
       verify_tensor_checksum(table, tensors[t].name, checksums[t], function);
   });
 
   // Every rank verified everything: commit, padding rows zero.
-  together(native, [&] {
+  together(comm, [&] {
     for (std::size_t t = 0; t < tensors.size(); ++t) {
       const param_shard& shard = engine.plan().params[tensors[t].param];
       const std::size_t first = shard.storage_offset;

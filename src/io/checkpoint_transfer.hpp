@@ -38,28 +38,26 @@ inline void check_mpi(int code, std::string_view function, std::string_view call
 }
 
 // Collective: when any rank holds a failure, every rank throws the lowest failing rank's one (the
-// same type and text everywhere).
-inline void agree(MPI_Comm comm, const std::optional<failure>& local) {
-  int rank = 0, size = 0;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  int candidate = local ? rank : size;
-  int first_failing = size;
-  if (MPI_Allreduce(&candidate, &first_failing, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS)
-    throw std::runtime_error("kfsdp::io checkpoint: MPI_Allreduce of the ranks' verdicts failed");
-  if (first_failing == size) return;
+// same type and text everywhere): comm::first_rank_with names it, two broadcasts carry it.
+inline void agree(comm::mpi& comm, const std::optional<failure>& local) {
+  const int first_failing = comm::first_rank_with(comm, local.has_value());
+  if (first_failing == comm.size()) return;
   std::int64_t shape[2] = {local ? static_cast<std::int64_t>(local->kind) : 0,
                            local ? static_cast<std::int64_t>(local->message.size()) : 0};
-  MPI_Bcast(shape, 2, MPI_INT64_T, first_failing, comm);
-  std::string message = rank == first_failing ? local->message : std::string(static_cast<std::size_t>(shape[1]), ' ');
-  MPI_Bcast(message.data(), static_cast<int>(shape[1]), MPI_CHAR, first_failing, comm);
+  comm.broadcast(std::span<std::int64_t>(shape), first_failing);
+  const std::size_t length = static_cast<std::size_t>(shape[1]);
+  std::vector<std::uint64_t> words((length + 7) / 8);  // the text, in the element type collectives move
+  if (comm.rank() == first_failing) std::memcpy(words.data(), local->message.data(), length);
+  comm.broadcast(std::span<std::uint64_t>(words), first_failing);
+  std::string message(length, ' ');
+  std::memcpy(message.data(), words.data(), length);
   throw_failure({static_cast<failure_kind>(shape[0]), std::move(message)});
 }
 
 // Runs `step` on this rank and agrees on the outcome: it throws on every rank or on none. A step
 // may hold one collective call, but nothing that can throw before it.
 template <class Step>
-void together(MPI_Comm comm, Step&& step) {
+void together(comm::mpi& comm, Step&& step) {
   std::optional<failure> local;
   try {
     errno = 0;
@@ -246,16 +244,15 @@ std::uint64_t first_row_offset(const tensor_info& tensor, const param_shard& sha
 }
 
 // Every tensor's checksum over all ranks: the ranks' pieces combined in rank order.
-inline std::vector<checksum_state> combine_checksums(MPI_Comm comm, std::span<const checksum_state> local,
-                                              std::string_view function, const std::filesystem::path& path) {
-  int size = 1;
-  MPI_Comm_size(comm, &size);
+inline std::vector<checksum_state> combine_checksums(comm::mpi& comm, std::span<const checksum_state> local,
+                                                     std::string_view function, const std::filesystem::path& path) {
+  const int size = comm.size();
   std::vector<std::uint64_t> mine;
   for (const checksum_state& state : local) mine.insert(mine.end(), {state.polynomial, state.length});
   std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(size));
   together(comm, [&] {
     check_mpi(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T, all.data(),
-                            static_cast<int>(mine.size()), MPI_UINT64_T, comm),
+                            static_cast<int>(mine.size()), MPI_UINT64_T, comm.native()),
               function, "MPI_Allgather of the checksums", path);
   });
   std::vector<checksum_state> combined(local.size());
@@ -276,8 +273,8 @@ void check_communicator(fsdp_engine<Scalar>& engine, comm::mpi& comm, std::strin
 }
 
 // Every rank's `metadata` must be the same (its fingerprint is compared over ranks).
-inline void check_same_metadata(MPI_Comm comm, const metadata_map& metadata,
-                         std::span<const std::string> shard_names, std::string_view function) {
+inline void check_same_metadata(comm::mpi& comm, const metadata_map& metadata,
+                                std::span<const std::string> shard_names, std::string_view function) {
   checksum_state state;
   for (const auto& [key, value] : metadata) {
     checksum_update(state, bytes_of(key));
@@ -286,10 +283,8 @@ inline void check_same_metadata(MPI_Comm comm, const metadata_map& metadata,
     checksum_update(state, bytes_of(std::string_view("\0", 1)));
   }
   for (const std::string& name : shard_names) checksum_update(state, bytes_of(name + '\n'));
-  const std::uint64_t digest = checksum_digest(state);
-  std::uint64_t extremes[2] = {digest, ~digest};  // max of both gives the max and the min
-  MPI_Allreduce(MPI_IN_PLACE, extremes, 2, MPI_UINT64_T, MPI_MAX, comm);
-  if (extremes[0] != ~extremes[1])
+  const comm::value_range range = comm::range_over_ranks(comm, checksum_digest(state));
+  if (range.lowest != range.highest)
     throw std::invalid_argument(fmt::format(
         "{}: the ranks pass different metadata or named shards, expected the same on every rank",
         function));

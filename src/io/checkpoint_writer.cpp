@@ -20,7 +20,7 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
   std::vector<std::byte> staging;
   std::vector<checksum_state> local_checksums;
   std::filesystem::path path;
-  together(native, [&] {
+  together(comm, [&] {
     path = save_target(requested, function);  // every rank refuses the same bad path
     check_communicator(engine, comm, function);
     check_user_metadata(metadata, function);
@@ -45,12 +45,12 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
   });
   std::vector<std::string> shard_names;
   for (const named_shard<Scalar>& shard : shards) shard_names.push_back(shard.name);
-  together(native, [&] { check_same_metadata(native, metadata, shard_names, function); });
-  const std::vector<checksum_state> checksums = combine_checksums(native, local_checksums, function, path);
+  together(comm, [&] { check_same_metadata(comm, metadata, shard_names, function); });
+  const std::vector<checksum_state> checksums = combine_checksums(comm, local_checksums, function, path);
 
   file_layout layout;
   std::vector<file_piece> pieces;
-  together(native, [&] {
+  together(comm, [&] {
     std::vector<tensor_entry> entries;
     std::uint64_t weight_numel = 0;
     for (std::size_t t = 0; t < tensors.size(); ++t) {
@@ -71,17 +71,17 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
   const std::filesystem::path temporary =
       broadcast_string(native, rank == 0 ? temporary_name(path).string() : std::string());
   MPI_File file = MPI_FILE_NULL;
-  together(native, [&] {
+  together(comm, [&] {
     check_mpi(MPI_File_open(native, temporary.c_str(), MPI_MODE_CREATE | MPI_MODE_WRONLY,
                             MPI_INFO_NULL, &file),
               function, "MPI_File_open", temporary);
   });
   try {
-    together(native, [&] {
+    together(comm, [&] {
       check_mpi(MPI_File_set_size(file, static_cast<MPI_Offset>(layout.file_size)), function,
                 "MPI_File_set_size", temporary);
     });
-    together(native, [&] {
+    together(comm, [&] {
       MPI_Status status;
       check_mpi(MPI_File_write_at_all(file, 0, layout.prefix.data(),
                                       rank == 0 ? static_cast<int>(layout.prefix.size()) : 0,
@@ -89,20 +89,18 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
                 function, "MPI_File_write_at_all of the header", temporary);
     });
     bool stop = false;
-    together(native, [&] { stop = stop_after_header_hook() && stop_after_header_hook()(temporary); });
-    int stop_anywhere = stop ? 1 : 0;
-    MPI_Allreduce(MPI_IN_PLACE, &stop_anywhere, 1, MPI_INT, MPI_MAX, native);
-    if (stop_anywhere)
+    together(comm, [&] { stop = stop_after_header_hook() && stop_after_header_hook()(temporary); });
+    if (comm::any_rank(comm, stop))
       throw simulated_kill(fmt::format("{}: stopped by the test hook after the header of {} (a "
                                        "simulated kill: {} left as it was)",
                                        function, quoted(temporary), quoted(path)));
-    agree(native, transfer_pieces(file, native, pieces, staging.data(), true, function, temporary));
-    together(native, [&] { check_mpi(MPI_File_sync(file), function, "MPI_File_sync", temporary); });
+    agree(comm, transfer_pieces(file, native, pieces, staging.data(), true, function, temporary));
+    together(comm, [&] { check_mpi(MPI_File_sync(file), function, "MPI_File_sync", temporary); });
     const int closed = MPI_File_close(&file);
     file = MPI_FILE_NULL;
-    together(native, [&] { check_mpi(closed, function, "MPI_File_close", temporary); });
+    together(comm, [&] { check_mpi(closed, function, "MPI_File_close", temporary); });
     // Every rank's data is synced: only now may the new file replace the old one.
-    together(native, [&] {
+    together(comm, [&] {
       if (rank == 0) rename_over(temporary, path, function);
     });
   } catch (const simulated_kill&) {

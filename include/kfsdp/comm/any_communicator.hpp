@@ -50,10 +50,9 @@ class any_communicator {
   template <class T>
   [[nodiscard]] request iall_reduce_sum(std::span<T> data) { return impl_->iall_reduce_sum(data); }
 
-  // check_agreement over the wrapped backend: throws on every rank when fingerprints differ.
-  void check_agreement(std::uint64_t fingerprint, std::string_view what) { impl_->agree(fingerprint, what); }
-  // The same for a flag: true on every rank when any rank passed true (e.g. "this rank failed").
-  [[nodiscard]] bool any(bool flag) { return impl_->any(flag); }
+  // The agreement primitive over the wrapped backend, so that comm::check_agreement, any_rank and
+  // first_rank_with take an any_communicator too.
+  [[nodiscard]] value_range range_over_ranks(std::uint64_t value) { return impl_->range(value); }
 
  private:
   struct concept_t {
@@ -69,8 +68,7 @@ class any_communicator {
     virtual request ibroadcast(std::span<double>, int) = 0;
     virtual request iall_reduce_sum(std::span<float>) = 0;
     virtual request iall_reduce_sum(std::span<double>) = 0;
-    virtual void agree(std::uint64_t, std::string_view) = 0;
-    virtual bool any(bool) = 0;
+    virtual value_range range(std::uint64_t) = 0;
   };
 
   template <class C>
@@ -91,17 +89,7 @@ class any_communicator {
     request ibroadcast(std::span<double> d, int root) override { return backend.ibroadcast(d, root); }
     request iall_reduce_sum(std::span<float> d) override { return backend.iall_reduce_sum(d); }
     request iall_reduce_sum(std::span<double> d) override { return backend.iall_reduce_sum(d); }
-    void agree(std::uint64_t fingerprint, std::string_view what) override {
-      kfsdp::comm::check_agreement(backend, fingerprint, what);
-    }
-    bool any(bool flag) override {
-      std::uint64_t value[1] = {flag ? 1u : 0u};
-      if constexpr (has_host_channel<C>)
-        backend.host().all_reduce_max(std::span<std::uint64_t>(value));
-      else
-        backend.all_reduce_max(std::span<std::uint64_t>(value));
-      return value[0] != 0;
-    }
+    value_range range(std::uint64_t value) override { return kfsdp::comm::range_over_ranks(backend, value); }
     C& backend;
   };
 

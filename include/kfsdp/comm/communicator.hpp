@@ -1,5 +1,6 @@
 #pragma once
-// kfsdp::comm — the communicator concept, the non-blocking request, and check_agreement.
+// kfsdp::comm — the communicator concept, the non-blocking request, and agreement over ranks
+// (range_over_ranks and check_agreement, any_rank, first_rank_with built on it).
 //
 // Backend-free: this header never includes mpi.h, nccl.h or CUDA headers. The backends are
 // opt-in headers beside it: self.hpp (one rank), mpi.hpp (MPI), nccl.hpp (NCCL, over MPI).
@@ -240,30 +241,67 @@ concept has_host_channel = requires(C& c) {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Agreement over ranks: one primitive, range_over_ranks, and what is built on it. Every one is
+// collective (every rank calls it) and costs one all_reduce_max of two 64-bit words (on the host
+// channel of a device backend). check_agreement compares a value, any_rank a flag, first_rank_with
+// names the lowest rank that raised one (how the checkpoints agree on an error).
+
+// The lowest and highest of `value` over the ranks: one all_reduce_max of {v, ~v} gives max(v) and ~min(v).
+struct value_range {
+  std::uint64_t lowest = 0;
+  std::uint64_t highest = 0;
+};
+
+// A backend that provides the primitive itself (any_communicator: one virtual call for it).
+template <class C>
+concept has_range_over_ranks = requires(C& c, std::uint64_t v) {
+  { c.range_over_ranks(v) } -> std::same_as<value_range>;
+};
+
+template <class C>
+concept agrees = has_range_over_ranks<C> || communicator<C> || has_host_channel<C>;
+
+template <agrees C>
+value_range range_over_ranks(C& comm, std::uint64_t value) {
+  if constexpr (has_range_over_ranks<C>) {
+    return comm.range_over_ranks(value);
+  } else if constexpr (has_host_channel<C>) {
+    return range_over_ranks(comm.host(), value);
+  } else {
+    std::uint64_t max_and_complement_of_min[2] = {value, ~value};
+    comm.all_reduce_max(std::span<std::uint64_t>(max_and_complement_of_min));
+    return {~max_and_complement_of_min[1], max_and_complement_of_min[0]};
+  }
+}
+
 // Throws std::runtime_error on EVERY rank when the ranks' fingerprints of `what` differ, so a
 // mismatched plan is reported up front instead of hanging in a collective of mismatched size.
-// Collective: every rank must call it. One all_reduce_max of {f, ~f} gives max(f) and ~min(f).
 //
 //   kfsdp::comm::check_agreement(comm, plan_fingerprint, "the shard plan");
 //   // rank 1 of 2: "ranks disagree on the shard plan: fingerprints range from 0x1f to 0x2a;
 //   //               this rank (1 of 2) has 0x2a"
-template <class C>
-  requires communicator<C> || has_host_channel<C>
+template <agrees C>
 void check_agreement(C& comm, std::uint64_t fingerprint, std::string_view what) {
-  if constexpr (has_host_channel<C>) {
-    check_agreement(comm.host(), fingerprint, what);
-  } else {
-    std::uint64_t max_and_complement_of_min[2] = {fingerprint, ~fingerprint};
-    comm.all_reduce_max(std::span<std::uint64_t>(max_and_complement_of_min));
-    const std::uint64_t highest = max_and_complement_of_min[0];
-    const std::uint64_t lowest = ~max_and_complement_of_min[1];
-    if (lowest != highest) {
-      throw std::runtime_error(fmt::format(
-          "ranks disagree on {}: fingerprints range from {:#x} to {:#x}; this rank ({} of {}) has "
-          "{:#x}",
-          what, lowest, highest, comm.rank(), comm.size(), fingerprint));
-    }
+  const value_range range = range_over_ranks(comm, fingerprint);
+  if (range.lowest != range.highest) {
+    throw std::runtime_error(fmt::format(
+        "ranks disagree on {}: fingerprints range from {:#x} to {:#x}; this rank ({} of {}) has "
+        "{:#x}",
+        what, range.lowest, range.highest, comm.rank(), comm.size(), fingerprint));
   }
+}
+
+// True on every rank when any rank passed true (e.g. "this rank failed").
+template <agrees C>
+[[nodiscard]] bool any_rank(C& comm, bool flag) {
+  return range_over_ranks(comm, flag ? 1 : 0).highest != 0;
+}
+
+// The lowest rank that passed true, the same on every rank; size() when none did.
+template <agrees C>
+[[nodiscard]] int first_rank_with(C& comm, bool flag) {
+  const std::uint64_t size = static_cast<std::uint64_t>(comm.size());
+  return static_cast<int>(range_over_ranks(comm, flag ? static_cast<std::uint64_t>(comm.rank()) : size).lowest);
 }
 
 }  // namespace kfsdp::comm
