@@ -41,6 +41,7 @@ module;
 #include <kfsdp/io/text_dataset.hpp>
 #include <kfsdp/meta/checked.hpp>
 #include <kfsdp/meta/fixed_string.hpp>
+#include <kfsdp/meta/half.hpp>
 #include <kfsdp/meta/inline_string.hpp>
 #include <kfsdp/meta/shape_string.hpp>
 #include <kfsdp/meta/type_list.hpp>
@@ -93,20 +94,26 @@ using kfsdp::comm::any_communicator;
 }
 // <kfsdp/comm/communicator.hpp>
 export namespace kfsdp::comm {
+using kfsdp::comm::agrees;
 using kfsdp::comm::all_reduces;
+using kfsdp::comm::any_rank;
 using kfsdp::comm::broadcasts;
 using kfsdp::comm::check_agreement;
 using kfsdp::comm::communicator;
 using kfsdp::comm::element;
+using kfsdp::comm::first_rank_with;
 using kfsdp::comm::gathers;
 using kfsdp::comm::has_host_channel;
+using kfsdp::comm::has_range_over_ranks;
 using kfsdp::comm::moves_elements;
+using kfsdp::comm::range_over_ranks;
 using kfsdp::comm::ranked;
 using kfsdp::comm::reduce_scatters;
 using kfsdp::comm::reduces_extrema;
 using kfsdp::comm::request;
 using kfsdp::comm::request_state;
 using kfsdp::comm::synchronises;
+using kfsdp::comm::value_range;
 using kfsdp::comm::wait_all;
 }
 #ifdef KFSDP_MODULE_MPI
@@ -275,6 +282,11 @@ using kfsdp::static_mul;
 // <kfsdp/meta/fixed_string.hpp>
 export namespace kfsdp {
 using kfsdp::fixed_string;
+}
+// <kfsdp/meta/half.hpp>
+export namespace kfsdp {
+using kfsdp::bf16;
+using kfsdp::f16;
 }
 // <kfsdp/meta/inline_string.hpp>
 export namespace kfsdp {
