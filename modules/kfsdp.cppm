@@ -285,6 +285,7 @@ using kfsdp::fixed_string;
 }
 // <kfsdp/meta/half.hpp>
 export namespace kfsdp {
+using kfsdp::basic_half;
 using kfsdp::bf16;
 using kfsdp::f16;
 }

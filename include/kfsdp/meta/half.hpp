@@ -125,49 +125,43 @@ KFSDP_HALF_CONSTEXPR KFSDP_HALF_FUNCTION float f16_to_float(std::uint16_t h) {
   return bits_float(sign | (fe << 23) | ((mant & 0x3FFu) << 13));
 }
 
+// The two encodings, as the type below takes them.
+struct bf16_format {
+  KFSDP_HALF_CONSTEXPR static KFSDP_HALF_FUNCTION std::uint16_t from_float(float f) { return bf16_from_float(f); }
+  KFSDP_HALF_CONSTEXPR static KFSDP_HALF_FUNCTION float to_float(std::uint16_t b) { return bf16_to_float(b); }
+};
+struct f16_format {
+  KFSDP_HALF_CONSTEXPR static KFSDP_HALF_FUNCTION std::uint16_t from_float(float f) { return f16_from_float(f); }
+  KFSDP_HALF_CONSTEXPR static KFSDP_HALF_FUNCTION float to_float(std::uint16_t b) { return f16_to_float(b); }
+};
+
 }  // namespace half_detail
 
-struct bf16 {
+// A 16-bit float of the given encoding: its bits, and conversions from and to float.
+template <class Format>
+struct basic_half {
   std::uint16_t bits;
 
-  bf16() = default;  // trivial, like float: uninitialised unless value-initialised (bf16{} is +0)
-  // Explicit: narrowing loses precision (and range for f16), so it must be asked for.
-  KFSDP_HALF_CONSTEXPR KFSDP_HALF_FUNCTION explicit bf16(float f) : bits(half_detail::bf16_from_float(f)) {}
-  // double -> float -> bf16 would round twice; convert to float first if that is what is meant.
+  basic_half() = default;  // trivial, like float: uninitialised unless value-initialised (bf16{} is +0)
+  // Explicit: narrowing loses precision (and range for f16: above 65504 is inf), so it must be asked for.
+  KFSDP_HALF_CONSTEXPR KFSDP_HALF_FUNCTION explicit basic_half(float f) : bits(Format::from_float(f)) {}
+  // double -> float -> half would round twice; convert to float first if that is what is meant.
   template <class T>
     requires std::is_same_v<T, double>
-  explicit bf16(T) = delete;
+  explicit basic_half(T) = delete;
 
-  static constexpr KFSDP_HALF_FUNCTION bf16 from_bits(std::uint16_t b) {
-    bf16 h{};
+  static constexpr KFSDP_HALF_FUNCTION basic_half from_bits(std::uint16_t b) {
+    basic_half h{};
     h.bits = b;
     return h;
   }
   // Implicit: widening to float is exact (like float -> double), so half values read as floats in arithmetic.
-  KFSDP_HALF_CONSTEXPR KFSDP_HALF_FUNCTION operator float() const { return half_detail::bf16_to_float(bits); }
-  KFSDP_HALF_CONSTEXPR KFSDP_HALF_FUNCTION float to_float() const { return half_detail::bf16_to_float(bits); }
+  KFSDP_HALF_CONSTEXPR KFSDP_HALF_FUNCTION operator float() const { return Format::to_float(bits); }
+  KFSDP_HALF_CONSTEXPR KFSDP_HALF_FUNCTION float to_float() const { return Format::to_float(bits); }
 };
 
-struct f16 {
-  std::uint16_t bits;
-
-  f16() = default;  // trivial, like float: uninitialised unless value-initialised (f16{} is +0)
-  // Explicit: narrowing loses precision and range (above 65504 is inf), so it must be asked for.
-  KFSDP_HALF_CONSTEXPR KFSDP_HALF_FUNCTION explicit f16(float f) : bits(half_detail::f16_from_float(f)) {}
-  // double -> float -> f16 would round twice; convert to float first if that is what is meant.
-  template <class T>
-    requires std::is_same_v<T, double>
-  explicit f16(T) = delete;
-
-  static constexpr KFSDP_HALF_FUNCTION f16 from_bits(std::uint16_t b) {
-    f16 h{};
-    h.bits = b;
-    return h;
-  }
-  // Implicit: widening to float is exact (like float -> double), so half values read as floats in arithmetic.
-  KFSDP_HALF_CONSTEXPR KFSDP_HALF_FUNCTION operator float() const { return half_detail::f16_to_float(bits); }
-  KFSDP_HALF_CONSTEXPR KFSDP_HALF_FUNCTION float to_float() const { return half_detail::f16_to_float(bits); }
-};
+using bf16 = basic_half<half_detail::bf16_format>;
+using f16 = basic_half<half_detail::f16_format>;
 
 static_assert(sizeof(bf16) == 2 && alignof(bf16) == 2 && std::is_trivially_copyable_v<bf16> &&
               std::is_standard_layout_v<bf16> && std::is_trivially_default_constructible_v<bf16>);
