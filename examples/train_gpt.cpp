@@ -158,7 +158,8 @@ template <class Scalar>
 kfsdp::memory_need check_fits(const settings& s, kfsdp::comm::mpi& world) {
   const double ws = double(world.size()), bytes = sizeof(Scalar), d = double(s.model.dim), layers = double(s.model.layers);
   const std::size_t states = s.optimizer == "adamw" ? 2 : (s.momentum > 0 ? 1 : 0);
-  const double available = kfsdp::available_host_memory() / double(world.ranks_on_node());
+  const int node_ranks = world.ranks_on_node();  // collective: once, on every rank, before any verdict
+  const double available = kfsdp::available_host_memory() / double(node_ranks);
   double verdict[1] = {0};  // how many ranks the model does not fit
   const auto refuse = [&](const std::string& need) {
     verdict[0] = 1;
@@ -166,7 +167,7 @@ kfsdp::memory_need check_fits(const settings& s, kfsdp::comm::mpi& world) {
     throw std::invalid_argument(fmt::format(
         "train_gpt: the model does not fit: it needs {} per rank, and {} of memory is available to each of the {} "
         "ranks on this node; set by {} (more ranks, --sharding zero3, --checkpointing on or smaller sizes need less)",
-        need, kfsdp::format_bytes(available), world.ranks_on_node(), sizing_flags(s)));
+        need, kfsdp::format_bytes(available), node_ranks, sizing_flags(s)));
   };
   // A first bound from the sizes alone, before the parameter table (12·dim² per block) is built.
   const double table_bytes = layers * 16 * 2 * sizeof(kfsdp::param_info);  // the table and the plan, ~16 entries a block
