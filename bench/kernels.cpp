@@ -100,18 +100,22 @@ void bench_pack(std::size_t bytes, std::size_t repeats) {
   const std::size_t chunk = bytes / sizeof(float) / ranks / params;
   const std::size_t shard = chunk * params;  // per-rank stride of the gathered buffer
   const std::size_t numel = shard * ranks;
-  std::vector<kfsdp::kernels::param_slot> slots(params);
+  kfsdp::shard_plan plan;  // `params` vectors of chunk·ranks elements in one bucket
+  plan.world_size = ranks;
   for (std::size_t p = 0; p < params; ++p)
-    slots[p] = {p * chunk, chunk, chunk * ranks, p * chunk * ranks};
+    plan.params.push_back({.dim0 = chunk * ranks, .row_numel = 1, .chunk_rows = chunk, .bucket = 0,
+                           .bucket_offset = p * chunk, .storage_offset = p * chunk, .full_offset = p * chunk * ranks});
+  plan.buckets = {{.first_param = 0, .param_count = params, .shard_numel = shard, .full_numel = numel}};
+  const kfsdp::shard_mapping map(plan);
   const view gathered = filled("gathered", numel, 1.0F), unpacked = filled("unpacked", numel, 0.0F);
   const double touched = 2.0 * static_cast<double>(numel * sizeof(float));
   // The copy of the same bytes: a memcpy on the host, a device-to-device cudaMemcpy on a GPU build.
   const double copy = median_seconds(repeats, [&] { Kokkos::deep_copy(unpacked, gathered); });
   const double unpack = median_seconds(repeats, [&] {
-    for (const auto& slot : slots) kfsdp::kernels::unpack_param<float>(gathered, shard, slot, unpacked);
+    for (std::size_t p = 0; p < params; ++p) kfsdp::kernels::unpack_param<float>(gathered, map, p, unpacked);
   });
   const double pack = median_seconds(repeats, [&] {
-    for (const auto& slot : slots) kfsdp::kernels::pack_param<float>(unpacked, slot, shard, ranks, gathered);
+    for (std::size_t p = 0; p < params; ++p) kfsdp::kernels::pack_param<float>(unpacked, map, p, gathered);
   });
   print_row("unpack_param", numel * sizeof(float), touched, unpack, copy);
   print_row("pack_param", numel * sizeof(float), touched, pack, copy);

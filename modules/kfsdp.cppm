@@ -26,6 +26,8 @@ module;
 #include <kfsdp/detail/erf.hpp>
 #include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/environment.hpp>
+#include <kfsdp/fsdp/bucket_unit.hpp>
+#include <kfsdp/fsdp/buffer_pool.hpp>
 #include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/fsdp/memory_fit.hpp>
@@ -71,6 +73,7 @@ module;
 #include <kfsdp/optim/clip.hpp>
 #include <kfsdp/optim/sgd.hpp>
 #include <kfsdp/plan/format.hpp>
+#include <kfsdp/plan/shard_mapping.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 #include <kfsdp/train/activation_meter.hpp>
 #include <kfsdp/train/gpt.hpp>
@@ -141,6 +144,18 @@ using kfsdp::math::fast_exp_nonpositive;
 export namespace kfsdp {
 using kfsdp::environment;
 }
+// <kfsdp/fsdp/bucket_unit.hpp>
+export namespace kfsdp {
+using kfsdp::bucket_unit;
+using kfsdp::grad_phase;
+using kfsdp::param_phase;
+using kfsdp::to_string;
+using kfsdp::unit_context;
+}
+// <kfsdp/fsdp/buffer_pool.hpp>
+export namespace kfsdp {
+using kfsdp::buffer_pool;
+}
 // <kfsdp/fsdp/engine.hpp>
 export namespace kfsdp {
 using kfsdp::default_init;
@@ -184,12 +199,13 @@ using kfsdp::kernels::fill_init;
 using kfsdp::kernels::flat_view;
 using kfsdp::kernels::pack_param;
 using kfsdp::kernels::param_init;
-using kfsdp::kernels::param_slot;
 using kfsdp::kernels::unpack_param;
 }
 // <kfsdp/fsdp/storage.hpp>
 export namespace kfsdp {
+using kfsdp::const_span_of;
 using kfsdp::sharded_storage;
+using kfsdp::span_of;
 }
 // <kfsdp/fsdp/trace.hpp>
 export namespace kfsdp {
@@ -447,6 +463,12 @@ using kfsdp::optim::validate;
 export namespace kfsdp {
 using kfsdp::format_shape;
 using kfsdp::plan_table;
+}
+// <kfsdp/plan/shard_mapping.hpp>
+export namespace kfsdp {
+using kfsdp::basic_shard_mapping;
+using kfsdp::index_range;
+using kfsdp::shard_mapping;
 }
 // <kfsdp/plan/shard_plan.hpp>
 export namespace kfsdp {

@@ -4,22 +4,16 @@
 
 namespace kfsdp {
 
+// Kokkos::ScopeGuard refuses to start a Kokkos that is already up (Kokkos 4); so the guard is made
+// only where this environment is the first.
 environment::environment(int& argc, char** argv) {
-  if (!Kokkos::is_initialized()) {
-    Kokkos::initialize(argc, argv);
-    owns_ = true;
-  }
+  if (!Kokkos::is_initialized()) kokkos_ = std::make_unique<Kokkos::ScopeGuard>(argc, argv);
 }
 
 environment::environment() {
-  if (!Kokkos::is_initialized()) {
-    Kokkos::initialize();
-    owns_ = true;
-  }
+  if (!Kokkos::is_initialized()) kokkos_ = std::make_unique<Kokkos::ScopeGuard>();
 }
 
-environment::~environment() {
-  if (owns_) Kokkos::finalize();
-}
+environment::~environment() = default;
 
 }  // namespace kfsdp

@@ -2,9 +2,15 @@
 // kfsdp::environment — starts and stops Kokkos exactly once for a program (RAII).
 //
 //   int main(int argc, char** argv) {
-//     kfsdp::environment env(argc, argv);   // Kokkos::initialize, or nothing if already up
+//     kfsdp::environment env(argc, argv);   // a Kokkos::ScopeGuard, or nothing if Kokkos is already up
 //     ...                                    // views may live here
 //   }                                        // Kokkos::finalize if this guard started it
+
+#include <memory>
+
+namespace Kokkos {
+class ScopeGuard;
+}
 
 namespace kfsdp {
 
@@ -17,10 +23,10 @@ class environment {
   environment& operator=(const environment&) = delete;
 
   // True when this guard initialised Kokkos (and so will finalize it).
-  [[nodiscard]] bool owns_kokkos() const noexcept { return owns_; }
+  [[nodiscard]] bool owns_kokkos() const noexcept { return kokkos_ != nullptr; }
 
  private:
-  bool owns_ = false;
+  std::unique_ptr<Kokkos::ScopeGuard> kokkos_;  // Kokkos' own guard, where this one started it
 };
 
 }  // namespace kfsdp

@@ -13,29 +13,25 @@ using range = Kokkos::RangePolicy<Kokkos::IndexType<std::size_t>>;
 // Each rank's chunk is contiguous in both buffers: one contiguous copy per rank (a memcpy on the
 // host, a device copy on GPUs) instead of a division per element.
 template <class Scalar>
-void unpack_param(flat_view<const Scalar> gathered, std::size_t rank_stride, const param_slot& slot,
-                  flat_view<Scalar> unpacked) {
-  for (std::size_t rank = 0; rank * slot.chunk_numel < slot.full_numel; ++rank) {
-    const std::size_t first = rank * slot.chunk_numel;
-    const std::size_t count = std::min(slot.chunk_numel, slot.full_numel - first);
-    const std::size_t from = rank * rank_stride + slot.bucket_offset;
-    Kokkos::deep_copy(Kokkos::subview(unpacked, std::make_pair(slot.full_offset + first, slot.full_offset + first + count)),
-                      Kokkos::subview(gathered, std::make_pair(from, from + count)));
+void unpack_param(flat_view<const Scalar> gathered, const shard_mapping& map, std::size_t p, flat_view<Scalar> unpacked) {
+  for (std::size_t rank = 0; rank < map.world_size(); ++rank) {
+    const index_range to = map.unpacked(p, rank);
+    if (to.count == 0) break;  // this rank and the later ones hold only padding
+    const std::size_t from = map.gathered(p, rank).first;
+    Kokkos::deep_copy(Kokkos::subview(unpacked, to.pair()), Kokkos::subview(gathered, std::make_pair(from, from + to.count)));
   }
 }
 
 template <class Scalar>
-void pack_param(flat_view<const Scalar> unpacked, const param_slot& slot, std::size_t rank_stride,
-                std::size_t world_size, flat_view<Scalar> packed) {
-  for (std::size_t rank = 0; rank < world_size; ++rank) {
-    const std::size_t first = rank * slot.chunk_numel;
-    const std::size_t count = first >= slot.full_numel ? 0 : std::min(slot.chunk_numel, slot.full_numel - first);
-    const std::size_t to = rank * rank_stride + slot.bucket_offset;
-    if (count > 0)
-      Kokkos::deep_copy(Kokkos::subview(packed, std::make_pair(to, to + count)),
-                        Kokkos::subview(unpacked, std::make_pair(slot.full_offset + first, slot.full_offset + first + count)));
-    if (count < slot.chunk_numel)  // padding rows travel as zeros
-      Kokkos::deep_copy(Kokkos::subview(packed, std::make_pair(to + count, to + slot.chunk_numel)), Scalar(0));
+void pack_param(flat_view<const Scalar> unpacked, const shard_mapping& map, std::size_t p, flat_view<Scalar> packed) {
+  for (std::size_t rank = 0; rank < map.world_size(); ++rank) {
+    const index_range from = map.unpacked(p, rank);
+    const index_range to = map.gathered(p, rank);
+    if (from.count > 0)
+      Kokkos::deep_copy(Kokkos::subview(packed, std::make_pair(to.first, to.first + from.count)),
+                        Kokkos::subview(unpacked, from.pair()));
+    if (from.count < to.count)  // padding rows travel as zeros
+      Kokkos::deep_copy(Kokkos::subview(packed, std::make_pair(to.first + from.count, to.last())), Scalar(0));
   }
 }
 
@@ -82,10 +78,10 @@ void fill_init(flat_view<Scalar> out, std::size_t count, std::size_t first_globa
 }
 
 #define KFSDP_PACK_INSTANTIATE(Scalar)                                                        \
-  template void unpack_param<Scalar>(flat_view<const Scalar>, std::size_t, const param_slot&, \
-                                     flat_view<Scalar>);                                      \
-  template void pack_param<Scalar>(flat_view<const Scalar>, const param_slot&, std::size_t,   \
-                                   std::size_t, flat_view<Scalar>);                           \
+  template void unpack_param<Scalar>(flat_view<const Scalar>, const shard_mapping&, std::size_t, \
+                                     flat_view<Scalar>);                                         \
+  template void pack_param<Scalar>(flat_view<const Scalar>, const shard_mapping&, std::size_t,   \
+                                   flat_view<Scalar>);                                           \
   template void accumulate_scaled<Scalar>(flat_view<Scalar>, flat_view<const Scalar>, Scalar); \
   template void fill_init<Scalar>(flat_view<Scalar>, std::size_t, std::size_t, std::uint64_t, \
                                   std::size_t, param_init);

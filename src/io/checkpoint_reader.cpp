@@ -73,8 +73,7 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
         fail(tensor.name, fmt::format("no '{}{}' in __metadata__, expected its checksum",
                                       checksum_key_prefix, tensor.name));
       if (tensor.local_bytes > 0)
-        pieces.push_back({first_row_offset<Scalar>(*found, engine.plan().params[tensor.param],
-                                                   static_cast<std::size_t>(rank)),
+        pieces.push_back({first_row_offset<Scalar>(*found, engine.mapping(), tensor.param, static_cast<std::size_t>(rank)),
                           tensor.local_bytes});
       present.push_back(tensor);
     }
@@ -136,14 +135,12 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
   // Every rank verified everything: commit, padding rows zero.
   together(comm, [&] {
     for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const param_shard& shard = engine.plan().params[tensors[t].param];
-      const std::size_t first = shard.storage_offset;
+      const index_range chunk = engine.mapping().chunk(tensors[t].param);
       const std::size_t valid = tensors[t].local_bytes / sizeof(Scalar);
-      Kokkos::deep_copy(Kokkos::subview(tensors[t].flat, std::make_pair(first, first + valid)),
+      Kokkos::deep_copy(Kokkos::subview(tensors[t].flat, std::make_pair(chunk.first, chunk.first + valid)),
                         Kokkos::View<const Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
                             reinterpret_cast<const Scalar*>(staging.data() + piece_of_tensor[t]), valid));
-      Kokkos::deep_copy(Kokkos::subview(tensors[t].flat, std::make_pair(first + valid, first + shard.chunk_numel())),
-                        Scalar{0});
+      Kokkos::deep_copy(Kokkos::subview(tensors[t].flat, std::make_pair(chunk.first + valid, chunk.last())), Scalar{0});
     }
   });
   return table.metadata;

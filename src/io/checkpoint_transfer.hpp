@@ -224,8 +224,7 @@ std::vector<sharded_tensor<Scalar>> sharded_tensors(fsdp_engine<Scalar>& engine,
   const auto rank = static_cast<std::size_t>(engine.rank());
   for (const auto& [prefix, view] : groups)
     for (std::size_t p = 0; p < engine.params().size(); ++p) {
-      const param_shard& shard = plan.params[p];
-      const std::uint64_t bytes = shard.valid_rows(rank) * shard.row_numel * sizeof(Scalar);
+      const std::uint64_t bytes = engine.mapping().elements(p, rank).count * sizeof(Scalar);
       std::string name(engine.params()[p].name.view());
       tensors.push_back({prefix.empty() ? name : prefix + "." + name, p, view, staging, bytes});
       staging += bytes;
@@ -237,10 +236,10 @@ inline std::vector<std::uint64_t> shape_of(const param_info& param) {
   return {param.shape.begin(), param.shape.begin() + param.rank};
 }
 
-// The absolute file offset of this rank's first row of `tensor`.
+// The absolute file offset of this rank's first row of parameter p's `tensor` (full, row-major).
 template <class Scalar>
-std::uint64_t first_row_offset(const tensor_info& tensor, const param_shard& shard, std::size_t rank) {
-  return tensor.begin + rank * shard.chunk_rows * shard.row_numel * sizeof(Scalar);
+std::uint64_t first_row_offset(const tensor_info& tensor, const shard_mapping& map, std::size_t p, std::size_t rank) {
+  return tensor.begin + map.elements(p, rank).first * sizeof(Scalar);
 }
 
 // Every tensor's checksum over all ranks: the ranks' pieces combined in rank order.

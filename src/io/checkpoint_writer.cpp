@@ -37,7 +37,7 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
                           tensor.flat);
         copied = tensor.flat;
       }
-      const std::size_t first = engine.plan().params[tensor.param].storage_offset;
+      const std::size_t first = engine.mapping().chunk(tensor.param).first;
       std::memcpy(staging.data() + tensor.staging_offset, host.data() + first, tensor.local_bytes);
       local_checksums.push_back(
           checksum_of(std::span(staging).subspan(tensor.staging_offset, tensor.local_bytes)));
@@ -62,7 +62,7 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
                                dtype_name(dtype_of<Scalar>));
     for (std::size_t t = 0; t < tensors.size(); ++t)
       if (tensors[t].local_bytes > 0)
-        pieces.push_back({first_row_offset<Scalar>(layout.tensors[t], engine.plan().params[tensors[t].param],
+        pieces.push_back({first_row_offset<Scalar>(layout.tensors[t], engine.mapping(), tensors[t].param,
                                                    static_cast<std::size_t>(rank)),
                           tensors[t].local_bytes});
   });

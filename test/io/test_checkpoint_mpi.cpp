@@ -109,9 +109,9 @@ void fill_moments(const fsdp_engine<Scalar>& engine, const Kokkos::View<Scalar*>
   std::vector<Scalar> host(view.extent(0), Scalar{0});
   const auto rank = static_cast<std::size_t>(engine.rank());
   for (std::size_t p = 0; p < engine.plan().params.size(); ++p) {
-    const param_shard& s = engine.plan().params[p];
-    for (std::size_t j = 0; j < s.valid_rows(rank) * s.row_numel; ++j)
-      host[s.storage_offset + j] = moment_value<Scalar>(group, p, rank * s.chunk_numel() + j);
+    const index_range mine = engine.mapping().elements(p, rank);
+    for (std::size_t j = 0; j < mine.count; ++j)
+      host[engine.mapping().chunk(p).first + j] = moment_value<Scalar>(group, p, mine.first + j);
   }
   Kokkos::deep_copy(view, Kokkos::View<Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
                               host.data(), host.size()));
@@ -124,12 +124,10 @@ std::size_t moment_mismatches(const fsdp_engine<Scalar>& engine, const Kokkos::V
   const auto rank = static_cast<std::size_t>(engine.rank());
   std::size_t wrong = 0;
   for (std::size_t p = 0; p < engine.plan().params.size(); ++p) {
-    const param_shard& s = engine.plan().params[p];
-    for (std::size_t j = 0; j < s.chunk_numel(); ++j) {
-      const Scalar expected = j < s.valid_rows(rank) * s.row_numel
-                                  ? moment_value<Scalar>(group, p, rank * s.chunk_numel() + j)
-                                  : Scalar{0};
-      wrong += host[s.storage_offset + j] != expected;
+    const index_range chunk = engine.mapping().chunk(p), mine = engine.mapping().elements(p, rank);
+    for (std::size_t j = 0; j < chunk.count; ++j) {
+      const Scalar expected = j < mine.count ? moment_value<Scalar>(group, p, mine.first + j) : Scalar{0};
+      wrong += host[chunk.first + j] != expected;
     }
   }
   return wrong;
@@ -141,9 +139,11 @@ std::size_t nonzero_padding(fsdp_engine<Scalar>& engine) {
   const std::vector<Scalar> host = to_host(engine.shards().flat());
   const auto rank = static_cast<std::size_t>(engine.rank());
   std::size_t nonzero = 0;
-  for (const param_shard& s : engine.plan().params)
-    for (std::size_t j = s.valid_rows(rank) * s.row_numel; j < s.chunk_numel(); ++j)
-      nonzero += host[s.storage_offset + j] != Scalar{0};
+  for (std::size_t p = 0; p < engine.plan().params.size(); ++p) {
+    const index_range chunk = engine.mapping().chunk(p);
+    for (std::size_t j = engine.mapping().elements(p, rank).count; j < chunk.count; ++j)
+      nonzero += host[chunk.first + j] != Scalar{0};
+  }
   return nonzero;
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <kfsdp/model/gpt.hpp>
+#include <kfsdp/plan/shard_mapping.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
 using namespace kfsdp;
@@ -26,14 +27,27 @@ TEST_CASE("the worked example of shard_plan.hpp") {
   CHECK(plan.shard_numel == 39);
   CHECK(plan.full_numel == 52 + 13 + 13 + 1);
   CHECK(plan.padding_numel == 2 * 4 + 2 + 2 * 13 + 2);
-  CHECK(plan.params[0].valid_rows(2) == 3);
-  CHECK(plan.params[3].valid_rows(0) == 1);
-  CHECK(plan.params[3].valid_rows(1) == 0);  // ranks 1 and 2 hold only padding
   // The unpacked buffers: each bucket's full, unpadded parameters back to back.
   CHECK(plan.params[1].full_offset == 52);
   CHECK(plan.params[3].full_offset == 13);
   CHECK(plan.buckets[0].full_numel == 65);
   CHECK(plan.buckets[1].full_numel == 14);
+}
+
+TEST_CASE("the worked example of shard_mapping.hpp") {
+  const auto plan = make_shard_plan(param_table<two_linears>, 3, bucketing::layer);
+  const shard_mapping map(plan);
+  CHECK(map.rows(0, 2) == index_range{10, 3});
+  CHECK(map.elements(0, 2) == index_range{40, 12});
+  CHECK(map.rows(3, 0) == index_range{0, 1});
+  CHECK(map.rows(3, 1).count == 0);  // ranks 1 and 2 hold only padding of 1.bias
+  CHECK(map.chunk(1) == index_range{20, 5});
+  CHECK(map.bucket(1) == index_range{25, 14});
+  CHECK(map.gathered(1, 1) == index_range{45, 5});
+  CHECK(map.unpacked(1) == index_range{52, 13});
+  CHECK(map.unpacked(1, 2) == index_range{62, 3});
+  CHECK(map.rank_shard(0, 2) == index_range{50, 25});
+  CHECK(map.padded_numel(0) == 60);
 }
 
 TEST_CASE("every bucketing covers the storage contiguously, bucket after bucket") {
@@ -43,6 +57,7 @@ TEST_CASE("every bucketing covers the storage contiguously, bucket after bucket"
       CAPTURE(ws);
       CAPTURE(to_string(b));
       const auto plan = make_shard_plan(table, ws, b);
+      const shard_mapping map(plan);
       std::size_t offset = 0;
       for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
         const auto& bucket = plan.buckets[k];
@@ -58,7 +73,10 @@ TEST_CASE("every bucketing covers the storage contiguously, bucket after bucket"
           CHECK(p.chunk_rows * ws >= p.dim0);
           CHECK(p.chunk_rows * ws - p.dim0 < ws);  // padding below one row per rank
           std::size_t rows = 0;
-          for (std::size_t r = 0; r < ws; ++r) rows += p.valid_rows(r);
+          for (std::size_t r = 0; r < ws; ++r) {
+            CHECK(map.rows(i, r).first == std::min(r * p.chunk_rows, p.dim0));  // back to back, in rank order
+            rows += map.rows(i, r).count;
+          }
           CHECK(rows == p.dim0);
           inside += p.chunk_numel();
         }

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include <kfsdp/model/gpt.hpp>
+#include <kfsdp/plan/shard_mapping.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
 using namespace kfsdp;
@@ -21,7 +22,7 @@ constexpr bool well_formed(const Plan& plan) {
       if (p.bucket != k || p.bucket_offset != inside || p.storage_offset != offset + inside) return false;
       if (p.chunk_rows * plan.world_size < p.dim0 || p.padding_rows >= plan.world_size) return false;
       std::size_t rows = 0;
-      for (std::size_t r = 0; r < plan.world_size; ++r) rows += p.valid_rows(r);
+      for (std::size_t r = 0; r < plan.world_size; ++r) rows += basic_shard_mapping(plan).rows(i, r).count;
       if (rows != p.dim0) return false;
       inside += p.chunk_numel();
     }
@@ -50,7 +51,7 @@ static_assert(static_shard_plan<thunder_padding, 3, bucketing::none>.params[0].p
 // dim0 (1) below the world size (8): one row each, seven ranks hold only padding.
 static_assert(static_shard_plan<thunder_padding, 8, bucketing::none>.params[3].chunk_rows == 1);
 static_assert(static_shard_plan<thunder_padding, 8, bucketing::none>.params[3].padding_rows == 7);
-static_assert(static_shard_plan<thunder_padding, 8, bucketing::none>.params[3].valid_rows(1) == 0);
+static_assert(basic_shard_mapping(static_shard_plan<thunder_padding, 8, bucketing::none>).rows(3, 1).count == 0);
 // 1-D parameters shard the same way: the bias of 13 at world size 4 is chunks of 4.
 static_assert(static_shard_plan<thunder_padding, 4, bucketing::layer>.params[1].chunk_numel() == 4);
 // Buckets: none = per parameter, layer = per Linear.

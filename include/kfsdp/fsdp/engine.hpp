@@ -1,8 +1,15 @@
 #pragma once
 // fsdp_engine<Scalar> — everything an FSDP rank does to its parameters, independent of the
-// sharding and bucketing policies (compiled once per scalar type in src/fsdp/engine.cpp):
-// sharded storage, initialisation (with broadcast_from), unshard / reshard of a bucket,
-// reduce-scatter of a bucket's gradients, the full state dict, and memory accounting.
+// sharding and bucketing policies (compiled once per scalar type in src/fsdp/). It owns the plan
+// and its collaborators, split the way FSDP works:
+//   shard_mapping     every offset (plan/shard_mapping.hpp)
+//   sharded_storage   the parameter and gradient shards (fsdp/storage.hpp)
+//   bucket_unit       one bucket's gather / unpack / free / reduce state machine (fsdp/bucket_unit.hpp)
+//   buffer_pool       the unsharded buffers and their byte counts (fsdp/buffer_pool.hpp)
+//   state-dict IO     initialisation, broadcast_from, load and gather of full state dicts
+//                     (src/fsdp/state_dict_io.cpp)
+// and orders the units: the limit on all-gathers in flight, finishing a reduction before its
+// gradient is touched again.
 //
 //   kfsdp::fsdp_engine<float> e(kfsdp::make_param_table(model), comm, {.bucketing_strategy = kfsdp::bucketing::layer});
 //   e.initialize(seed, choose_init);        // each rank evaluates its own rows only
@@ -26,13 +33,16 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/comm/any_communicator.hpp>
+#include <kfsdp/fsdp/bucket_unit.hpp>
+#include <kfsdp/fsdp/buffer_pool.hpp>
 #include <kfsdp/fsdp/options.hpp>
 #include <kfsdp/fsdp/pack.hpp>
+#include <kfsdp/fsdp/storage.hpp>
 #include <kfsdp/fsdp/trace.hpp>
 #include <kfsdp/io/state_dict.hpp>
 #include <kfsdp/model/param_table.hpp>
+#include <kfsdp/plan/shard_mapping.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
-#include <kfsdp/fsdp/storage.hpp>
 
 namespace kfsdp {
 
@@ -83,6 +93,8 @@ class fsdp_engine {
   ~fsdp_engine();
 
   [[nodiscard]] const shard_plan& plan() const noexcept { return plan_; }
+  // Every offset of the plan: a rank's rows, a chunk in storage or in a gathered buffer, ...
+  [[nodiscard]] const shard_mapping& mapping() const noexcept { return map_; }
   [[nodiscard]] std::span<const param_info> params() const noexcept { return table_; }
   [[nodiscard]] const fsdp_options& options() const noexcept { return options_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -132,7 +144,7 @@ class fsdp_engine {
     begin_reduce_gradients(bucket);
     finish_reduce_gradients(bucket);
   }
-  [[nodiscard]] bool is_reducing(std::size_t bucket) const { return buckets_.at(bucket).reducing; }
+  [[nodiscard]] bool is_reducing(std::size_t bucket) const;
   // Finishes every reduce-scatter still in flight (before the optimizer reads the gradients).
   void finish_gradient_reductions();
   void zero_grad();
@@ -145,45 +157,19 @@ class fsdp_engine {
   void reset_max_inflight_all_gathers() noexcept { max_inflight_ = inflight_.size(); }
 
   // Record every collective (and unpack / pack) into `trace` (nullptr: stop recording).
-  void set_trace(trace_recorder* trace) noexcept { trace_ = trace; }
-  [[nodiscard]] trace_recorder* trace() const noexcept { return trace_; }
+  void set_trace(trace_recorder* trace) noexcept { context_.trace = trace; }
+  [[nodiscard]] trace_recorder* trace() const noexcept { return context_.trace; }
 
   [[nodiscard]] memory_report memory() const noexcept;
-  void reset_peak_memory() noexcept { peak_bytes_ = live_bytes_; }
+  void reset_peak_memory() noexcept { pool_.reset_peak(); }
   // Bytes of every collective buffer so far (all-gathers and reduce-scatters of the full bucket).
-  [[nodiscard]] std::size_t bytes_communicated() const noexcept { return bytes_communicated_; }
+  [[nodiscard]] std::size_t bytes_communicated() const noexcept { return context_.bytes_communicated; }
 
  private:
-  struct bucket_state {
-    flat_view gathered;    // (world_size, S) after the all-gather
-    flat_view unpacked;    // the bucket's full parameters, when it holds more than one
-    flat_view full_grads;  // the bucket's full gradients (padded layout for one parameter)
-    comm::request pending;
-    double issued_at = 0;  // trace time of the all-gather's issue
-    flat_view packed_grads;   // the reduce-scatter's input (the full gradients for one parameter)
-    flat_view reduced_grads;  // its output: this rank's summed shard
-    comm::request reduce_pending;
-    double reduce_issued_at = 0;
-    bool reducing = false;
-    bool gathering = false;
-    bool unsharded = false;
-  };
+  class state_dict_io;  // src/fsdp/state_dict_io.cpp
 
-  // Counted in memory(). Buffers that are wholly overwritten (gathered, packed, reduced) skip the
-  // zero fill; gradients accumulate and start at zero.
-  enum class fill { zeros, none };
-  flat_view allocate(const std::string& label, std::size_t numel, fill how = fill::none);
-  void release(flat_view& view);
-  [[nodiscard]] kernels::param_slot slot(std::size_t param) const;
-  [[nodiscard]] bool single(std::size_t bucket) const { return plan_.buckets[bucket].param_count == 1; }
   void check_bucket(std::size_t bucket, const char* where) const;
   void check_param(std::size_t param, const char* where) const;
-  // Rank `root` fills each full parameter with fill(param, out); every rank keeps its rows.
-  void scatter_from(int root, const std::function<void(std::size_t, flat_view)>& fill);
-  // Every rank fills its own rows: fill(param, first_global_element, count, out).
-  void fill_local(const std::function<void(std::size_t, std::size_t, std::size_t, flat_view)>& fill);
-  [[nodiscard]] std::string validate(const state_dict& full) const;
-  [[nodiscard]] state_dict gather_full(const sharded_storage<Scalar>& storage, bool rank0_only);
 
   std::vector<param_info> table_;
   comm::any_communicator comm_;
@@ -191,20 +177,15 @@ class fsdp_engine {
   int rank_ = 0;
   int world_size_ = 1;
   shard_plan plan_;
+  shard_mapping map_{plan_};
   std::unordered_map<std::string, std::size_t> index_;
   sharded_storage<Scalar> shards_;
   sharded_storage<Scalar> grads_;
-  std::vector<bucket_state> buckets_;
-  // Freed buffers kept for the next allocation of the same size: a fresh allocation of a large
-  // buffer costs page faults on the host and a device malloc on GPUs, every step.
-  std::vector<flat_view> spare_;
-  std::size_t spare_bytes_ = 0;
+  buffer_pool<Scalar> pool_;
+  unit_context<Scalar> context_{comm_, pool_, map_, shards_, grads_};
+  std::vector<bucket_unit<Scalar>> units_;
   std::deque<std::size_t> inflight_;  // buckets whose all-gather is issued, oldest first
   std::size_t max_inflight_ = 0;
-  trace_recorder* trace_ = nullptr;
-  std::size_t live_bytes_ = 0;
-  std::size_t peak_bytes_ = 0;
-  std::size_t bytes_communicated_ = 0;
 };
 
 extern template class fsdp_engine<float>;

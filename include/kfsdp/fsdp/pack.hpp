@@ -15,30 +15,20 @@
 #include <cstdint>
 #include <Kokkos_Core.hpp>
 
-#include <kfsdp/plan/shard_plan.hpp>
+#include <kfsdp/plan/shard_mapping.hpp>
 
 namespace kfsdp::kernels {
 
 template <class Scalar>
 using flat_view = Kokkos::View<Scalar*>;
 
-// Where one parameter sits in a bucket's buffers.
-struct param_slot {
-  std::size_t bucket_offset = 0;  // offset of its chunk inside one rank's row of `gathered`
-  std::size_t chunk_numel = 0;    // elements per rank (padding included)
-  std::size_t full_numel = 0;     // elements of the unpadded parameter
-  std::size_t full_offset = 0;    // offset of the full parameter inside the unpacked buffer
-};
-
-// unpacked[slot.full_offset + j] = gathered[(j / chunk)·S + bucket_offset + j % chunk], j < full_numel
+// unpacked[map.unpacked(p, r)] = gathered[map.gathered(p, r)][: its real elements], for every rank r
 template <class Scalar>
-void unpack_param(flat_view<const Scalar> gathered, std::size_t rank_stride, const param_slot& slot,
-                  flat_view<Scalar> unpacked);
+void unpack_param(flat_view<const Scalar> gathered, const shard_mapping& map, std::size_t p, flat_view<Scalar> unpacked);
 
-// The inverse, for all world_size ranks; padding elements of `packed` become zero.
+// The inverse, for every rank; the padding elements of p's chunks in `packed` become zero.
 template <class Scalar>
-void pack_param(flat_view<const Scalar> unpacked, const param_slot& slot, std::size_t rank_stride,
-                std::size_t world_size, flat_view<Scalar> packed);
+void pack_param(flat_view<const Scalar> unpacked, const shard_mapping& map, std::size_t p, flat_view<Scalar> packed);
 
 // destination[i] += scale · source[i]
 template <class Scalar>
@@ -61,10 +51,10 @@ void fill_init(flat_view<Scalar> out, std::size_t count, std::size_t first_globa
 
 namespace kfsdp::kernels {
 #define KFSDP_PACK_EXTERN(Scalar)                                                                    \
-  extern template void unpack_param<Scalar>(flat_view<const Scalar>, std::size_t, const param_slot&, \
+  extern template void unpack_param<Scalar>(flat_view<const Scalar>, const shard_mapping&, std::size_t,   \
                                             flat_view<Scalar>);                                      \
-  extern template void pack_param<Scalar>(flat_view<const Scalar>, const param_slot&, std::size_t,   \
-                                          std::size_t, flat_view<Scalar>);                           \
+  extern template void pack_param<Scalar>(flat_view<const Scalar>, const shard_mapping&, std::size_t,     \
+                                          flat_view<Scalar>);                                        \
   extern template void accumulate_scaled<Scalar>(flat_view<Scalar>, flat_view<const Scalar>, Scalar); \
   extern template void fill_init<Scalar>(flat_view<Scalar>, std::size_t, std::size_t, std::uint64_t, \
                                          std::size_t, param_init);

@@ -1,18 +1,31 @@
 #pragma once
 // A rank's sharded storage: one flat Kokkos view laid out by the shard plan (bucket after bucket),
-// and each parameter's local shard as an unmanaged 2-D view (chunk_rows × row_numel) into it.
+// and each parameter's local shard as an unmanaged 2-D view (chunk_rows × row_numel) into it. The
+// offsets come from the plan's shard_mapping.
 //
 //   plan for 0.weight [13,4] at world size 3: chunk 5 rows, storage_offset 0
 //   rank 2: local_shard(0) = rows 10..14 of the padded weight; rows 13, 14 are padding (zero)
 
 #include <cstddef>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <Kokkos_Core.hpp>
 
-#include <kfsdp/plan/shard_plan.hpp>
+#include <kfsdp/plan/shard_mapping.hpp>
 
 namespace kfsdp {
+
+// A flat view's elements as a span, as the communicators take them.
+template <class T, class... Properties>
+std::span<T> span_of(const Kokkos::View<T*, Properties...>& v) {
+  return {v.data(), v.extent(0)};
+}
+template <class T, class... Properties>
+std::span<const T> const_span_of(const Kokkos::View<T*, Properties...>& v) {
+  return {v.data(), v.extent(0)};
+}
 
 template <class Scalar>
 class sharded_storage {
@@ -21,31 +34,42 @@ class sharded_storage {
   using shard_view = Kokkos::View<Scalar**, Kokkos::LayoutRight, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
   sharded_storage() = default;
-  // Zero-filled storage for `plan` (so padding starts zero).
+  // Zero-filled storage for `plan` (so padding starts zero); the plan must outlive it.
   sharded_storage(const shard_plan& plan, std::string label)
-      : flat_(std::move(label), plan.shard_numel), plan_(&plan) {}
+      : flat_(std::move(label), plan.shard_numel), map_(plan) {}
 
   [[nodiscard]] flat_view flat() const { return flat_; }
   // The local slice of one bucket: what the all-gather sends and the reduce-scatter receives.
   [[nodiscard]] flat_view bucket(std::size_t b) const {
-    const bucket_shard& s = plan_->buckets.at(b);
-    return Kokkos::subview(flat_, std::make_pair(s.storage_offset, s.storage_offset + s.shard_numel));
+    check(b, map_.plan().buckets.size(), "bucket");
+    return Kokkos::subview(flat_, map_.bucket(b).pair());
   }
   // Parameter p's local chunk, flat.
   [[nodiscard]] flat_view chunk(std::size_t p) const {
-    const param_shard& s = plan_->params.at(p);
-    return Kokkos::subview(flat_, std::make_pair(s.storage_offset, s.storage_offset + s.chunk_numel()));
+    check(p, map_.plan().params.size(), "chunk");
+    return Kokkos::subview(flat_, map_.chunk(p).pair());
   }
   // Parameter p's local chunk as chunk_rows × row_numel.
   [[nodiscard]] shard_view shard(std::size_t p) const {
-    const param_shard& s = plan_->params.at(p);
-    return shard_view(flat_.data() + s.storage_offset, s.chunk_rows, s.row_numel);
+    check(p, map_.plan().params.size(), "shard");
+    const param_shard& s = map_.plan().params[p];
+    return shard_view(flat_.data() + map_.chunk(p).first, s.chunk_rows, s.row_numel);
   }
   [[nodiscard]] std::size_t bytes() const { return flat_.extent(0) * sizeof(Scalar); }
 
  private:
   flat_view flat_;
-  const shard_plan* plan_ = nullptr;
+  shard_mapping map_{empty_plan()};
+
+  static void check(std::size_t index, std::size_t count, const char* where) {
+    if (index >= count)
+      throw std::out_of_range("kfsdp::sharded_storage::" + std::string(where) + ": index is " + std::to_string(index) +
+                              ", expected less than " + std::to_string(count));
+  }
+  static const shard_plan& empty_plan() {
+    static const shard_plan none;
+    return none;
+  }
 };
 
 }  // namespace kfsdp

@@ -3,7 +3,8 @@
 // (one all-gather / one reduce-scatter) it travels in, and where its local shard lives in the
 // rank's flat storage. A pure constexpr function of (param table, world size, bucketing).
 //
-// It is the one place where offsets are computed; the engine, its kernels and the checkpoints ask it.
+// It lays the parameters out (bucket_offset, storage_offset, full_offset); every offset derived
+// from that layout (a rank's rows, a chunk in a gathered buffer, ...) is shard_mapping's.
 //
 // Worked example: Linear(4,13) then Linear(13,1) at world_size 3, bucketing layer
 //   param        shape    chunk_rows  padding_rows  bucket  bucket_offset  storage_offset  full_offset
@@ -73,11 +74,6 @@ struct param_shard {
 
   [[nodiscard]] constexpr std::size_t chunk_numel() const noexcept { return chunk_rows * row_numel; }
   [[nodiscard]] constexpr std::size_t full_numel() const noexcept { return dim0 * row_numel; }
-  // Rows of real data (not padding) that `rank` holds: min(dim0, (rank+1)·chunk) − rank·chunk, ≥ 0.
-  [[nodiscard]] constexpr std::size_t valid_rows(std::size_t rank) const noexcept {
-    const std::size_t first = rank * chunk_rows;
-    return first >= dim0 ? 0 : (dim0 - first < chunk_rows ? dim0 - first : chunk_rows);
-  }
 };
 
 struct bucket_shard {

@@ -1,0 +1,106 @@
+#pragma once
+// bucket_unit<Scalar> — one bucket's parameters and gradients through a step, as a state machine
+// (compiled in src/fsdp/bucket_unit.cpp). The engine owns one per bucket and orders them.
+//
+//   parameters:  sharded ──begin_gather──▶ gathering ──finish_gather──▶ unsharded ──free──▶ sharded
+//                (all-gather issued; finish waits for it and unpacks; free gives the buffers back)
+//   gradients:   none ──grad──▶ accumulating ──begin_reduce──▶ reducing ──finish_reduce──▶ none
+//                (grad hands out the full gradient, zero at first; begin_reduce packs and issues the
+//                reduce-scatter; finish_reduce waits and adds the averaged shard to the gradients)
+//
+// A transition from any other state throws std::logic_error naming the bucket, the state it is in
+// and the one expected. A one-parameter bucket skips the unpack and the pack: its gathered buffer
+// already is the padded parameter, and its full gradient is kept in that padded layout.
+
+#include <cstddef>
+#include <string_view>
+#include <Kokkos_Core.hpp>
+
+#include <kfsdp/comm/any_communicator.hpp>
+#include <kfsdp/fsdp/buffer_pool.hpp>
+#include <kfsdp/fsdp/storage.hpp>
+#include <kfsdp/fsdp/trace.hpp>
+#include <kfsdp/plan/shard_mapping.hpp>
+
+namespace kfsdp {
+
+enum class param_phase { sharded, gathering, unsharded };
+enum class grad_phase { none, accumulating, reducing };
+
+constexpr std::string_view to_string(param_phase phase) noexcept {
+  switch (phase) {
+    case param_phase::sharded: return "sharded";
+    case param_phase::gathering: return "gathering";
+    case param_phase::unsharded: return "unsharded";
+  }
+  return "?";
+}
+constexpr std::string_view to_string(grad_phase phase) noexcept {
+  switch (phase) {
+    case grad_phase::none: return "none";
+    case grad_phase::accumulating: return "accumulating";
+    case grad_phase::reducing: return "reducing";
+  }
+  return "?";
+}
+
+// What every bucket's transitions use, owned by the engine.
+template <class Scalar>
+struct unit_context {
+  comm::any_communicator& comm;
+  buffer_pool<Scalar>& pool;
+  const shard_mapping& map;
+  sharded_storage<Scalar>& shards;
+  sharded_storage<Scalar>& grads;
+  trace_recorder* trace = nullptr;
+  std::size_t bytes_communicated = 0;  // every collective buffer so far
+};
+
+template <class Scalar>
+class bucket_unit {
+ public:
+  using view = Kokkos::View<Scalar*>;
+
+  bucket_unit(std::size_t bucket, const shard_mapping& map);
+
+  [[nodiscard]] std::size_t index() const noexcept { return bucket_; }
+  [[nodiscard]] param_phase params() const noexcept { return params_; }
+  [[nodiscard]] grad_phase grads() const noexcept { return grads_; }
+
+  void begin_gather(unit_context<Scalar>& ctx);   // sharded → gathering
+  void finish_gather(unit_context<Scalar>& ctx);  // gathering → unsharded
+  void free(unit_context<Scalar>& ctx);           // any → sharded (waits for an all-gather in flight)
+  // Parameter p (of this bucket), full and unpadded; unsharded only.
+  [[nodiscard]] view param(const unit_context<Scalar>& ctx, std::size_t p) const;
+
+  // Parameter p's full gradient, accumulated into (none → accumulating; not while reducing: the
+  // reduce-scatter may still read the buffer).
+  [[nodiscard]] view grad(unit_context<Scalar>& ctx, std::size_t p);
+  void begin_reduce(unit_context<Scalar>& ctx);   // none | accumulating → reducing (no gradient: zeros)
+  // reducing → none: grads += reduced shard · scale (1 / world size: the average over ranks).
+  void finish_reduce(unit_context<Scalar>& ctx, Scalar scale);
+
+ private:
+  [[nodiscard]] bool single() const noexcept { return param_count_ == 1; }
+  [[noreturn]] void wrong_phase(const char* transition, std::string_view seen, std::string_view expected) const;
+
+  std::size_t bucket_;
+  std::size_t first_param_;
+  std::size_t param_count_;
+  param_phase params_ = param_phase::sharded;
+  grad_phase grads_ = grad_phase::none;
+  view gathered_;       // (world_size, S) after the all-gather
+  view unpacked_;       // the bucket's full parameters (several parameters only)
+  view full_grads_;     // the bucket's full gradients (one parameter: in the padded layout)
+  view packed_grads_;   // the reduce-scatter's input (several parameters only)
+  view reduced_grads_;  // its output: this rank's summed shard
+  comm::request gather_pending_;
+  comm::request reduce_pending_;
+  double gather_issued_at_ = 0;  // trace times
+  double reduce_issued_at_ = 0;
+};
+
+extern template class bucket_unit<float>;
+extern template class bucket_unit<double>;
+
+}  // namespace kfsdp
