@@ -120,8 +120,6 @@ settings read(const cli& c, int world_size) {
     fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
   if (s.steps == 0) fail("--steps is 0, expected at least 1");
   if (s.rounds == 0) fail("--rounds is 0, expected at least 1");
-  if (s.model.heads == 0 || s.model.dim % s.model.heads != 0)
-    fail(fmt::format("--heads is {}, expected a divisor of --dim {}", s.model.heads, s.model.dim));
   const std::string sh = c.str("sharding"), bu = c.str("bucketing");
   if (sh == "all") s.shardings = {kfsdp::sharding_strategy::zero2, kfsdp::sharding_strategy::zero3};
   else s.shardings = {kfsdp::parse_sharding(sh)};

@@ -26,6 +26,7 @@ namespace kfsdp::examples {
 class cli {
  public:
   cli(std::string program, std::string summary) : program_(std::move(program)), summary_(std::move(summary)) {}
+  [[nodiscard]] const std::string& program() const noexcept { return program_; }
 
   cli& flag(const std::string& name, std::string default_value, std::string help) {
     order_.push_back(name);
@@ -174,10 +175,14 @@ inline cli& add_gpt_flags(cli& c) {
       .flag("tie-weights", "off", "on: lm_head.weight is transformer.wte.weight (nanoGPT's tying) | off");
 }
 
-// The sizes those flags give.
+// The sizes those flags give (the heads must split the width evenly).
 inline kfsdp::gpt_config gpt_config_of(const cli& c) {
-  return {.layers = c.positive("layers"), .dim = c.positive("dim"), .heads = c.positive("heads"), .seq = c.positive("seq"),
-          .tie_weights = c.choice("tie-weights", {"on", "off"}) == "on"};
+  const kfsdp::gpt_config config{.layers = c.positive("layers"), .dim = c.positive("dim"), .heads = c.positive("heads"),
+                                 .seq = c.positive("seq"), .tie_weights = c.choice("tie-weights", {"on", "off"}) == "on"};
+  if (config.dim % config.heads != 0)
+    throw std::invalid_argument(
+        fmt::format("{}: --heads is {}, expected a divisor of --dim {}", c.program(), config.heads, config.dim));
+  return config;
 }
 
 // How the engine schedules its collectives, shared by train_gpt and the benches.

@@ -130,8 +130,6 @@ settings read(const cli& c, int world_size) {
   if (s.eval_windows == 0 && (s.batch == 0 || s.batch % std::size_t(world_size) != 0))
     fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
   if (s.grad_accum == 0) fail("--grad-accum is 0, expected at least 1");
-  if (s.model.heads == 0 || s.model.dim % s.model.heads != 0)
-    fail(fmt::format("--heads is {}, expected a divisor of --dim {}", s.model.heads, s.model.dim));
   if (s.eval_windows > 0 && s.load.empty()) fail("--eval needs --load FILE (the weights to evaluate)");
   if (!s.resume.empty() && !s.load.empty()) fail("--resume and --load both given: --resume restores the weights too");
   if (s.save_every > 0 && s.save.empty()) fail("--save-every needs --save FILE");
