@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <KokkosBlas1_axpby.hpp>
+
 #include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/fsdp/pack.hpp>
 
@@ -37,8 +39,7 @@ void pack_param(flat_view<const Scalar> unpacked, const shard_mapping& map, std:
 
 template <class Scalar>
 void accumulate_scaled(flat_view<Scalar> destination, flat_view<const Scalar> source, Scalar scale) {
-  Kokkos::parallel_for("kfsdp::accumulate_scaled", range(0, destination.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { destination(i) += scale * source(i); });
+  KokkosBlas::axpy(scale, source, destination);  // destination += scale · source
 }
 
 namespace {
