@@ -80,6 +80,7 @@ cli make_cli() {
       .flag("grad-accum", "1", "micro-batches per step (each of --batch windows)")
       .flag("grad-accum-mode", "unsharded", "unsharded (no_sync: reduce once) | sharded (reduce every micro-batch)")
       .flag("broadcast-from", "", "rank whose initial weights everyone starts from")
+      .flag("gradient-division", "after", "where gradients are divided by the ranks around the SUM: after | before | split (FSDP1)")
       .flag("save", "", "write weights + optimizer state here (safetensors) at the end")
       .flag("save-every", "0", "with --save: also every k steps (0: only at the end)")
       .flag("resume", "", "continue the run saved in this checkpoint (weights, optimizer, step)")
@@ -117,6 +118,7 @@ settings read(const cli& c, int world_size) {
   s.fsdp.sharding_strategy = kfsdp::parse_sharding(c.str("sharding"));
   s.fsdp.bucketing_strategy = kfsdp::parse_bucketing(c.str("bucketing"));
   if (!c.str("broadcast-from").empty()) s.fsdp.broadcast_from = static_cast<int>(c.size("broadcast-from"));
+  s.fsdp.gradient_division = kfsdp::parse_gradient_division(c.str("gradient-division"));
   s.overlap = kfsdp::examples::read_schedule_flags(c, s.fsdp);
   s.trace = c.str("trace");
   s.metrics = c.str("metrics");

@@ -1,6 +1,7 @@
 // bucket_unit<float|double>: one bucket's state machine (see include/kfsdp/fsdp/bucket_unit.hpp).
 #include <stdexcept>
 
+#include <KokkosBlas1_scal.hpp>
 #include <fmt/format.h>
 
 #include <kfsdp/fsdp/bucket_unit.hpp>
@@ -78,7 +79,7 @@ typename bucket_unit<Scalar>::view bucket_unit<Scalar>::grad(unit_context<Scalar
 }
 
 template <class Scalar>
-void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx) {
+void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before) {
   if (grads_ == grad_phase::reducing) wrong_phase("begin its reduce-scatter", to_string(grads_), "none or accumulating");
   if (grads_ == grad_phase::none) (void)grad(ctx, first_param_);  // no gradient reached it: zeros
   const std::size_t shard = ctx.map.rank_shard(bucket_, 0).count;
@@ -89,6 +90,7 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx) {
       kernels::pack_param<Scalar>(full_grads_, ctx.map, p, packed_grads_);
     ctx.pool.release(full_grads_);
   }
+  if (before != Scalar(1)) KokkosBlas::scal(packed_grads_, before, packed_grads_);
   reduced_grads_ = ctx.pool.acquire("kfsdp::reduced_grads", shard);
   Kokkos::fence();
   if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
@@ -98,14 +100,14 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx) {
 }
 
 template <class Scalar>
-void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx, Scalar scale) {
+void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx, Scalar after) {
   if (grads_ != grad_phase::reducing) wrong_phase("finish its reduce-scatter", to_string(grads_), "reducing");
   reduce_pending_.wait();
   grads_ = grad_phase::none;
   if (ctx.trace)
     ctx.trace->complete("reduce_scatter", "comm", trace_recorder::comm_lane, reduce_issued_at_, std::int64_t(bucket_),
                         packed_grads_.extent(0) * sizeof(Scalar));
-  kernels::accumulate_scaled<Scalar>(ctx.grads.bucket(bucket_), reduced_grads_, scale);
+  kernels::accumulate_scaled<Scalar>(ctx.grads.bucket(bucket_), reduced_grads_, after);
   Kokkos::fence();
   ctx.pool.release(reduced_grads_);
   if (packed_grads_.data() == full_grads_.data()) packed_grads_ = view();  // the same buffer: count it once

@@ -14,7 +14,7 @@ namespace {
 std::uint64_t options_fingerprint(const shard_plan& plan, const fsdp_options& o, std::size_t scalar_bytes) {
   std::uint64_t h = fingerprint(plan);
   for (std::uint64_t v : {std::uint64_t(o.sharding_strategy), std::uint64_t(o.broadcast_from.value_or(-1)),
-                          std::uint64_t(scalar_bytes)})
+                          std::uint64_t(o.gradient_division), std::uint64_t(scalar_bytes)})
     h = (h ^ v) * 0x100000001b3ull;
   return h;
 }
@@ -166,14 +166,16 @@ typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_grad(std::size
 template <class Scalar>
 void fsdp_engine<Scalar>::begin_reduce_gradients(std::size_t b) {
   check_bucket(b, "begin_reduce_gradients");
-  if (units_[b].grads() != grad_phase::reducing) units_[b].begin_reduce(context_);
+  const division_factors division = division_of(options_.gradient_division, static_cast<std::size_t>(world_size_));
+  if (units_[b].grads() != grad_phase::reducing) units_[b].begin_reduce(context_, Scalar(division.before));
 }
 
 template <class Scalar>
 void fsdp_engine<Scalar>::finish_reduce_gradients(std::size_t b) {
   check_bucket(b, "finish_reduce_gradients");
   // The average over ranks: as if one process had seen the global batch with a mean loss.
-  if (units_[b].grads() == grad_phase::reducing) units_[b].finish_reduce(context_, Scalar(1) / Scalar(world_size_));
+  const division_factors division = division_of(options_.gradient_division, static_cast<std::size_t>(world_size_));
+  if (units_[b].grads() == grad_phase::reducing) units_[b].finish_reduce(context_, Scalar(division.after));
 }
 
 template <class Scalar>

@@ -61,31 +61,52 @@ TEST_CASE("unsharded parameters are the same under none, layer and block bucketi
   }
 }
 
-TEST_CASE("reduce-scatter of known per-rank gradients gives exactly the average; padding stays zero") {
+TEST_CASE("reduce-scatter of known per-rank gradients gives the average, dividing after, before or split; padding stays zero") {
   comm::mpi world;
   const double ws = world.size();
-  for (bucketing b : every_bucketing) {
-    CAPTURE(to_string(b));
-    fsdp_engine<double> e(make_param_table(thunder_padding{}), world, {.bucketing_strategy = b});
-    for (std::size_t p = 0; p < e.params().size(); ++p) {
-      auto g = e.full_grad(p);
-      const double r = world.rank();
-      Kokkos::parallel_for(g.extent(0), KOKKOS_LAMBDA(std::size_t j) { g(j) = (r + 1) * double(j + 1) + double(p); });
-    }
-    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reduce_gradients(k);
-    CHECK(e.memory().unsharded_now == 0);
-    for (std::size_t p = 0; p < e.params().size(); ++p) {
-      const auto& s = e.plan().params[p];
-      const auto chunk = to_host(e.grads().chunk(p));
-      const std::size_t first = std::size_t(world.rank()) * s.chunk_numel();
-      for (std::size_t k = 0; k < chunk.size(); ++k) {
-        const std::size_t j = first + k;
-        // mean over ranks of (r+1)(j+1) + p = (j+1)(ws+1)/2 + p; zero beyond dim0
-        const double want = j < s.full_numel() ? double(j + 1) * (ws + 1) / 2 + double(p) : 0.0;
-        CHECK(chunk[k] == want);
+  for (gradient_division division : {gradient_division::after, gradient_division::before, gradient_division::split})
+    for (bucketing b : every_bucketing) {
+      CAPTURE(to_string(division));
+      CAPTURE(to_string(b));
+      fsdp_engine<double> e(make_param_table(thunder_padding{}), world,
+                            {.bucketing_strategy = b, .gradient_division = division});
+      for (std::size_t p = 0; p < e.params().size(); ++p) {
+        auto g = e.full_grad(p);
+        const double r = world.rank();
+        Kokkos::parallel_for(g.extent(0), KOKKOS_LAMBDA(std::size_t j) { g(j) = (r + 1) * double(j + 1) + double(p); });
+      }
+      for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reduce_gradients(k);
+      CHECK(e.memory().unsharded_now == 0);
+      for (std::size_t p = 0; p < e.params().size(); ++p) {
+        const auto& s = e.plan().params[p];
+        const auto chunk = to_host(e.grads().chunk(p));
+        const std::size_t first = std::size_t(world.rank()) * s.chunk_numel();
+        for (std::size_t k = 0; k < chunk.size(); ++k) {
+          const std::size_t j = first + k;
+          // mean over ranks of (r+1)(j+1) + p = (j+1)(ws+1)/2 + p; zero beyond dim0
+          const double want = j < s.full_numel() ? double(j + 1) * (ws + 1) / 2 + double(p) : 0.0;
+          if (division == gradient_division::after) CHECK(chunk[k] == want);  // a sum of integers, then one division
+          else CHECK(chunk[k] == doctest::Approx(want).epsilon(1e-15));       // divided terms round
+        }
       }
     }
-  }
+}
+
+TEST_CASE("the division factors: their product is 1 / world size; FSDP1's pre-divide factor") {
+  const double factors[] = {1, 2, 2, 2, 2, 4, 2, 4};  // FSDP1 at 1..8 ranks (not always a divisor: 2 at 3)
+  for (std::size_t w = 1; w <= 8; ++w) CHECK(predivide_factor(w) == factors[w - 1]);
+  CHECK(predivide_factor(16) == 4);
+  CHECK(predivide_factor(1024) == 32);
+  for (gradient_division d : {gradient_division::after, gradient_division::before, gradient_division::split})
+    for (std::size_t w : {1, 2, 3, 8, 1000}) {
+      const division_factors f = division_of(d, w);
+      CHECK(f.before * f.after == doctest::Approx(1.0 / double(w)).epsilon(1e-15));
+    }
+  CHECK(division_of(gradient_division::before, 4).after == 1);
+  CHECK(division_of(gradient_division::after, 4).before == 1);
+  CHECK(parse_gradient_division("split") == gradient_division::split);
+  CHECK_THROWS_WITH(parse_gradient_division("Before"),
+                    "kfsdp: gradient division 'Before' is not one of after, before, split");
 }
 
 TEST_CASE("a parameter with dim0 below the world size: ranks holding only padding work") {

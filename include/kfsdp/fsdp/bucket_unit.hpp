@@ -76,9 +76,11 @@ class bucket_unit {
   // Parameter p's full gradient, accumulated into (none → accumulating; not while reducing: the
   // reduce-scatter may still read the buffer).
   [[nodiscard]] view grad(unit_context<Scalar>& ctx, std::size_t p);
-  void begin_reduce(unit_context<Scalar>& ctx);   // none | accumulating → reducing (no gradient: zeros)
-  // reducing → none: grads += reduced shard · scale (1 / world size: the average over ranks).
-  void finish_reduce(unit_context<Scalar>& ctx, Scalar scale);
+  // none | accumulating → reducing (no gradient: zeros); the packed gradients are multiplied by
+  // `before` first (1: not at all).
+  void begin_reduce(unit_context<Scalar>& ctx, Scalar before = 1);
+  // reducing → none: grads += reduced shard · after (before · after = 1 / world size: the average).
+  void finish_reduce(unit_context<Scalar>& ctx, Scalar after);
 
  private:
   [[nodiscard]] bool single() const noexcept { return param_count_ == 1; }

@@ -32,6 +32,53 @@ inline sharding_strategy parse_sharding(std::string_view text) {
   throw std::invalid_argument("kfsdp: sharding '" + std::string(text) + "' is not one of zero2, zero3");
 }
 
+// Where the average over ranks is taken around the gradients' SUM reduce-scatter. Dividing first
+// keeps a low-precision sum from overflowing at large world sizes; in f32 and f64 all three give the
+// same average to rounding.
+enum class gradient_division {
+  after,   // sum, then ÷ world size
+  before,  // ÷ world size, then sum (Thunder's pre-divide)
+  split,   // ÷ f, sum, ÷ (world size / f), f = predivide_factor(world size) (FSDP1's split)
+};
+
+constexpr std::string_view to_string(gradient_division d) noexcept {
+  switch (d) {
+    case gradient_division::after: return "after";
+    case gradient_division::before: return "before";
+    case gradient_division::split: return "split";
+  }
+  return "?";
+}
+
+inline gradient_division parse_gradient_division(std::string_view text) {
+  for (gradient_division d : {gradient_division::after, gradient_division::before, gradient_division::split})
+    if (text == to_string(d)) return d;
+  throw std::invalid_argument("kfsdp: gradient division '" + std::string(text) + "' is not one of after, before, split");
+}
+
+// FSDP1's pre-divide factor, exactly as FSDP1 computes it: doubled from 1 while it divides the world
+// size and is below world_size / f — about √world_size (1, 2, 2, 4, 4 at 1, 2, 4, 8, 16 ranks; 2 at 3).
+constexpr double predivide_factor(std::size_t world_size) noexcept {
+  std::size_t f = 1;
+  while (world_size % f == 0 && world_size / f > f) f *= 2;  // f divides it here: the quotient is exact
+  return double(f);
+}
+
+// The factors a gradient is multiplied by before and after the SUM: their product is 1 / world_size.
+struct division_factors {
+  double before = 1;
+  double after = 1;
+};
+constexpr division_factors division_of(gradient_division d, std::size_t world_size) noexcept {
+  const double n = double(world_size);
+  switch (d) {
+    case gradient_division::before: return {1 / n, 1};
+    case gradient_division::split: return {1 / predivide_factor(world_size), predivide_factor(world_size) / n};
+    case gradient_division::after: break;
+  }
+  return {1, 1 / n};
+}
+
 struct fsdp_options {
   kfsdp::sharding_strategy sharding_strategy = sharding_strategy::zero2;
   kfsdp::bucketing bucketing_strategy = bucketing::none;
@@ -47,6 +94,8 @@ struct fsdp_options {
   // A unit's gradient reduce-scatters run behind the next unit's backward (true), at the cost of
   // one unit's reduce buffers more in the peak; false finishes them at once (ZeRO3 leanest).
   bool overlap_reduce_scatter = true;
+  // Where the gradients' average over ranks is taken around the SUM (see gradient_division).
+  kfsdp::gradient_division gradient_division = gradient_division::after;
   // Which parts of the model are FSDP units (fsdp/units.hpp): each block by default.
   wrap_options wrap{};
 };
