@@ -43,6 +43,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include <fmt/format.h>
 
 #include <kfsdp/comm/mpi.hpp>
@@ -88,7 +90,15 @@ struct result {
   std::size_t theory_unsharded = 0;  // U above
   std::size_t root_bytes = 0;        // P(0): the root unit, gathered once even under ZeRO3
   std::size_t bytes_per_step = 0;    // measured, the most over timed steps
+  std::vector<double> minor_faults;  // page faults of every timed step (the most over ranks): 0 when nothing is allocated anew
 };
+
+// The minor page faults of this process so far (every thread): a fresh allocation's first touch.
+long minor_faults_so_far() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
 
 cli make_cli() {
   cli c("bench_step", "one training step of the example GPT for every sharding x bucketing (run under mpirun)");
@@ -203,6 +213,7 @@ void bench_one(const settings& s, const kfsdp::io::text_windows& data, kfsdp::co
       comm.barrier();
       engine.reset_peak_memory();
       const std::size_t bytes_before = engine.bytes_communicated();
+      const long faults_before = minor_faults_so_far();
       const auto start = std::chrono::steady_clock::now();
       if (traced)
         region.emplace(trace, fmt::format("step {} {}", kfsdp::to_string(r.sharding), kfsdp::to_string(r.bucketing)),
@@ -211,10 +222,13 @@ void bench_one(const settings& s, const kfsdp::io::text_windows& data, kfsdp::co
           trainer.step(std::span<const batch>(batches), optimizer, 1.0, kfsdp::grad_accumulation::unsharded);
       region.reset();
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double faults = double(minor_faults_so_far() - faults_before);
       if (traced) engine.set_trace(nullptr);
       const double slowest = max_over_ranks(comm, elapsed);
+      const double most_faults = max_over_ranks(comm, faults);
       if (!timed) continue;
       r.seconds.push_back(slowest);
+      r.minor_faults.push_back(most_faults);
       r.loss = out.loss;
       r.bytes_per_step = std::max(r.bytes_per_step, engine.bytes_communicated() - bytes_before);
       const kfsdp::memory_report m = engine.memory();
@@ -258,10 +272,12 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
       bench_one<Scalar>(s, data, comm, combinations[i], trace && last_round ? &*trace : nullptr, results[i]);
       if (root && last_round) {
         const result& r = results[i];
-        fmt::print("  {} / {}: median {:.1f} ms (min {:.1f}, max {:.1f}) over {} steps, loss {:.4f}\n",
+        fmt::print("  {} / {}: median {:.1f} ms (min {:.1f}, max {:.1f}) over {} steps, loss {:.4f}, "
+                   "minor page faults per step: median {:.0f}, max {:.0f}\n",
                    kfsdp::to_string(r.sharding), kfsdp::to_string(r.bucketing), 1e3 * median(r.seconds),
                    1e3 * *std::min_element(r.seconds.begin(), r.seconds.end()),
-                   1e3 * *std::max_element(r.seconds.begin(), r.seconds.end()), r.seconds.size(), r.loss);
+                   1e3 * *std::max_element(r.seconds.begin(), r.seconds.end()), r.seconds.size(), r.loss,
+                   median(r.minor_faults), *std::max_element(r.minor_faults.begin(), r.minor_faults.end()));
         std::fflush(stdout);
       }
     }

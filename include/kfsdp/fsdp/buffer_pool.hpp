@@ -3,8 +3,10 @@
 // full, packed and reduced gradients): allocation, reuse and the byte counts memory() reports.
 //
 // A freed buffer waits for the next request of the same size: a fresh allocation of a large buffer
-// costs page faults on the host and a device malloc on GPUs, every step. Every block of a model has
-// the same sizes, so a step in steady state allocates nothing.
+// costs page faults on the host and a device malloc on GPUs, every step. The buffers kept and those
+// in use never exceed together the most ever in use at once (the oldest kept go first), so the pool
+// costs no memory beyond the step's own peak, and a step in steady state allocates nothing: ZeRO2
+// keeps every bucket's buffers, ZeRO3 about a unit's.
 //
 //   kfsdp::buffer_pool<float> pool;
 //   auto g = pool.acquire("kfsdp::gathered", n);       // not zero-filled: the all-gather writes it all
@@ -26,10 +28,6 @@ class buffer_pool {
   // Buffers that are wholly overwritten skip the zero fill; accumulated ones start at zero.
   enum class fill { zeros, none };
 
-  // At most this many freed buffers wait for reuse: enough for a stage's buckets to swap with the
-  // next stage's of the same sizes, few enough to keep ZeRO3 lean.
-  static constexpr std::size_t max_spare_buffers = 8;
-
   [[nodiscard]] view acquire(const std::string& label, std::size_t numel, fill how = fill::none) {
     view v;
     const auto same_size = std::find_if(spare_.begin(), spare_.end(), [&](const view& s) { return s.extent(0) == numel; });
@@ -43,6 +41,11 @@ class buffer_pool {
     }
     live_bytes_ += bytes(v);
     peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+    most_live_bytes_ = std::max(most_live_bytes_, live_bytes_);
+    while (!spare_.empty() && live_bytes_ + cached_bytes_ > most_live_bytes_) {  // a fresh one came: drop the oldest kept
+      cached_bytes_ -= bytes(spare_.front());
+      spare_.erase(spare_.begin());
+    }
     return v;
   }
 
@@ -54,10 +57,6 @@ class buffer_pool {
     if (v.use_count() == 1) {
       spare_.push_back(v);
       cached_bytes_ += bytes(v);
-      if (spare_.size() > max_spare_buffers) {
-        cached_bytes_ -= bytes(spare_.front());
-        spare_.erase(spare_.begin());
-      }
     }
     v = view();
   }
@@ -73,6 +72,7 @@ class buffer_pool {
   std::vector<view> spare_;
   std::size_t live_bytes_ = 0;
   std::size_t peak_bytes_ = 0;
+  std::size_t most_live_bytes_ = 0;  // peak_bytes_ since the start (reset_peak leaves it)
   std::size_t cached_bytes_ = 0;
 };
 
