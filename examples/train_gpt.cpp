@@ -80,6 +80,8 @@ cli make_cli() {
       .flag("grad-accum", "1", "micro-batches per step (each of --batch windows)")
       .flag("grad-accum-mode", "unsharded", "unsharded (no_sync: reduce once) | sharded (reduce every micro-batch)")
       .flag("broadcast-from", "", "rank whose initial weights everyone starts from")
+      .flag("param-dtype", "scalar", "what the all-gathered parameters travel in: scalar (--dtype) | bf16 | f16")
+      .flag("reduce-dtype", "scalar", "what the gradient reduce-scatters travel in: scalar (--dtype) | bf16 | f16")
       .flag("gradient-division", "after", "where gradients are divided by the ranks around the SUM: after | before | split (FSDP1)")
       .flag("save", "", "write weights + optimizer state here (safetensors) at the end")
       .flag("save-every", "0", "with --save: also every k steps (0: only at the end)")
@@ -119,6 +121,8 @@ settings read(const cli& c, int world_size) {
   s.fsdp.bucketing_strategy = kfsdp::parse_bucketing(c.str("bucketing"));
   if (!c.str("broadcast-from").empty()) s.fsdp.broadcast_from = static_cast<int>(c.size("broadcast-from"));
   s.fsdp.gradient_division = kfsdp::parse_gradient_division(c.str("gradient-division"));
+  s.fsdp.param_dtype = kfsdp::parse_wire_precision(c.str("param-dtype"));
+  s.fsdp.reduce_dtype = kfsdp::parse_wire_precision(c.str("reduce-dtype"));
   s.overlap = kfsdp::examples::read_schedule_flags(c, s.fsdp);
   s.trace = c.str("trace");
   s.metrics = c.str("metrics");

@@ -42,6 +42,30 @@ void accumulate_scaled(flat_view<Scalar> destination, flat_view<const Scalar> so
   KokkosBlas::axpy(scale, source, destination);  // destination += scale · source
 }
 
+template <class Scalar, class Wire>
+void to_wire(flat_view<const Scalar> in, Scalar scale, flat_view<Wire> out) {
+  Kokkos::parallel_for("kfsdp::to_wire", range(0, in.extent(0)),
+                       KOKKOS_LAMBDA(std::size_t i) { out(i) = Wire(float(scale * in(i))); });
+}
+
+template <class Scalar, class Wire>
+void unpack_wire_param(flat_view<const Wire> gathered, const shard_mapping& map, std::size_t p, flat_view<Scalar> unpacked) {
+  for (std::size_t rank = 0; rank < map.world_size(); ++rank) {
+    const index_range to = map.unpacked(p, rank);
+    if (to.count == 0) break;  // this rank and the later ones hold only padding
+    const std::size_t from = map.gathered(p, rank).first, first = to.first;
+    Kokkos::parallel_for("kfsdp::unpack_wire_param", range(0, to.count), KOKKOS_LAMBDA(std::size_t i) {
+      unpacked(first + i) = Scalar(float(gathered(from + i)));
+    });
+  }
+}
+
+template <class Scalar, class Wire>
+void accumulate_wire_scaled(flat_view<Scalar> destination, flat_view<const Wire> source, Scalar scale) {
+  Kokkos::parallel_for("kfsdp::accumulate_wire_scaled", range(0, destination.extent(0)),
+                       KOKKOS_LAMBDA(std::size_t i) { destination(i) += scale * Scalar(float(source(i))); });
+}
+
 namespace {
 // splitmix64: a counter-based generator, so element i's value needs no state but its key.
 KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t z) {
@@ -88,5 +112,15 @@ void fill_init(flat_view<Scalar> out, std::size_t count, std::size_t first_globa
                                   std::size_t, param_init);
 KFSDP_PACK_INSTANTIATE(float)
 KFSDP_PACK_INSTANTIATE(double)
+
+#define KFSDP_WIRE_INSTANTIATE(Scalar, Wire)                                                               \
+  template void to_wire<Scalar, Wire>(flat_view<const Scalar>, Scalar, flat_view<Wire>);                     \
+  template void unpack_wire_param<Scalar, Wire>(flat_view<const Wire>, const shard_mapping&, std::size_t, \
+                                                flat_view<Scalar>);                                        \
+  template void accumulate_wire_scaled<Scalar, Wire>(flat_view<Scalar>, flat_view<const Wire>, Scalar);
+KFSDP_WIRE_INSTANTIATE(float, bf16)
+KFSDP_WIRE_INSTANTIATE(float, f16)
+KFSDP_WIRE_INSTANTIATE(double, bf16)
+KFSDP_WIRE_INSTANTIATE(double, f16)
 
 }  // namespace kfsdp::kernels

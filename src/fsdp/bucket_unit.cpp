@@ -1,4 +1,8 @@
 // bucket_unit<float|double>: one bucket's state machine (see include/kfsdp/fsdp/bucket_unit.hpp).
+//
+// Mixed precision: a collective in bf16 or f16 (the "wire" type) sends a converted copy of the
+// shard and receives into a buffer of the wire type. Those buffers come from the same pool as
+// the Scalar ones, as Scalar views big enough for the wire elements, seen through wire_view.
 #include <stdexcept>
 
 #include <KokkosBlas1_scal.hpp>
@@ -8,6 +12,25 @@
 #include <kfsdp/fsdp/pack.hpp>
 
 namespace kfsdp {
+
+namespace {
+std::size_t wire_bytes(wire_precision wire, std::size_t scalar_bytes) {
+  return wire == wire_precision::scalar ? scalar_bytes : 2;
+}
+
+// Calls f with a value of the wire type (bf16 or f16).
+template <class F>
+void with_wire(wire_precision wire, F&& f) {
+  if (wire == wire_precision::bf16) f(bf16{});
+  else f(f16{});
+}
+
+// The first n elements of a pooled Scalar buffer, as Wire.
+template <class Wire, class Scalar>
+Kokkos::View<Wire*> wire_view(const Kokkos::View<Scalar*>& storage, std::size_t n) {
+  return Kokkos::View<Wire*>(reinterpret_cast<Wire*>(storage.data()), n);
+}
+}  // namespace
 
 template <class Scalar>
 bucket_unit<Scalar>::bucket_unit(std::size_t bucket, const shard_mapping& map)
@@ -22,13 +45,34 @@ void bucket_unit<Scalar>::wrong_phase(const char* transition, std::string_view s
 }
 
 template <class Scalar>
+typename bucket_unit<Scalar>::view bucket_unit<Scalar>::acquire_wire(unit_context<Scalar>& ctx, const char* label,
+                                                                     std::size_t numel, wire_precision wire) {
+  const std::size_t bytes = numel * wire_bytes(wire, sizeof(Scalar));
+  return ctx.pool.acquire(label, (bytes + sizeof(Scalar) - 1) / sizeof(Scalar));
+}
+
+template <class Scalar>
 void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
   if (params_ != param_phase::sharded) wrong_phase("begin its all-gather", to_string(params_), "sharded");
-  const index_range rank_shard = ctx.map.rank_shard(bucket_, 0);
-  gathered_ = ctx.pool.acquire("kfsdp::gathered", rank_shard.count * ctx.map.world_size());
-  if (ctx.trace) gather_issued_at_ = ctx.trace->now();
-  gather_pending_ = ctx.comm.iall_gather(const_span_of(ctx.shards.bucket(bucket_)), span_of(gathered_));
-  ctx.bytes_communicated += gathered_.extent(0) * sizeof(Scalar);
+  const view local = ctx.shards.bucket(bucket_);
+  const std::size_t numel = local.extent(0) * ctx.map.world_size();
+  gathered_as_ = ctx.param_dtype;
+  gathered_ = acquire_wire(ctx, "kfsdp::gathered", numel, gathered_as_);
+  if (gathered_as_ == wire_precision::scalar) {
+    if (ctx.trace) gather_issued_at_ = ctx.trace->now();
+    gather_pending_ = ctx.comm.iall_gather(const_span_of(local), span_of(gathered_));
+  } else {
+    with_wire(gathered_as_, [&]<class Wire>(Wire) {
+      send_ = acquire_wire(ctx, "kfsdp::gather_send", local.extent(0), gathered_as_);
+      const auto send = wire_view<Wire>(send_, local.extent(0));
+      kernels::to_wire<Scalar, Wire>(local, Scalar(1), send);
+      Kokkos::fence();
+      if (ctx.trace) gather_issued_at_ = ctx.trace->now();
+      gather_pending_ = ctx.comm.iall_gather(const_span_of(send), span_of(wire_view<Wire>(gathered_, numel)));
+    });
+  }
+  gather_bytes_ = numel * wire_bytes(gathered_as_, sizeof(Scalar));
+  ctx.bytes_communicated += gather_bytes_;
   params_ = param_phase::gathering;
 }
 
@@ -37,16 +81,25 @@ void bucket_unit<Scalar>::finish_gather(unit_context<Scalar>& ctx) {
   if (params_ != param_phase::gathering) wrong_phase("finish its all-gather", to_string(params_), "gathering");
   gather_pending_.wait();
   params_ = param_phase::unsharded;
+  ctx.pool.release(send_);
   // From issue to the wait's return: with an overlapping backend most of it hides behind compute.
   if (ctx.trace)
     ctx.trace->complete("all_gather", "comm", trace_recorder::comm_lane, gather_issued_at_, std::int64_t(bucket_),
-                        gathered_.extent(0) * sizeof(Scalar));
-  if (single()) return;
+                        gather_bytes_);
+  if (!unpacks()) return;
   const trace_recorder::scope region(ctx.trace, "unpack", "compute", trace_recorder::compute_lane,
                                      std::int64_t(bucket_), 0);
   unpacked_ = ctx.pool.acquire("kfsdp::unpacked", ctx.map.plan().buckets[bucket_].full_numel);
-  for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p)
-    kernels::unpack_param<Scalar>(gathered_, ctx.map, p, unpacked_);
+  if (gathered_as_ == wire_precision::scalar) {
+    for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p)
+      kernels::unpack_param<Scalar>(gathered_, ctx.map, p, unpacked_);
+  } else {
+    with_wire(gathered_as_, [&]<class Wire>(Wire) {
+      const auto gathered = wire_view<Wire>(gathered_, ctx.map.rank_shard(bucket_, 0).count * ctx.map.world_size());
+      for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p)
+        kernels::unpack_wire_param<Scalar, Wire>(gathered, ctx.map, p, unpacked_);
+    });
+  }
   Kokkos::fence();
   ctx.pool.release(gathered_);
 }
@@ -55,6 +108,7 @@ template <class Scalar>
 void bucket_unit<Scalar>::free(unit_context<Scalar>& ctx) {
   gather_pending_.wait();  // never free a buffer a collective still writes
   params_ = param_phase::sharded;
+  ctx.pool.release(send_);
   ctx.pool.release(gathered_);
   ctx.pool.release(unpacked_);
 }
@@ -62,8 +116,8 @@ void bucket_unit<Scalar>::free(unit_context<Scalar>& ctx) {
 template <class Scalar>
 typename bucket_unit<Scalar>::view bucket_unit<Scalar>::param(const unit_context<Scalar>& ctx, std::size_t p) const {
   if (params_ != param_phase::unsharded) wrong_phase("hand out a parameter", to_string(params_), "unsharded");
-  // A one-parameter bucket's gathered buffer is the padded parameter: its real rows come first.
-  return Kokkos::subview(single() ? gathered_ : unpacked_, ctx.map.unpacked(p).pair());
+  // A one-parameter bucket's gathered buffer (in Scalar) is the padded parameter: its real rows come first.
+  return Kokkos::subview(unpacks() ? unpacked_ : gathered_, ctx.map.unpacked(p).pair());
 }
 
 template <class Scalar>
@@ -82,20 +136,38 @@ template <class Scalar>
 void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before) {
   if (grads_ == grad_phase::reducing) wrong_phase("begin its reduce-scatter", to_string(grads_), "none or accumulating");
   if (grads_ == grad_phase::none) (void)grad(ctx, first_param_);  // no gradient reached it: zeros
-  const std::size_t shard = ctx.map.rank_shard(bucket_, 0).count;
+  const std::size_t shard = ctx.map.rank_shard(bucket_, 0).count, numel = shard * ctx.map.world_size();
   packed_grads_ = full_grads_;  // one parameter: already in the padded layout
   if (!single()) {
-    packed_grads_ = ctx.pool.acquire("kfsdp::packed_grads", shard * ctx.map.world_size());
+    packed_grads_ = ctx.pool.acquire("kfsdp::packed_grads", numel);
     for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p)
       kernels::pack_param<Scalar>(full_grads_, ctx.map, p, packed_grads_);
     ctx.pool.release(full_grads_);
   }
-  if (before != Scalar(1)) KokkosBlas::scal(packed_grads_, before, packed_grads_);
-  reduced_grads_ = ctx.pool.acquire("kfsdp::reduced_grads", shard);
-  Kokkos::fence();
-  if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
-  reduce_pending_ = ctx.comm.ireduce_scatter_sum(const_span_of(packed_grads_), span_of(reduced_grads_));
-  ctx.bytes_communicated += packed_grads_.extent(0) * sizeof(Scalar);
+  reduced_as_ = ctx.reduce_dtype;
+  reduced_grads_ = acquire_wire(ctx, "kfsdp::reduced_grads", shard, reduced_as_);
+  if (reduced_as_ == wire_precision::scalar) {
+    if (before != Scalar(1)) KokkosBlas::scal(packed_grads_, before, packed_grads_);
+    Kokkos::fence();
+    if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
+    reduce_pending_ = ctx.comm.ireduce_scatter_sum(const_span_of(packed_grads_), span_of(reduced_grads_));
+  } else {
+    with_wire(reduced_as_, [&]<class Wire>(Wire) {
+      // Divided in Scalar, then rounded once: the wire copy replaces the Scalar one.
+      view wire_packed = acquire_wire(ctx, "kfsdp::packed_grads_wire", numel, reduced_as_);
+      kernels::to_wire<Scalar, Wire>(packed_grads_, before, wire_view<Wire>(wire_packed, numel));
+      Kokkos::fence();
+      if (packed_grads_.data() == full_grads_.data()) packed_grads_ = view();  // the same buffer: release it once
+      ctx.pool.release(packed_grads_);
+      ctx.pool.release(full_grads_);
+      packed_grads_ = wire_packed;
+      if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
+      reduce_pending_ = ctx.comm.ireduce_scatter_sum(const_span_of(wire_view<Wire>(packed_grads_, numel)),
+                                                     span_of(wire_view<Wire>(reduced_grads_, shard)));
+    });
+  }
+  reduce_bytes_ = numel * wire_bytes(reduced_as_, sizeof(Scalar));
+  ctx.bytes_communicated += reduce_bytes_;
   grads_ = grad_phase::reducing;
 }
 
@@ -106,8 +178,15 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx, Scalar after)
   grads_ = grad_phase::none;
   if (ctx.trace)
     ctx.trace->complete("reduce_scatter", "comm", trace_recorder::comm_lane, reduce_issued_at_, std::int64_t(bucket_),
-                        packed_grads_.extent(0) * sizeof(Scalar));
-  kernels::accumulate_scaled<Scalar>(ctx.grads.bucket(bucket_), reduced_grads_, after);
+                        reduce_bytes_);
+  const view shard = ctx.grads.bucket(bucket_);
+  if (reduced_as_ == wire_precision::scalar) {
+    kernels::accumulate_scaled<Scalar>(shard, reduced_grads_, after);
+  } else {
+    with_wire(reduced_as_, [&]<class Wire>(Wire) {
+      kernels::accumulate_wire_scaled<Scalar, Wire>(shard, wire_view<Wire>(reduced_grads_, shard.extent(0)), after);
+    });
+  }
   Kokkos::fence();
   ctx.pool.release(reduced_grads_);
   if (packed_grads_.data() == full_grads_.data()) packed_grads_ = view();  // the same buffer: count it once

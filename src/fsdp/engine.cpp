@@ -14,7 +14,8 @@ namespace {
 std::uint64_t options_fingerprint(const shard_plan& plan, const fsdp_options& o, std::size_t scalar_bytes) {
   std::uint64_t h = fingerprint(plan);
   for (std::uint64_t v : {std::uint64_t(o.sharding_strategy), std::uint64_t(o.broadcast_from.value_or(-1)),
-                          std::uint64_t(o.gradient_division), std::uint64_t(scalar_bytes)})
+                          std::uint64_t(o.gradient_division), std::uint64_t(o.param_dtype),
+                          std::uint64_t(o.reduce_dtype), std::uint64_t(scalar_bytes)})
     h = (h ^ v) * 0x100000001b3ull;
   return h;
 }
@@ -64,6 +65,8 @@ fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_commun
   for (std::size_t p = 0; p < table_.size(); ++p) index_.emplace(std::string(table_[p].name.view()), p);
   shards_ = sharded_storage<Scalar>(plan_, "kfsdp::shards");
   grads_ = sharded_storage<Scalar>(plan_, "kfsdp::grads");
+  context_.param_dtype = options_.param_dtype;
+  context_.reduce_dtype = options_.reduce_dtype;
   units_.reserve(plan_.buckets.size());
   for (std::size_t b = 0; b < plan_.buckets.size(); ++b) units_.emplace_back(b, map_);
 }

@@ -92,6 +92,49 @@ TEST_CASE("reduce-scatter of known per-rank gradients gives the average, dividin
     }
 }
 
+TEST_CASE("mixed precision: parameters gathered in bf16 / f16 are the shards rounded; gradients reduced in them") {
+  comm::mpi world;
+  const double ws = world.size();
+  for (wire_precision wire : {wire_precision::bf16, wire_precision::f16})
+    for (bucketing b : every_bucketing) {
+      CAPTURE(to_string(wire));
+      CAPTURE(to_string(b));
+      const auto rounded = [wire](double x) {
+        return wire == wire_precision::bf16 ? double(float(bf16(float(x)))) : double(float(f16(float(x))));
+      };
+      fsdp_engine<double> e(make_param_table(thunder_padding{}), world,
+                            {.bucketing_strategy = b, .param_dtype = wire, .reduce_dtype = wire});
+      e.initialize(3, all_normal);
+      const std::size_t bytes_before = e.bytes_communicated();
+      for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.unshard(k);
+      CHECK(e.bytes_communicated() - bytes_before == e.plan().shard_numel * std::size_t(ws) * 2);  // 2 bytes an element
+      for (std::size_t p = 0; p < e.params().size(); ++p) {
+        std::vector<double> want = expected_init<double>(e.params()[p], p, 3, all_normal);
+        for (double& x : want) x = rounded(x);
+        CHECK(to_host(e.full_param(p)) == want);
+      }
+      for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reshard(k);
+      // Small integers are exact in both: the sum is exact, the average rounds once, in Scalar.
+      for (std::size_t p = 0; p < e.params().size(); ++p) {
+        auto g = e.full_grad(p);
+        const double r = world.rank();
+        Kokkos::parallel_for(g.extent(0), KOKKOS_LAMBDA(std::size_t j) { g(j) = (r + 1) + double(p + j % 3); });
+      }
+      for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reduce_gradients(k);
+      CHECK(e.memory().unsharded_now == 0);
+      for (std::size_t p = 0; p < e.params().size(); ++p) {
+        const auto& s = e.plan().params[p];
+        const auto chunk = to_host(e.grads().chunk(p));
+        const std::size_t first = std::size_t(world.rank()) * s.chunk_numel();
+        for (std::size_t k = 0; k < chunk.size(); ++k) {
+          const std::size_t j = first + k;
+          const double want = j < s.full_numel() ? (ws + 1) / 2 + double(p + j % 3) : 0.0;
+          CHECK(chunk[k] == doctest::Approx(want).epsilon(1e-15));
+        }
+      }
+    }
+}
+
 TEST_CASE("the division factors: their product is 1 / world size; FSDP1's pre-divide factor") {
   const double factors[] = {1, 2, 2, 2, 2, 4, 2, 4};  // FSDP1 at 1..8 ranks (not always a divisor: 2 at 3)
   for (std::size_t w = 1; w <= 8; ++w) CHECK(predivide_factor(w) == factors[w - 1]);

@@ -18,6 +18,7 @@
 
 #include <kfsdp/comm/any_communicator.hpp>
 #include <kfsdp/fsdp/buffer_pool.hpp>
+#include <kfsdp/fsdp/options.hpp>
 #include <kfsdp/fsdp/storage.hpp>
 #include <kfsdp/fsdp/trace.hpp>
 #include <kfsdp/plan/shard_mapping.hpp>
@@ -54,6 +55,8 @@ struct unit_context {
   sharded_storage<Scalar>& grads;
   trace_recorder* trace = nullptr;
   std::size_t bytes_communicated = 0;  // every collective buffer so far
+  wire_precision param_dtype = wire_precision::scalar;   // what the all-gathers carry
+  wire_precision reduce_dtype = wire_precision::scalar;  // what the reduce-scatters carry
 };
 
 template <class Scalar>
@@ -84,6 +87,10 @@ class bucket_unit {
 
  private:
   [[nodiscard]] bool single() const noexcept { return param_count_ == 1; }
+  // Several parameters, or a wire type to convert from: the gathered buffer is not the parameters.
+  [[nodiscard]] bool unpacks() const noexcept { return !single() || gathered_as_ != wire_precision::scalar; }
+  // A pooled Scalar buffer with room for numel elements of `wire`.
+  [[nodiscard]] view acquire_wire(unit_context<Scalar>& ctx, const char* label, std::size_t numel, wire_precision wire);
   [[noreturn]] void wrong_phase(const char* transition, std::string_view seen, std::string_view expected) const;
 
   std::size_t bucket_;
@@ -91,6 +98,9 @@ class bucket_unit {
   std::size_t param_count_;
   param_phase params_ = param_phase::sharded;
   grad_phase grads_ = grad_phase::none;
+  wire_precision gathered_as_ = wire_precision::scalar;  // what gathered_ holds
+  wire_precision reduced_as_ = wire_precision::scalar;   // what packed_grads_ (once issued) and reduced_grads_ hold
+  view send_;           // the shard converted to the wire type (mixed precision only)
   view gathered_;       // (world_size, S) after the all-gather
   view unpacked_;       // the bucket's full parameters (several parameters only)
   view full_grads_;     // the bucket's full gradients (one parameter: in the padded layout)
@@ -100,6 +110,8 @@ class bucket_unit {
   comm::request reduce_pending_;
   double gather_issued_at_ = 0;  // trace times
   double reduce_issued_at_ = 0;
+  std::size_t gather_bytes_ = 0;  // of the collectives in flight
+  std::size_t reduce_bytes_ = 0;
 };
 
 extern template class bucket_unit<float>;

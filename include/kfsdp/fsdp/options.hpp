@@ -79,6 +79,25 @@ constexpr division_factors division_of(gradient_division d, std::size_t world_si
   return {1, 1 / n};
 }
 
+// The element type a collective carries (mixed precision): `scalar` is the engine's own (no
+// conversion); bf16 and f16 halve the bytes. The master shards and the optimizer stay in Scalar.
+enum class wire_precision { scalar, bf16, f16 };
+
+constexpr std::string_view to_string(wire_precision p) noexcept {
+  switch (p) {
+    case wire_precision::scalar: return "scalar";
+    case wire_precision::bf16: return "bf16";
+    case wire_precision::f16: return "f16";
+  }
+  return "?";
+}
+
+inline wire_precision parse_wire_precision(std::string_view text) {
+  for (wire_precision p : {wire_precision::scalar, wire_precision::bf16, wire_precision::f16})
+    if (text == to_string(p)) return p;
+  throw std::invalid_argument("kfsdp: precision '" + std::string(text) + "' is not one of scalar, bf16, f16");
+}
+
 struct fsdp_options {
   kfsdp::sharding_strategy sharding_strategy = sharding_strategy::zero2;
   kfsdp::bucketing bucketing_strategy = bucketing::none;
@@ -96,6 +115,12 @@ struct fsdp_options {
   bool overlap_reduce_scatter = true;
   // Where the gradients' average over ranks is taken around the SUM (see gradient_division).
   kfsdp::gradient_division gradient_division = gradient_division::after;
+  // Mixed precision (PyTorch's MixedPrecisionPolicy): the all-gathered parameters travel in
+  // param_dtype and are converted back to Scalar as they are unpacked (compute reads Scalar: on
+  // the CPU no BLAS has a bf16 GEMM), so compute sees the parameters rounded to param_dtype; the
+  // gradients are reduce-scattered in reduce_dtype (divided `before` in Scalar, then rounded).
+  wire_precision param_dtype = wire_precision::scalar;
+  wire_precision reduce_dtype = wire_precision::scalar;
   // Which parts of the model are FSDP units (fsdp/units.hpp): each block by default.
   wrap_options wrap{};
 };

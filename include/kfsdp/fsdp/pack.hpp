@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <Kokkos_Core.hpp>
 
+#include <kfsdp/meta/half.hpp>
 #include <kfsdp/plan/shard_mapping.hpp>
 
 namespace kfsdp::kernels {
@@ -33,6 +34,18 @@ void pack_param(flat_view<const Scalar> unpacked, const shard_mapping& map, std:
 // destination[i] += scale · source[i]
 template <class Scalar>
 void accumulate_scaled(flat_view<Scalar> destination, flat_view<const Scalar> source, Scalar scale);
+
+// Mixed precision (Wire = bf16 or f16, the type a collective carries; a double goes through float):
+// out[i] = Wire(scale · in[i])
+template <class Scalar, class Wire>
+void to_wire(flat_view<const Scalar> in, Scalar scale, flat_view<Wire> out);
+// unpack_param, converting each element back to Scalar as it is laid out
+template <class Scalar, class Wire>
+void unpack_wire_param(flat_view<const Wire> gathered, const shard_mapping& map, std::size_t p,
+                       flat_view<Scalar> unpacked);
+// destination[i] += scale · Scalar(source[i])
+template <class Scalar, class Wire>
+void accumulate_wire_scaled(flat_view<Scalar> destination, flat_view<const Wire> source, Scalar scale);
 
 // How a parameter starts: zeros, ones, normal(0, std), or uniform in [−std, std) (std is then the
 // bound), from a counter-based generator keyed by (seed, parameter index, global element index) —
@@ -61,4 +74,14 @@ namespace kfsdp::kernels {
 KFSDP_PACK_EXTERN(float)
 KFSDP_PACK_EXTERN(double)
 #undef KFSDP_PACK_EXTERN
+#define KFSDP_WIRE_EXTERN(Scalar, Wire)                                                                           \
+  extern template void to_wire<Scalar, Wire>(flat_view<const Scalar>, Scalar, flat_view<Wire>);                     \
+  extern template void unpack_wire_param<Scalar, Wire>(flat_view<const Wire>, const shard_mapping&, std::size_t, \
+                                                       flat_view<Scalar>);                                        \
+  extern template void accumulate_wire_scaled<Scalar, Wire>(flat_view<Scalar>, flat_view<const Wire>, Scalar);
+KFSDP_WIRE_EXTERN(float, bf16)
+KFSDP_WIRE_EXTERN(float, f16)
+KFSDP_WIRE_EXTERN(double, bf16)
+KFSDP_WIRE_EXTERN(double, f16)
+#undef KFSDP_WIRE_EXTERN
 }  // namespace kfsdp::kernels
