@@ -53,6 +53,7 @@ struct settings {
   std::string data, save, load, trace, resume, metrics;
   std::size_t save_every = 0;
   std::string backend;
+  std::size_t hybrid_shard = 0;  // ranks per shard group (HSDP); 0: flat
   bool overlap = true;
   kfsdp::trainer_options training;
   kfsdp::gpt_config model;
@@ -82,6 +83,7 @@ cli make_cli() {
       .flag("broadcast-from", "", "rank whose initial weights everyone starts from")
       .flag("param-dtype", "scalar", "what the all-gathered parameters travel in: scalar (--dtype) | bf16 | f16")
       .flag("reduce-dtype", "scalar", "what the gradient reduce-scatters travel in: scalar (--dtype) | bf16 | f16")
+      .flag("hybrid-shard", "0", "HSDP: shard within groups of this many consecutive ranks, replicate across groups (0: flat FSDP)")
       .flag("gradient-division", "after", "where gradients are divided by the ranks around the SUM: after | before | split (FSDP1)")
       .flag("save", "", "write weights + optimizer state here (safetensors) at the end")
       .flag("save-every", "0", "with --save: also every k steps (0: only at the end)")
@@ -121,6 +123,7 @@ settings read(const cli& c, int world_size) {
   s.fsdp.bucketing_strategy = kfsdp::parse_bucketing(c.str("bucketing"));
   if (!c.str("broadcast-from").empty()) s.fsdp.broadcast_from = static_cast<int>(c.size("broadcast-from"));
   s.fsdp.gradient_division = kfsdp::parse_gradient_division(c.str("gradient-division"));
+  s.hybrid_shard = c.size("hybrid-shard");
   s.fsdp.param_dtype = kfsdp::parse_wire_precision(c.str("param-dtype"));
   s.fsdp.reduce_dtype = kfsdp::parse_wire_precision(c.str("reduce-dtype"));
   s.overlap = kfsdp::examples::read_schedule_flags(c, s.fsdp);
@@ -140,6 +143,10 @@ settings read(const cli& c, int world_size) {
   if (!s.resume.empty() && !s.load.empty()) fail("--resume and --load both given: --resume restores the weights too");
   if (s.save_every > 0 && s.save.empty()) fail("--save-every needs --save FILE");
   if (s.eval_windows > 0 && !s.metrics.empty()) fail("--metrics and --eval both given: --eval trains no steps");
+  if (s.hybrid_shard > 0 && std::size_t(world_size) % s.hybrid_shard != 0)
+    fail(fmt::format("--hybrid-shard is {}, expected a divisor of the {} ranks", s.hybrid_shard, world_size));
+  if (s.hybrid_shard > 0 && (!s.save.empty() || !s.resume.empty() || !s.load.empty() || s.backend != "mpi"))
+    fail("--hybrid-shard works with --backend mpi and without --save, --resume or --load for now (checkpoints are flat)");
   return s;
 }
 
@@ -161,13 +168,14 @@ std::string sizing_flags(const settings& s) {
 template <class Scalar>
 kfsdp::memory_need check_fits(const settings& s, kfsdp::comm::mpi& world) {
   const double ws = double(world.size()), bytes = sizeof(Scalar), d = double(s.model.dim), layers = double(s.model.layers);
+  const double shard_ranks = s.hybrid_shard > 0 ? double(s.hybrid_shard) : ws;  // what the parameters are split over
   const std::size_t states = s.optimizer == "adamw" ? 2 : (s.momentum > 0 ? 1 : 0);
   const int node_ranks = world.ranks_on_node();  // collective: once, on every rank, before any verdict
   const double available = kfsdp::available_host_memory() / double(node_ranks);
   double verdict[1] = {0};  // how many ranks the model does not fit
   const auto refuse = [&](const std::string& need) {
     verdict[0] = 1;
-    world.all_reduce_sum(std::span<double>(verdict));
+    kfsdp::comm::all_reduce_sum(world, std::span<double>(verdict));
     throw std::invalid_argument(fmt::format(
         "train_gpt: the model does not fit: it needs {} per rank, and {} of memory is available to each of the {} "
         "ranks on this node; set by {} (more ranks, --sharding zero3, --checkpointing on or smaller sizes need less)",
@@ -175,12 +183,13 @@ kfsdp::memory_need check_fits(const settings& s, kfsdp::comm::mpi& world) {
   };
   // A first bound from the sizes alone, before the parameter table (12·dim² per block) is built.
   const double table_bytes = layers * 16 * 2 * sizeof(kfsdp::param_info);  // the table and the plan, ~16 entries a block
-  const double quick = layers * 12 * d * d * bytes * double(2 + states) / ws + table_bytes;
+  const double quick = layers * 12 * d * d * bytes * double(2 + states) / shard_ranks + table_bytes;
   if (quick > available) refuse(fmt::format("more than {}", kfsdp::format_bytes(quick)));
   kfsdp::memory_need need;
   if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
     const auto table = kfsdp::make_param_table(kfsdp::make_gpt(s.model));
-    const auto plan = kfsdp::make_shard_plan(table, world.size(), s.fsdp.bucketing_strategy);
+    const auto plan = kfsdp::make_shard_plan(table, s.hybrid_shard > 0 ? s.hybrid_shard : std::size_t(world.size()),
+                                             s.fsdp.bucketing_strategy);
     const auto units = kfsdp::make_units(table, plan, s.fsdp.wrap);
     const double block = 18 * d + double(s.model.heads) * double(s.model.seq);
     const double per_token = 2 * ((s.training.checkpointing ? block + layers * d : layers * block) + 2 * double(s.model.vocab));
@@ -188,7 +197,7 @@ kfsdp::memory_need check_fits(const settings& s, kfsdp::comm::mpi& world) {
     need = kfsdp::estimate_memory(plan, units, sizeof(Scalar), states, s.fsdp, per_token * tokens * bytes);
     if (need.total() > available) refuse(kfsdp::describe(need));
   }
-  world.all_reduce_sum(std::span<double>(verdict));
+  kfsdp::comm::all_reduce_sum(world, std::span<double>(verdict));
   if (verdict[0] > 0)
     throw std::invalid_argument(fmt::format("train_gpt: the model does not fit the memory of another rank's node; set by {}",
                                             sizing_flags(s)));
@@ -203,11 +212,21 @@ int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_fil
   const auto model = kfsdp::make_gpt(s.model);
   const std::size_t ws = std::size_t(world.size());
 
+  // HSDP: shard groups of consecutive ranks (a node's, when they fill nodes), and across them the
+  // ranks holding the same shard.
+  const int group = int(s.hybrid_shard);
+  std::optional<kfsdp::comm::mpi> shard_group, replicas;
+  if (group > 0) {
+    shard_group.emplace(world.split(world.rank() / group, world.rank()));
+    replicas.emplace(world.split(world.rank() % group, world.rank()));
+  }
+  kfsdp::comm::mpi& sharding = shard_group ? *shard_group : world;
   // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
-  kfsdp::comm::threaded overlapped(world);
+  kfsdp::comm::threaded overlapped(sharding);
   kfsdp::comm::any_communicator engine_comm = s.overlap ? kfsdp::comm::any_communicator(overlapped)
-                                                        : kfsdp::comm::any_communicator(world);
+                                                        : kfsdp::comm::any_communicator(sharding);
   kfsdp::fsdp_options options = s.fsdp;
+  if (replicas) options.replica_group = kfsdp::comm::any_communicator(*replicas);
 #ifdef KFSDP_HAVE_NCCL
   std::optional<kfsdp::comm::nccl> gpus;
   if (s.backend == "nccl") {
@@ -242,7 +261,7 @@ int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_fil
           totals[1] += double(tokens.size());
         }
       });
-      world.all_reduce_sum(std::span<double>(totals));
+      kfsdp::comm::all_reduce_sum(world, std::span<double>(totals));
       if (root) fmt::print("eval_loss {:.12g}\n", totals[0] / totals[1]);
       return 0;
     }

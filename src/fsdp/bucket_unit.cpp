@@ -180,6 +180,17 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx, Scalar after)
     ctx.trace->complete("reduce_scatter", "comm", trace_recorder::comm_lane, reduce_issued_at_, std::int64_t(bucket_),
                         reduce_bytes_);
   const view shard = ctx.grads.bucket(bucket_);
+  if (ctx.replicas != nullptr && ctx.replicas->size() > 1) {
+    // HSDP: the group's sums, summed over the replicas on the shard (Ψ / group bytes a rank).
+    if (reduced_as_ == wire_precision::scalar) {
+      ctx.replicas->iall_reduce_sum(span_of(reduced_grads_)).wait();
+    } else {
+      with_wire(reduced_as_, [&]<class Wire>(Wire) {
+        ctx.replicas->iall_reduce_sum(span_of(wire_view<Wire>(reduced_grads_, shard.extent(0)))).wait();
+      });
+    }
+    ctx.bytes_communicated += shard.extent(0) * wire_bytes(reduced_as_, sizeof(Scalar));
+  }
   if (reduced_as_ == wire_precision::scalar) {
     kernels::accumulate_scaled<Scalar>(shard, reduced_grads_, after);
   } else {

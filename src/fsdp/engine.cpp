@@ -60,7 +60,14 @@ fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_commun
     plan_ = make_shard_plan(table_, static_cast<std::size_t>(world_size_), options_.bucketing_strategy);
   }
   // Ranks that disagree on the plan would hang in mismatched collectives: fail here instead.
-  comm::check_agreement(comm_, options_fingerprint(plan_, options_, sizeof(Scalar)), "the shard plan and fsdp options");
+  const std::uint64_t fingerprint = options_fingerprint(plan_, options_, sizeof(Scalar));
+  comm::check_agreement(comm_, fingerprint, "the shard plan and fsdp options");
+  if (options_.replica_group) {
+    replica_count_ = options_.replica_group->size();
+    // Every replica of a shard must hold the same plan (and so the same shard-group size).
+    comm::check_agreement(*options_.replica_group, fingerprint, "the shard plan and fsdp options across replicas");
+    context_.replicas = &*options_.replica_group;
+  }
 
   for (std::size_t p = 0; p < table_.size(); ++p) index_.emplace(std::string(table_[p].name.view()), p);
   shards_ = sharded_storage<Scalar>(plan_, "kfsdp::shards");
@@ -169,7 +176,7 @@ typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_grad(std::size
 template <class Scalar>
 void fsdp_engine<Scalar>::begin_reduce_gradients(std::size_t b) {
   check_bucket(b, "begin_reduce_gradients");
-  const division_factors division = division_of(options_.gradient_division, static_cast<std::size_t>(world_size_));
+  const division_factors division = division_of(options_.gradient_division, std::size_t(data_parallel_size()));
   if (units_[b].grads() != grad_phase::reducing) units_[b].begin_reduce(context_, Scalar(division.before));
 }
 
@@ -177,7 +184,7 @@ template <class Scalar>
 void fsdp_engine<Scalar>::finish_reduce_gradients(std::size_t b) {
   check_bucket(b, "finish_reduce_gradients");
   // The average over ranks: as if one process had seen the global batch with a mean loss.
-  const division_factors division = division_of(options_.gradient_division, static_cast<std::size_t>(world_size_));
+  const division_factors division = division_of(options_.gradient_division, std::size_t(data_parallel_size()));
   if (units_[b].grads() == grad_phase::reducing) units_[b].finish_reduce(context_, Scalar(division.after));
 }
 
@@ -190,6 +197,12 @@ bool fsdp_engine<Scalar>::is_reducing(std::size_t b) const {
 template <class Scalar>
 void fsdp_engine<Scalar>::finish_gradient_reductions() {
   for (std::size_t b = 0; b < units_.size(); ++b) finish_reduce_gradients(b);
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::sum_over_ranks(std::span<double> values) {
+  comm::all_reduce_sum(comm_, values);
+  if (options_.replica_group) comm::all_reduce_sum(*options_.replica_group, values);
 }
 
 template <class Scalar>

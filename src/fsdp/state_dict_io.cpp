@@ -57,6 +57,10 @@ class fsdp_engine<Scalar>::state_dict_io {
       e_.pool_.release(packed);
     }
     Kokkos::fence();
+    if (e_.options_.replica_group) {  // HSDP: the first group's shards become every replica's
+      e_.options_.replica_group->ibroadcast(span_of(e_.shards_.flat()), 0).wait();
+      e_.context_.bytes_communicated += e_.shards_.bytes();
+    }
   }
 
   // The first problem with `full` as this model's state dict, or "" when there is none.

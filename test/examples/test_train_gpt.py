@@ -52,6 +52,12 @@ with tempfile.TemporaryDirectory() as tmp:
     for n in (2, 3, 4):
         check(close(losses(run(n, '--steps', '3', '--sharding', 'zero3', '--bucketing', 'layer')), ref, 1e-10),
               f'world size {n} (zero3, layer) trains like world size 1')
+    # HSDP, 4 ranks as 2 shard groups x 2 replicas: the same losses as flat FSDP (and so as 1 rank).
+    for sharding in ('zero2', 'zero3'):
+        for bucketing in ('none', 'layer', 'block'):
+            flags = ('--steps', '3', '--sharding', sharding, '--bucketing', bucketing)
+            check(close(losses(run(4, *flags, '--hybrid-shard', '2')), ref, 1e-10) and
+                  close(losses(run(4, *flags)), ref, 1e-10), f'HSDP 2 x 2 ({sharding}, {bucketing}) trains like flat FSDP at 4 ranks and 1 rank')
     run(3, '--steps', '2', '--save', f('ws3.st'))
     evals = [run(n, '--load', f('ws3.st'), '--eval', '20').split('eval_loss ')[1].split()[0] for n in (1, 2, 4)]
     check(len(set(float(e) for e in evals)) == 1 or close([float(e) for e in evals], [float(evals[0])] * 3, 1e-11),

@@ -57,6 +57,7 @@ struct unit_context {
   std::size_t bytes_communicated = 0;  // every collective buffer so far
   wire_precision param_dtype = wire_precision::scalar;   // what the all-gathers carry
   wire_precision reduce_dtype = wire_precision::scalar;  // what the reduce-scatters carry
+  comm::any_communicator* replicas = nullptr;             // HSDP: the shard's replicas in other groups
 };
 
 template <class Scalar>

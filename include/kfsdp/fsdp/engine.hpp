@@ -98,8 +98,14 @@ class fsdp_engine {
   [[nodiscard]] std::span<const param_info> params() const noexcept { return table_; }
   [[nodiscard]] const fsdp_options& options() const noexcept { return options_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
+  // The ranks of the shard group (the plan's world size; every rank under flat FSDP).
   [[nodiscard]] int world_size() const noexcept { return world_size_; }
   [[nodiscard]] comm::any_communicator& communicator() noexcept { return comm_; }
+  // HSDP: the shard groups (1 under flat FSDP); the gradients are averaged over all their ranks.
+  [[nodiscard]] int replica_count() const noexcept { return replica_count_; }
+  [[nodiscard]] int data_parallel_size() const noexcept { return world_size_ * replica_count_; }
+  // Sums `values` over every rank of every shard group (collective), e.g. a loss.
+  void sum_over_ranks(std::span<double> values);
   // Index of the parameter with this dotted name; throws naming it when there is none.
   [[nodiscard]] std::size_t param_index(std::string_view name) const;
 
@@ -176,6 +182,7 @@ class fsdp_engine {
   fsdp_options options_;
   int rank_ = 0;
   int world_size_ = 1;
+  int replica_count_ = 1;
   shard_plan plan_;
   shard_mapping map_{plan_};
   std::unordered_map<std::string, std::size_t> index_;

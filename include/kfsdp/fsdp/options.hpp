@@ -11,6 +11,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include <kfsdp/comm/any_communicator.hpp>
 #include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/meta/type_list.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
@@ -101,7 +102,8 @@ inline wire_precision parse_wire_precision(std::string_view text) {
 struct fsdp_options {
   kfsdp::sharding_strategy sharding_strategy = sharding_strategy::zero2;
   kfsdp::bucketing bucketing_strategy = bucketing::none;
-  // Rank whose parameters become everyone's before sharding (nullopt: none).
+  // Rank whose parameters become everyone's before sharding (nullopt: none); under HSDP, that
+  // rank of the first shard group (the replica group's rank 0).
   std::optional<int> broadcast_from{};
   // GPU ordinal of the local shards; nullopt: Kokkos' default device (the host on CPU builds).
   std::optional<int> device{};
@@ -121,6 +123,12 @@ struct fsdp_options {
   // gradients are reduce-scattered in reduce_dtype (divided `before` in Scalar, then rounded).
   wire_precision param_dtype = wire_precision::scalar;
   wire_precision reduce_dtype = wire_precision::scalar;
+  // Hybrid sharding (HSDP): the engine's communicator is one shard group, and this one joins the
+  // ranks that hold the same shard in the other groups (e.g. world.split(rank % 8, rank) beside
+  // world.split(rank / 8, rank) for 8 ranks a node). Parameters are sharded within a group and
+  // replicated across groups; gradients are reduce-scattered in the group, then all-reduced over
+  // the replicas on the shard. nullopt: flat FSDP over the engine's communicator.
+  std::optional<comm::any_communicator> replica_group{};
   // Which parts of the model are FSDP units (fsdp/units.hpp): each block by default.
   wrap_options wrap{};
 };

@@ -121,11 +121,11 @@ class trainer_core {
     activation_meter::reset_peak();
     double rows[1] = {0};  // this rank's, then every rank's
     for (const batch& b : micro_batches) rows[0] += double(rows_of(b.inputs));
-    engine_.communicator().all_reduce_sum(std::span<double>(rows));
+    engine_.sum_over_ranks(std::span<double>(rows));
     const double global_rows = rows[0];
     if (global_rows == 0) throw std::invalid_argument("kfsdp::trainer::step: the global batch has no rows");
     // Each rank's loss gradient is scaled so that the engine's average over ranks is the gradient of the global mean.
-    schedule_.grad_scale = Scalar(1) / Scalar(global_rows / double(engine_.world_size()));
+    schedule_.grad_scale = Scalar(1) / Scalar(global_rows / double(engine_.data_parallel_size()));
     double loss_sum = 0;
     for (std::size_t k = 0; k < micro_batches.size(); ++k) {
       const batch& b = micro_batches[k];
@@ -136,8 +136,9 @@ class trainer_core {
       loss_sum += mean * double(rows_of(b.inputs));
     }
     step_result result;
-    double sums[2] = {loss_sum, optim::local_squared_norm(engine_.grads().flat())};
-    engine_.communicator().all_reduce_sum(std::span<double>(sums));
+    // Under HSDP every replica holds the same gradient shards: each adds 1/replicas of its norm.
+    double sums[2] = {loss_sum, optim::local_squared_norm(engine_.grads().flat()) / double(engine_.replica_count())};
+    engine_.sum_over_ranks(std::span<double>(sums));
     result.loss = sums[0] / global_rows;
     result.grad_norm = std::sqrt(sums[1]);
     if (max_norm > 0) {
@@ -164,7 +165,7 @@ class trainer_core {
       sums[0] += forward_loss(b) * double(rows_of(b.inputs));
       sums[1] += double(rows_of(b.inputs));
     }
-    engine_.communicator().all_reduce_sum(std::span<double>(sums));
+    engine_.sum_over_ranks(std::span<double>(sums));
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   }
   double evaluate(std::initializer_list<batch> batches) {
