@@ -145,8 +145,7 @@ settings read(const cli& c, int world_size) {
   if (s.eval_windows > 0 && !s.metrics.empty()) fail("--metrics and --eval both given: --eval trains no steps");
   if (s.hybrid_shard > 0 && std::size_t(world_size) % s.hybrid_shard != 0)
     fail(fmt::format("--hybrid-shard is {}, expected a divisor of the {} ranks", s.hybrid_shard, world_size));
-  if (s.hybrid_shard > 0 && (!s.save.empty() || !s.resume.empty() || !s.load.empty() || s.backend != "mpi"))
-    fail("--hybrid-shard works with --backend mpi and without --save, --resume or --load for now (checkpoints are flat)");
+  if (s.hybrid_shard > 0 && s.backend != "mpi") fail("--hybrid-shard works with --backend mpi only for now");
   return s;
 }
 
@@ -246,7 +245,7 @@ int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_fil
     if (!s.trace.empty()) engine.set_trace(&trace);
     if (s.load.empty())
       trainer.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
-    else if (!kfsdp::io::load_model(s.load, engine, world).contains(std::string(kfsdp::io::header_checksum_key)) &&
+    else if (!kfsdp::io::load_model(s.load, engine, sharding).contains(std::string(kfsdp::io::header_checksum_key)) &&
              world.rank() == 0)
       fmt::print("train_gpt: {} has no kfsdp checksums (a standard safetensors file): its layout was "
                  "checked, its data could not be verified\n", s.load);
@@ -299,12 +298,29 @@ int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_fil
                                                 .shards = optimizer_state()};
       // A tied parameter is stored once, under its owner's name; the metadata says which.
       if (s.model.tie_weights) state.metadata["tied"] = "lm_head.weight=transformer.wte.weight";
-      kfsdp::io::save_checkpoint(s.save, engine, world, state);
+      if (!replicas) {
+        kfsdp::io::save_checkpoint(s.save, engine, world, state);
+        return;
+      }
+      // HSDP: the first shard group writes the (flat) file; the other groups wait for its verdict.
+      std::exception_ptr error;
+      if (replicas->rank() == 0) {
+        try {
+          kfsdp::io::save_checkpoint(s.save, engine, sharding, state);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      if (kfsdp::comm::any_rank(world, error != nullptr)) {
+        if (error) std::rethrow_exception(error);
+        throw std::runtime_error(fmt::format("train_gpt: --save {}: the first shard group could not write it (its ranks say why)",
+                                             s.save));
+      }
     };
     std::size_t first_step = 0;
     if (!s.resume.empty()) {
       kfsdp::io::checkpoint_state<Scalar> state{.metadata = {}, .shards = optimizer_state()};
-      kfsdp::io::load_checkpoint(s.resume, engine, world, state);
+      kfsdp::io::load_checkpoint(s.resume, engine, sharding, state);  // every shard group reads the same file
       // What resuming reads of the metadata, checked with messages that name the key.
       auto key = [&](const std::string& name) -> const std::string& {
         const auto it = state.metadata.find(name);

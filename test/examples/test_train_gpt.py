@@ -58,6 +58,14 @@ with tempfile.TemporaryDirectory() as tmp:
             flags = ('--steps', '3', '--sharding', sharding, '--bucketing', bucketing)
             check(close(losses(run(4, *flags, '--hybrid-shard', '2')), ref, 1e-10) and
                   close(losses(run(4, *flags)), ref, 1e-10), f'HSDP 2 x 2 ({sharding}, {bucketing}) trains like flat FSDP at 4 ranks and 1 rank')
+    # A checkpoint written under HSDP (the first shard group writes) resumes flat at 1, 3 and 4 ranks
+    # and under HSDP again, as the straight HSDP run goes on.
+    hsdp = ('--sharding', 'zero3', '--bucketing', 'block', '--hybrid-shard', '2')
+    hsdp_straight = losses(run(4, '--steps', '6', *hsdp))
+    run(4, '--steps', '3', *hsdp, '--save', f('hsdp.st'))
+    for n, extra in ((1, ()), (3, ()), (4, ()), (4, hsdp)):
+        check(close(losses(run(n, '--steps', '6', '--resume', f('hsdp.st'), *extra)), hsdp_straight[3:], 1e-10),
+              f'a checkpoint written under HSDP 2 x 2 resumes at {n} ranks {"under HSDP" if extra else "flat"}')
     run(3, '--steps', '2', '--save', f('ws3.st'))
     evals = [run(n, '--load', f('ws3.st'), '--eval', '20').split('eval_loss ')[1].split()[0] for n in (1, 2, 4)]
     check(len(set(float(e) for e in evals)) == 1 or close([float(e) for e in evals], [float(evals[0])] * 3, 1e-11),
