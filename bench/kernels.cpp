@@ -7,10 +7,14 @@
 //   sgd / adamw:        the fused optimizer steps of kfsdp::optim against a plain loop with the
 //                       same arithmetic on raw pointers;
 //   gelu:               kfsdp::nn::activation<float> gelu forward + backward (fast_erf) against the
-//                       same kernels with libm's erf and exp (the code before fast_erf), 4M elements.
+//                       same kernels with libm's erf and exp (the code before fast_erf), 4M elements;
+//   roofline:           every kernel of the example GPT's step at train_gpt's shapes (B·T = 512 tokens,
+//                       dim 128, 4 heads, seq 64, vocab 256, 4 layers), forward and backward, as GFLOP/s
+//                       against the sgemm measured in the same run, or as GB/s against memcpy.
 // GB/s counts every byte read or written once (memcpy: 2 per byte; adamw: 4 reads, 3 writes).
 //
 //   build/bench/bench_kernels --min-bytes 65536 --max-bytes 67108864 --repeats 20
+//   OPENBLAS_NUM_THREADS=1 build/bench/bench_kernels --sweep 0 --repeats 50    # the roofline table only
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
@@ -32,6 +36,11 @@
 #include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/environment.hpp>
 #include <kfsdp/nn/activation.hpp>
+#include <kfsdp/nn/attention.hpp>
+#include <kfsdp/nn/cross_entropy.hpp>
+#include <kfsdp/nn/embedding.hpp>
+#include <kfsdp/nn/layer_norm.hpp>
+#include <kfsdp/nn/linear.hpp>
 #include <kfsdp/fsdp/pack.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/sgd.hpp>
@@ -45,6 +54,7 @@ struct bench_options {
   std::size_t min_bytes = 64 * 1024;
   std::size_t max_bytes = 64 * 1024 * 1024;
   std::size_t repeats = 20;
+  std::size_t sweep = 1;  // 0: the roofline table only
 };
 
 bench_options parse_options(int argc, char** argv) {
@@ -60,7 +70,8 @@ bench_options parse_options(int argc, char** argv) {
     if (flag == "--min-bytes") options.min_bytes = value;
     else if (flag == "--max-bytes") options.max_bytes = value;
     else if (flag == "--repeats") options.repeats = value;
-    else throw std::invalid_argument(fmt::format("unknown flag {} (flags: --min-bytes, --max-bytes, --repeats)", flag));
+    else if (flag == "--sweep") options.sweep = value;
+    else throw std::invalid_argument(fmt::format("unknown flag {} (flags: --min-bytes, --max-bytes, --repeats, --sweep)", flag));
   }
   if (options.repeats == 0) throw std::invalid_argument("--repeats is 0, expected >= 1");
   if (options.min_bytes < 64) throw std::invalid_argument("--min-bytes is below 64");
@@ -219,6 +230,173 @@ void bench_gelu(std::size_t numel, std::size_t repeats) {
              fast_seconds / libm_seconds, elements / fast_seconds, elements / libm_seconds);
 }
 
+// The roofline of the example GPT's step: each kernel at train_gpt's shapes, its rate against the
+// sgemm and the memcpy measured here, in this run (both single-threaded with OPENBLAS_NUM_THREADS=1).
+namespace roofline {
+
+using matrix = kfsdp::nn::matrix<float>;
+using vector = kfsdp::nn::vector<float>;
+using tensors_of_linear = kfsdp::nn::linear_tensors<float>;
+
+constexpr int tokens = 512, dim = 128, heads = 4, seq = 64, vocab = 256, layers = 4;
+
+matrix random_matrix(const char* label, int rows, int cols, std::uint64_t seed) {
+  matrix m(std::string(label), rows, cols);
+  Kokkos::parallel_for("fill", Kokkos::MDRangePolicy<Kokkos::Rank<2>>({0, 0}, {rows, cols}), KOKKOS_LAMBDA(int r, int c) {
+    // A small integer hash to [-1, 1): the values only need to be ordinary floats.
+    const auto mixed = std::uint32_t(r * 7919 + c * 104729 + int(seed) * 15485863) * 2654435761U;
+    m(r, c) = float(mixed >> 8) / float(1U << 23) - 1.0F;
+  });
+  return m;
+}
+
+struct reference_rates {
+  double sgemm_flops;     // per second, 512×128 · 128×384 (c_attn's product)
+  double memcpy_bytes;    // per second, read + write, 1 MiB (the size of a [512, 512] activation)
+};
+
+void print_header(const reference_rates& ref) {
+  fmt::print("\n# roofline: train_gpt's shapes (tokens {}, dim {}, heads {}, seq {}, vocab {}); median of the repeats\n",
+             tokens, dim, heads, seq, vocab);
+  fmt::print("# sgemm 512x128*128x384: {:.2f} GFLOP/s; memcpy 1 MiB: {:.2f} GB/s (read + write)\n",
+             ref.sgemm_flops / 1e9, ref.memcpy_bytes / 1e9);
+  fmt::print("{:<26} {:>9} {:>8} {:>10} {:>8} {:>10} {:>9}\n", "kernel", "ms", "GFLOP/s", "%sgemm", "GB/s", "%memcpy",
+             "step_ms");
+}
+
+// flops or bytes 0: not counted (the kernel is bound by the other). per_step: calls per training step.
+void print_kernel(std::string_view name, double seconds, double flops, double bytes, int per_step,
+                  const reference_rates& ref) {
+  const auto cell = [](double value, double reference, double scale) {
+    return value > 0 ? fmt::format("{:.2f}", value / reference * scale) : std::string("-");
+  };
+  fmt::print("{:<26} {:>9.4f} {:>8} {:>10} {:>8} {:>10} {:>9.3f}\n", name, seconds * 1e3, cell(flops / seconds, 1e9, 1),
+             cell(flops / seconds, ref.sgemm_flops, 100), cell(bytes / seconds, 1e9, 1),
+             cell(bytes / seconds, ref.memcpy_bytes, 100), seconds * 1e3 * per_step);
+}
+
+reference_rates measure_references(std::size_t repeats) {
+  // A linear layer without bias is one sgemm (KokkosBlas::gemm, "N", "T", beta 0) after its shape checks.
+  const kfsdp::nn::linear<float> sgemm{std::size_t(dim), std::size_t(3 * dim), /*has_bias=*/false};
+  const matrix a = random_matrix("a", tokens, dim, 1), b = random_matrix("b", 3 * dim, dim, 2);
+  const matrix c("c", tokens, 3 * dim);
+  kfsdp::nn::linear<float>::cache cache;
+  const double gemm = median_seconds(repeats, [&] { sgemm.forward({b}, a, c, cache); });
+  const view source = filled("source", 256 * 1024, 1.0F), target = filled("target", 256 * 1024, 0.0F);
+  const double copy = median_seconds(repeats, [&] { Kokkos::deep_copy(target, source); });
+  return {2.0 * tokens * dim * 3 * dim / gemm, 2.0 * double(source.span()) * sizeof(float) / copy};
+}
+
+void bench_linear(std::string_view name, int in, int out, int per_step, std::size_t repeats, const reference_rates& ref) {
+  const kfsdp::nn::linear<float> layer{std::size_t(in), std::size_t(out)};
+  const matrix weight = random_matrix("weight", out, in, 3), weight_grad("weight_grad", out, in);
+  const vector bias("bias", std::size_t(out)), bias_grad("bias_grad", std::size_t(out));
+  const matrix x = random_matrix("x", tokens, in, 4), y("y", tokens, out), dy = random_matrix("dy", tokens, out, 5);
+  const matrix dx("dx", tokens, in);
+  kfsdp::nn::linear<float>::cache cache;
+  const kfsdp::nn::linear<float>::params params{weight, bias};
+  const tensors_of_linear grads{weight_grad, bias_grad};
+  const double forward = median_seconds(repeats, [&] { layer.forward(params, x, y, cache); });
+  const double backward = median_seconds(repeats, [&] { layer.backward(params, grads, cache, dy, dx); });
+  const double product = 2.0 * tokens * in * out;
+  print_kernel(fmt::format("{} fwd {}->{}", name, in, out), forward, product, 0, per_step, ref);
+  print_kernel(fmt::format("{} bwd {}->{}", name, in, out), backward, 2 * product, 0, per_step, ref);
+}
+
+void bench_attention(std::size_t repeats, const reference_rates& ref) {
+  kfsdp::nn::causal_self_attention<float> attention(dim, heads, seq);
+  const matrix qkv = random_matrix("qkv", tokens, 3 * dim, 6), y("y", tokens, dim);
+  const matrix dy = random_matrix("dy", tokens, dim, 7), dqkv("dqkv", tokens, 3 * dim);
+  auto cache = attention.make_cache(tokens);
+  const double forward = median_seconds(repeats, [&] { attention.forward({}, qkv, y, cache); });
+  const double backward = median_seconds(repeats, [&] { attention.backward({}, {}, cache, dy, dqkv); });
+  // The full T×T products per (window, head), as the GEMMs compute them (the causal half is half of that).
+  const double product = 2.0 * (tokens / seq) * heads * seq * seq * (dim / heads);
+  print_kernel("attention fwd", forward, 2 * product, 0, layers, ref);
+  print_kernel("attention bwd", backward, 4 * product, 0, layers, ref);
+}
+
+void bench_layer_norm(std::size_t repeats, const reference_rates& ref) {
+  const kfsdp::nn::layer_norm<float> norm(dim);
+  const vector weight("weight", dim), bias("bias", dim), weight_grad("weight_grad", dim), bias_grad("bias_grad", dim);
+  Kokkos::deep_copy(weight, 1.0F);
+  const matrix x = random_matrix("x", tokens, dim, 8), y("y", tokens, dim), dy = random_matrix("dy", tokens, dim, 9);
+  const matrix dx("dx", tokens, dim);
+  auto cache = norm.make_cache(tokens);
+  const kfsdp::nn::layer_norm<float>::params params{weight, bias};
+  const kfsdp::nn::layer_norm<float>::grads grads{weight_grad, bias_grad};
+  const double forward = median_seconds(repeats, [&] { norm.forward(params, x, y, cache); });
+  const double backward = median_seconds(repeats, [&] { norm.backward(params, grads, cache, dy, dx); });
+  const double activation = double(tokens) * dim * sizeof(float);
+  print_kernel("layer_norm fwd", forward, 0, 2 * activation, 2 * layers + 1, ref);   // x in, y out
+  print_kernel("layer_norm bwd", backward, 0, 3 * activation, 2 * layers + 1, ref);  // x, dy in, dx out
+}
+
+void bench_gelu(std::size_t repeats, const reference_rates& ref) {
+  const kfsdp::nn::activation<float> gelu(kfsdp::nn::activation_kind::gelu, 4 * dim);
+  const matrix x = random_matrix("x", tokens, 4 * dim, 10), y("y", tokens, 4 * dim);
+  const matrix dy = random_matrix("dy", tokens, 4 * dim, 11), dx("dx", tokens, 4 * dim);
+  const double forward = median_seconds(repeats, [&] { gelu.forward(x, y); });
+  const double backward = median_seconds(repeats, [&] { gelu.backward(x, dy, dx); });
+  const double activation = double(tokens) * 4 * dim * sizeof(float);
+  print_kernel("gelu fwd [512, 512]", forward, 0, 2 * activation, layers, ref);
+  print_kernel("gelu bwd [512, 512]", backward, 0, 3 * activation, layers, ref);
+}
+
+void bench_cross_entropy(std::size_t repeats, const reference_rates& ref) {
+  const kfsdp::nn::cross_entropy<float> loss(vocab);
+  const matrix logits = random_matrix("logits", tokens, vocab, 12), dlogits("dlogits", tokens, vocab);
+  const kfsdp::nn::index_vector targets("targets", tokens);
+  Kokkos::parallel_for("targets", tokens, KOKKOS_LAMBDA(int n) { targets(n) = (n * 37) % vocab; });
+  auto cache = loss.make_cache(tokens);
+  const double forward = median_seconds(repeats, [&] { (void)loss.forward(logits, targets, cache); });
+  const double backward = median_seconds(repeats, [&] { loss.backward(cache, 1.0F, dlogits); });
+  const double all_logits = double(tokens) * vocab * sizeof(float);
+  print_kernel("cross_entropy fwd", forward, 0, all_logits, 1, ref);
+  print_kernel("cross_entropy bwd", backward, 0, 2 * all_logits, 1, ref);
+}
+
+void bench_embedding(std::size_t repeats, const reference_rates& ref) {
+  const kfsdp::nn::embedding<float> table(vocab, dim);
+  const matrix weight = random_matrix("weight", vocab, dim, 13), weight_grad("weight_grad", vocab, dim);
+  const matrix y("y", tokens, dim), dy = random_matrix("dy", tokens, dim, 14);
+  const kfsdp::nn::index_vector ids("ids", tokens);
+  Kokkos::parallel_for("ids", tokens, KOKKOS_LAMBDA(int n) { ids(n) = (n * 37) % vocab; });
+  kfsdp::nn::embedding<float>::cache cache;
+  const double forward = median_seconds(repeats, [&] { table.forward({weight}, ids, y, cache); });
+  const double backward = median_seconds(repeats, [&] { table.backward({weight_grad}, cache, dy); });
+  const double rows = double(tokens) * dim * sizeof(float);
+  print_kernel("embedding fwd", forward, 0, 2 * rows, 2, ref);   // rows gathered, y written
+  print_kernel("embedding bwd", backward, 0, 3 * rows, 2, ref);  // dy read, weight rows read and written
+}
+
+void bench_adamw_shard(std::size_t repeats, const reference_rates& ref) {
+  constexpr std::size_t parameters = 867072;  // train_gpt's parameters at these shapes, one rank
+  const view params = filled("params", parameters, 1.0F), grads = filled("grads", parameters, 1e-3F);
+  const view exp_avg = filled("exp_avg", parameters, 0.0F), exp_avg_sq = filled("exp_avg_sq", parameters, 0.0F);
+  const kfsdp::optim::adamw_options options{};
+  const double seconds = median_seconds(repeats, [&] { kfsdp::optim::adamw_step<float>(params, grads, exp_avg, exp_avg_sq, options, 10); });
+  print_kernel("adamw 867072 params", seconds, 0, 7.0 * parameters * sizeof(float), 1, ref);
+}
+
+void run(std::size_t repeats) {
+  const reference_rates ref = measure_references(repeats);
+  print_header(ref);
+  bench_linear("c_attn", dim, 3 * dim, layers, repeats, ref);
+  bench_linear("attn c_proj", dim, dim, layers, repeats, ref);
+  bench_linear("mlp c_fc", dim, 4 * dim, layers, repeats, ref);
+  bench_linear("mlp c_proj", 4 * dim, dim, layers, repeats, ref);
+  bench_linear("lm_head", dim, vocab, 1, repeats, ref);
+  bench_attention(repeats, ref);
+  bench_layer_norm(repeats, ref);
+  bench_gelu(repeats, ref);
+  bench_cross_entropy(repeats, ref);
+  bench_embedding(repeats, ref);
+  bench_adamw_shard(repeats, ref);
+}
+
+}  // namespace roofline
+
 int run(int argc, char** argv) {
   const bench_options options = parse_options(argc, argv);
   fmt::print("# bench_kernels: float, Kokkos {}; median of {} repeats (fewer above 4 MiB); "
@@ -226,7 +404,7 @@ int run(int argc, char** argv) {
              Kokkos::DefaultExecutionSpace::name(), options.repeats);
   fmt::print("{:<18} {:>11} {:>10} {:>10} {:>7} {:>9} {:>9}\n", "kernel", "bytes", "kfsdp_ms", "plain_ms",
              "ratio", "kfsdp_GB/s", "plain_GB/s");
-  for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 4) {
+  for (std::size_t bytes = options.min_bytes; options.sweep != 0 && bytes <= options.max_bytes; bytes *= 4) {
     constexpr std::size_t full_repeats_up_to = 4 * 1024 * 1024;
     const std::size_t repeats = bytes <= full_repeats_up_to
                                     ? options.repeats
@@ -240,7 +418,8 @@ int run(int argc, char** argv) {
       bench_adamw(numel, repeats);
     }
   }
-  bench_gelu(4 * 1024 * 1024, options.repeats);
+  if (options.sweep != 0) bench_gelu(4 * 1024 * 1024, options.repeats);
+  roofline::run(options.repeats);
   return 0;
 }
 

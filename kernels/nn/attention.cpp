@@ -1,7 +1,243 @@
-// Explicit instantiations of kfsdp::nn::causal_self_attention for float and double.
-#include <kfsdp/nn/detail/attention_impl.hpp>
+// kfsdp::nn::causal_self_attention: the kernel bodies and their explicit instantiations for float and double
+// (the declarations are in include/kfsdp/nn/attention.hpp).
+
+#include <kfsdp/nn/attention.hpp>
+#include <kfsdp/detail/kokkos_math.hpp>
+#include <kfsdp/nn/detail/gemm.hpp>
+
+#include <string>
 
 namespace kfsdp::nn {
+
+namespace detail {
+
+// The shape of the attention kernels: windows B, heads H, positions T, dim D, head_dim hd = D / H.
+// A head-major buffer holds parts of [B·T, parts·D] split per head: heads(part, b·H + h, t, c)
+// is column part·D + h·hd + c of row b·T + t, so that every (part, window, head) is one
+// contiguous row-major [T, hd] matrix for BLAS. Worked example, D = 4, H = 2 (hd = 2), T = 3:
+//   qkv row 4 = (b 1, t 1), column 7 = k part (1), head 1, c 1  ->  heads(1, 1·2 + 1, 1, 1).
+struct attention_shape {
+  int windows, heads, seq, dim, head_dim;
+
+  attention_shape(std::size_t windows_, std::size_t heads_, std::size_t seq_, std::size_t dim_)
+      : windows(int(windows_)), heads(int(heads_)), seq(int(seq_)), dim(int(dim_)), head_dim(int(dim_ / heads_)) {
+    // The kernels index in int: 3 parts (q, k, v) × the (window, head, position) range must fit.
+    const auto what = [] { return "causal_self_attention: (part, window, head, position) range"; };
+    check_int_extent("causal_self_attention", "the (part, window, head, position) range", "threads",
+                     checked_mul(checked_mul(checked_mul(3, windows_, what), heads_, what), seq_, what));
+    check_int_extent("causal_self_attention", "qkv", "columns", checked_mul(3, dim_, [] { return "causal_self_attention: qkv columns"; }));
+  }
+  [[nodiscard]] int score_rows() const { return windows * heads * seq; }
+};
+
+// One thread per (row, part, head) copies a run of head_dim contiguous elements either way between
+// rows [B·T, parts·D] and the head-major heads(first_part + part, b·H + h, t, 0 .. hd).
+template <class Scalar, bool to_heads, class Rows, class Heads>
+void copy_heads(const char* label, const attention_shape& shape, const Rows& rows, const Heads& heads, int first_part) {
+  const int seq = shape.seq, dim = shape.dim, head_dim = shape.head_dim, nheads = shape.heads;
+  const int parts = int(rows.extent(1)) / dim;
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<execution_space>(0, int(rows.extent(0)) * parts * nheads), KOKKOS_LAMBDA(int index) {
+        const int row = index / (parts * nheads), part = (index / nheads) % parts, h = index % nheads;
+        const int b = row / seq, t = row % seq, first_col = part * dim + h * head_dim;
+        Scalar* head_row = &heads(first_part + part, b * nheads + h, t, 0);
+        if constexpr (to_heads)
+          for (int c = 0; c < head_dim; ++c) head_row[c] = rows(row, first_col + c);
+        else
+          for (int c = 0; c < head_dim; ++c) rows(row, first_col + c) = head_row[c];
+      });
+}
+
+// heads(first_part + p, ...) = the per-head split of part p of rows [B·T, parts·D].
+template <class Scalar>
+void split_heads(const attention_shape& shape, const_matrix<Scalar> rows, tensor4<Scalar> heads, int first_part) {
+  copy_heads<Scalar, true>("kfsdp::nn::attention_split_heads", shape, rows, heads, first_part);
+}
+
+// The inverse of split_heads: part p of rows [B·T, parts·D] = heads(first_part + p, ...).
+template <class Scalar>
+void merge_heads(const attention_shape& shape, tensor4<Scalar> heads, int first_part, matrix<Scalar> rows) {
+  copy_heads<Scalar, false>("kfsdp::nn::attention_merge_heads", shape, rows, heads, first_part);
+}
+
+// One thread per score row (b, h, t): softmax over the keys s <= t in place, 0 above the diagonal.
+template <class Scalar>
+void causal_softmax_rows(const attention_shape& shape, tensor4<Scalar> scores) {
+  const int seq = shape.seq, nheads = shape.heads;
+  Kokkos::parallel_for(
+      "kfsdp::nn::attention_causal_softmax", Kokkos::RangePolicy<execution_space>(0, shape.score_rows()),
+      KOKKOS_LAMBDA(int index) {
+        const int t = index % seq, h = (index / seq) % nheads, b = index / (seq * nheads);
+        Scalar max_score = scores(b, h, t, 0);
+        for (int s = 1; s <= t; ++s) max_score = scores(b, h, t, s) > max_score ? scores(b, h, t, s) : max_score;
+        Scalar sum = 0;
+        for (int s = 0; s <= t; ++s) {
+          const Scalar e = math::exp(scores(b, h, t, s) - max_score);
+          scores(b, h, t, s) = e;
+          sum += e;
+        }
+        const Scalar inv_sum = Scalar(1) / sum;
+        for (int s = 0; s <= t; ++s) scores(b, h, t, s) *= inv_sum;
+        for (int s = t + 1; s < seq; ++s) scores(b, h, t, s) = 0;
+      });
+}
+
+// One thread per score row (b, h, t), dp = dy_t · v_s in, dscore out:
+//   dscore_ts = p_ts (dp_ts − Σ_{s' <= t} p_ts' dp_ts') for s <= t, 0 above the diagonal.
+template <class Scalar>
+void softmax_backward_rows(const attention_shape& shape, tensor4<const Scalar> probs, tensor4<Scalar> dscores) {
+  const int seq = shape.seq, nheads = shape.heads;
+  Kokkos::parallel_for(
+      "kfsdp::nn::attention_softmax_backward", Kokkos::RangePolicy<execution_space>(0, shape.score_rows()),
+      KOKKOS_LAMBDA(int index) {
+        const int t = index % seq, h = (index / seq) % nheads, b = index / (seq * nheads);
+        Scalar weighted = 0;
+        for (int s = 0; s <= t; ++s) weighted += probs(b, h, t, s) * dscores(b, h, t, s);
+        for (int s = 0; s <= t; ++s) dscores(b, h, t, s) = probs(b, h, t, s) * (dscores(b, h, t, s) - weighted);
+        for (int s = t + 1; s < seq; ++s) dscores(b, h, t, s) = 0;
+      });
+}
+
+// The [T, hd] or [T, T] matrix of one (part or window, head) of a head-major buffer: contiguous, row-major.
+template <class Scalar>
+matrix<Scalar> block(const tensor4<Scalar>& t, int first, int second) {
+  return Kokkos::subview(t, first, second, Kokkos::ALL, Kokkos::ALL);
+}
+
+}  // namespace detail
+
+template <class Scalar>
+causal_self_attention<Scalar>::causal_self_attention(std::size_t dim, std::size_t heads,
+                                                     std::size_t seq_len)
+    : dim_(dim), heads_(heads), seq_len_(seq_len) {
+  if (heads == 0 || dim % heads != 0)
+    throw std::invalid_argument("causal_self_attention: heads = " + std::to_string(heads) +
+                                " must divide dim = " + std::to_string(dim));
+  if (seq_len == 0) throw std::invalid_argument("causal_self_attention: seq_len must be > 0");
+  (void)checked_mul(3, dim, [] { return "causal_self_attention: in_features (3 · dim)"; });
+  (void)detail::checked_numel("causal_self_attention", "a window's probabilities", {heads, seq_len, seq_len}, sizeof(Scalar));
+}
+
+template <class Scalar>
+std::size_t causal_self_attention<Scalar>::windows(const char* where, std::size_t rows) const {
+  if (rows % seq_len_ != 0)
+    throw std::invalid_argument(std::string(where) + ": rows = " + std::to_string(rows) +
+                                " is not a multiple of seq_len = " + std::to_string(seq_len_));
+  return rows / seq_len_;
+}
+
+// [batch, heads, seq, seq], its element and byte counts checked before Kokkos multiplies them.
+template <class Scalar>
+tensor4<Scalar> causal_self_attention<Scalar>::make_scores(const char* where, const char* label, std::size_t batch,
+                                                           bool initialize) const {
+  (void)detail::checked_numel(where, label, {batch, heads_, seq_len_, seq_len_}, sizeof(Scalar));
+  if (initialize) return tensor4<Scalar>(Kokkos::view_alloc(std::string(label)), batch, heads_, seq_len_, seq_len_);
+  return tensor4<Scalar>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), batch, heads_, seq_len_, seq_len_);
+}
+
+template <class Scalar>
+typename causal_self_attention<Scalar>::cache causal_self_attention<Scalar>::make_cache(
+    std::size_t rows) const {
+  const char* where = "causal_self_attention::make_cache";
+  cache c;
+  c.probs = make_scores(where, "kfsdp::nn::attention::probs", windows(where, rows), true);
+  return c;
+}
+
+// [parts, B·H, T, hd]: `parts` head-major matrices per (window, head), allocated once per batch size.
+template <class Scalar>
+void causal_self_attention<Scalar>::ensure_heads(const char* where, const char* label, tensor4<Scalar>& heads,
+                                                 std::size_t parts, std::size_t batch) const {
+  const std::size_t window_heads = checked_mul(batch, heads_, [&] { return std::string(where) + ": " + label + " windows · heads"; });
+  if (heads.extent(0) == parts && heads.extent(1) == window_heads) return;
+  (void)detail::checked_numel(where, label, {parts, window_heads, seq_len_, dim_ / heads_}, sizeof(Scalar));
+  heads = tensor4<Scalar>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), parts, window_heads,
+                          seq_len_, dim_ / heads_);
+}
+
+// Per (window b, head h), with the head-major parts q, k, v, y of heads_:
+//   probs(b, h) = causal_softmax(scale · q kᵀ)   [T, T], a GEMM then a kernel over the rows
+//   y           = probs(b, h) · v                 [T, hd], a GEMM (the zeros above the diagonal add nothing)
+template <class Scalar>
+void causal_self_attention<Scalar>::forward(const params&, const_matrix<Scalar> qkv,
+                                            matrix<Scalar> y, cache& c) const {
+  const char* where = "causal_self_attention::forward";
+  const std::size_t rows = qkv.extent(0);
+  const std::size_t batch = windows(where, rows);
+  detail::check_matrix(where, "qkv", qkv, rows, in_features());
+  detail::check_matrix(where, "y", y, rows, dim_);
+  if (c.probs.extent(0) != batch) c = make_cache(rows);
+  c.qkv = qkv;
+  if (rows == 0) return;
+  const detail::attention_shape shape(batch, heads_, seq_len_, dim_);
+  constexpr int q = 0, k = 1, v = 2, out = 3;
+  ensure_heads(where, "kfsdp::nn::attention::heads", heads_scratch_, 4, batch);
+  detail::split_heads<Scalar>(shape, qkv, heads_scratch_, q);
+  const Scalar scale = Scalar(1) / math::sqrt(Scalar(dim_ / heads_));
+  for (int b = 0; b < shape.windows; ++b)
+    for (int h = 0; h < shape.heads; ++h) {
+      const int bh = b * shape.heads + h;
+      detail::gemm<Scalar>("N", "T", scale, detail::block(heads_scratch_, q, bh), detail::block(heads_scratch_, k, bh),
+                           Scalar(0), detail::block(c.probs, b, h));
+    }
+  detail::causal_softmax_rows<Scalar>(shape, c.probs);
+  for (int b = 0; b < shape.windows; ++b)
+    for (int h = 0; h < shape.heads; ++h) {
+      const int bh = b * shape.heads + h;
+      detail::gemm<Scalar>("N", "N", Scalar(1), detail::block(c.probs, b, h), detail::block(heads_scratch_, v, bh),
+                           Scalar(0), detail::block(heads_scratch_, out, bh));
+    }
+  detail::merge_heads<Scalar>(shape, heads_scratch_, out, y);
+}
+
+// Per (window b, head h), P = probs(b, h), with q, k, v, dy split per head:
+//   dP = dy vᵀ,  dS = P ∘ (dP − rowsum(P ∘ dP)) (a kernel over the rows),
+//   dq = scale · dS k,  dk = scale · dSᵀ q,  dv = Pᵀ dy   (GEMMs; no atomics, no shared writes)
+template <class Scalar>
+void causal_self_attention<Scalar>::backward(const params&, const grads&, const cache& c,
+                                             const_matrix<Scalar> dy, matrix<Scalar> dqkv) {
+  const char* where = "causal_self_attention::backward";
+  const std::size_t rows = c.qkv.extent(0);
+  const std::size_t batch = windows(where, rows);
+  detail::check_matrix(where, "cache.qkv", c.qkv, rows, in_features());
+  if (c.probs.extent(0) != batch || c.probs.extent(1) != heads_ || c.probs.extent(2) != seq_len_)
+    detail::throw_shape(where, "cache.probs",
+                        detail::shape_string({c.probs.extent(0), c.probs.extent(1),
+                                              c.probs.extent(2), c.probs.extent(3)}),
+                        detail::shape_string({batch, heads_, seq_len_, seq_len_}));
+  detail::check_matrix(where, "dy", dy, rows, dim_);
+  detail::check_matrix(where, "dqkv", dqkv, rows, in_features());
+  if (rows == 0) return;
+  const detail::attention_shape shape(batch, heads_, seq_len_, dim_);
+  if (dscores_.extent(0) != batch) dscores_ = make_scores(where, "kfsdp::nn::attention::dscores", batch, false);
+  // Inputs q, k, v, dy in heads_scratch_ (split again: another forward may have run since), outputs in grad_heads_.
+  constexpr int q = 0, k = 1, v = 2, dy_part = 3, dq = 0, dk = 1, dv = 2;
+  ensure_heads(where, "kfsdp::nn::attention::heads", heads_scratch_, 4, batch);
+  ensure_heads(where, "kfsdp::nn::attention::grad_heads", grad_heads_, 3, batch);
+  detail::split_heads<Scalar>(shape, c.qkv, heads_scratch_, q);
+  detail::split_heads<Scalar>(shape, dy, heads_scratch_, dy_part);
+  const Scalar scale = Scalar(1) / math::sqrt(Scalar(dim_ / heads_));
+  for (int b = 0; b < shape.windows; ++b)
+    for (int h = 0; h < shape.heads; ++h) {
+      const int bh = b * shape.heads + h;
+      detail::gemm<Scalar>("N", "T", Scalar(1), detail::block(heads_scratch_, dy_part, bh),
+                           detail::block(heads_scratch_, v, bh), Scalar(0), detail::block(dscores_, b, h));
+    }
+  detail::softmax_backward_rows<Scalar>(shape, c.probs, dscores_);
+  for (int b = 0; b < shape.windows; ++b)
+    for (int h = 0; h < shape.heads; ++h) {
+      const int bh = b * shape.heads + h;
+      const const_matrix<Scalar> probs = detail::block(c.probs, b, h), dscores = detail::block(dscores_, b, h);
+      detail::gemm<Scalar>("N", "N", scale, dscores, detail::block(heads_scratch_, k, bh), Scalar(0),
+                           detail::block(grad_heads_, dq, bh));
+      detail::gemm<Scalar>("T", "N", scale, dscores, detail::block(heads_scratch_, q, bh), Scalar(0),
+                           detail::block(grad_heads_, dk, bh));
+      detail::gemm<Scalar>("T", "N", Scalar(1), probs, detail::block(heads_scratch_, dy_part, bh), Scalar(0),
+                           detail::block(grad_heads_, dv, bh));
+    }
+  detail::merge_heads<Scalar>(shape, grad_heads_, dq, dqkv);
+}
+
 template class causal_self_attention<float>;
 template class causal_self_attention<double>;
 }  // namespace kfsdp::nn

@@ -1,7 +1,69 @@
-// Explicit instantiations of kfsdp::nn::linear for float and double.
-#include <kfsdp/nn/detail/linear_impl.hpp>
+// kfsdp::nn::linear: the kernel bodies and their explicit instantiations for float and double
+// (the declarations are in include/kfsdp/nn/linear.hpp).
+
+#include <kfsdp/nn/detail/gemm.hpp>
+#include <kfsdp/nn/linear.hpp>
 
 namespace kfsdp::nn {
+
+namespace detail {
+
+// y[r, o] = bias[o] for every row: the gemm then adds x W^T with beta = 1.
+template <class Scalar>
+void broadcast_rows(const_vector<Scalar> bias, matrix<Scalar> y) {
+  const int rows = int(y.extent(0)), cols = int(y.extent(1));
+  Kokkos::parallel_for(
+      "kfsdp::nn::broadcast_rows",
+      Kokkos::MDRangePolicy<execution_space, Kokkos::Rank<2>>({0, 0}, {rows, cols}),
+      KOKKOS_LAMBDA(int r, int o) { y(r, o) = bias(o); });
+}
+
+// sums[c] += Σ_r m[r, c], rows summed in order (deterministic, no atomics).
+template <class Scalar>
+void add_column_sums(const_matrix<Scalar> m, vector<Scalar> sums) {
+  const int rows = int(m.extent(0)), cols = int(m.extent(1));
+  Kokkos::parallel_for(
+      "kfsdp::nn::add_column_sums", Kokkos::RangePolicy<execution_space>(0, cols),
+      KOKKOS_LAMBDA(int c) {
+        Scalar sum = 0;
+        for (int r = 0; r < rows; ++r) sum += m(r, c);
+        sums(c) += sum;
+      });
+}
+
+}  // namespace detail
+
+template <class Scalar>
+void linear<Scalar>::forward(const params& p, const_matrix<Scalar> x, matrix<Scalar> y,
+                             cache& c) const {
+  check_tensors("linear::forward", p);
+  detail::check_matrix("linear::forward", "x", x, x.extent(0), in_features_);
+  detail::check_matrix("linear::forward", "y", y, x.extent(0), out_features_);
+  Scalar beta = 0;
+  if (has_bias_) {
+    detail::broadcast_rows<Scalar>(p.bias, y);
+    beta = 1;
+  }
+  if (x.extent(0) > 0) detail::gemm<Scalar>("N", "T", Scalar(1), x, p.weight, beta, y);
+  c.input = x;
+}
+
+template <class Scalar>
+void linear<Scalar>::backward(const params& p, const grads& g, const cache& c,
+                              const_matrix<Scalar> dy, matrix<Scalar> dx) const {
+  check_tensors("linear::backward (params)", p);
+  check_tensors("linear::backward (grads)", g);
+  const std::size_t rows = c.input.extent(0);
+  detail::check_matrix("linear::backward", "cache.input", c.input, rows, in_features_);
+  detail::check_matrix("linear::backward", "dy", dy, rows, out_features_);
+  const bool want_dx = dx.data() != nullptr;  // the first layer's input needs no gradient
+  if (want_dx) detail::check_matrix("linear::backward", "dx", dx, rows, in_features_);
+  if (rows == 0) return;
+  detail::gemm<Scalar>("T", "N", Scalar(1), dy, c.input, Scalar(1), g.weight);  // dW += dy^T x
+  if (has_bias_) detail::add_column_sums<Scalar>(dy, g.bias);
+  if (want_dx) detail::gemm<Scalar>("N", "N", Scalar(1), dy, p.weight, Scalar(0), dx);  // dx = dy W
+}
+
 template class linear<float>;
 template class linear<double>;
 }  // namespace kfsdp::nn

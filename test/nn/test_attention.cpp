@@ -50,3 +50,95 @@ TEST_CASE("attention rejects rows that are not whole windows and heads not divid
                        "causal_self_attention::make_cache: rows = 6 is not a multiple of seq_len = 4",
                        std::invalid_argument);
 }
+
+namespace {
+
+// The straightforward attention on host vectors (the loops of the kernels before BLAS), row-major
+// qkv [rows, 3·dim], dy and the results [rows, dim] / [rows, 3·dim], probs [B, H, T, T].
+struct reference_attention {
+  std::vector<double> y, probs, dqkv;
+};
+
+reference_attention reference(const std::vector<double>& qkv, const std::vector<double>& dy, std::size_t batch,
+                              std::size_t seq, std::size_t dim, std::size_t heads) {
+  const std::size_t hd = dim / heads, width = 3 * dim;
+  const double scale = 1 / std::sqrt(double(hd));
+  reference_attention out{std::vector<double>(batch * seq * dim), std::vector<double>(batch * heads * seq * seq),
+                          std::vector<double>(batch * seq * width)};
+  std::vector<double> dscores(out.probs.size());
+  auto q = [&](std::size_t b, std::size_t t, std::size_t h, std::size_t c) { return qkv[(b * seq + t) * width + h * hd + c]; };
+  auto k = [&](std::size_t b, std::size_t t, std::size_t h, std::size_t c) { return qkv[(b * seq + t) * width + dim + h * hd + c]; };
+  auto v = [&](std::size_t b, std::size_t t, std::size_t h, std::size_t c) { return qkv[(b * seq + t) * width + 2 * dim + h * hd + c]; };
+  auto at = [&](std::size_t b, std::size_t h, std::size_t t, std::size_t s) { return ((b * heads + h) * seq + t) * seq + s; };
+  for (std::size_t b = 0; b < batch; ++b)
+    for (std::size_t h = 0; h < heads; ++h)
+      for (std::size_t t = 0; t < seq; ++t) {
+        double max_score = 0, sum = 0, weighted = 0;
+        for (std::size_t s = 0; s <= t; ++s) {
+          double score = 0;
+          for (std::size_t c = 0; c < hd; ++c) score += q(b, t, h, c) * k(b, s, h, c);
+          out.probs[at(b, h, t, s)] = score * scale;
+          if (s == 0 || score * scale > max_score) max_score = score * scale;
+        }
+        for (std::size_t s = 0; s <= t; ++s) sum += (out.probs[at(b, h, t, s)] = std::exp(out.probs[at(b, h, t, s)] - max_score));
+        for (std::size_t s = 0; s <= t; ++s) out.probs[at(b, h, t, s)] /= sum;
+        for (std::size_t c = 0; c < hd; ++c)
+          for (std::size_t s = 0; s <= t; ++s) out.y[(b * seq + t) * dim + h * hd + c] += out.probs[at(b, h, t, s)] * v(b, s, h, c);
+        for (std::size_t s = 0; s <= t; ++s) {
+          double dp = 0;
+          for (std::size_t c = 0; c < hd; ++c) dp += dy[(b * seq + t) * dim + h * hd + c] * v(b, s, h, c);
+          dscores[at(b, h, t, s)] = dp;
+          weighted += out.probs[at(b, h, t, s)] * dp;
+        }
+        for (std::size_t s = 0; s <= t; ++s) dscores[at(b, h, t, s)] = out.probs[at(b, h, t, s)] * (dscores[at(b, h, t, s)] - weighted);
+      }
+  for (std::size_t b = 0; b < batch; ++b)
+    for (std::size_t h = 0; h < heads; ++h)
+      for (std::size_t t = 0; t < seq; ++t)
+        for (std::size_t s = 0; s <= t; ++s)
+          for (std::size_t c = 0; c < hd; ++c) {
+            out.dqkv[(b * seq + t) * width + h * hd + c] += scale * dscores[at(b, h, t, s)] * k(b, s, h, c);
+            out.dqkv[(b * seq + s) * width + dim + h * hd + c] += scale * dscores[at(b, h, t, s)] * q(b, t, h, c);
+            out.dqkv[(b * seq + s) * width + 2 * dim + h * hd + c] += out.probs[at(b, h, t, s)] * dy[(b * seq + t) * dim + h * hd + c];
+          }
+  return out;
+}
+
+template <class View>
+std::vector<double> host_values(const View& view) {
+  std::vector<double> values(view.span());
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = entry(view, i);
+  return values;
+}
+
+template <class Scalar>
+void check_against_reference(double tolerance) {
+  const std::size_t batch = 3, seq = 5, dim = 8, heads = 2, rows = batch * seq;
+  causal_self_attention<Scalar> attn(dim, heads, seq);
+  auto qkv = random_matrix<Scalar>(rows, 3 * dim, 11);
+  auto dy = random_matrix<Scalar>(rows, dim, 12);
+  matrix<Scalar> y("y", rows, dim), dqkv("dqkv", rows, 3 * dim);
+  auto cache = attn.make_cache(rows);
+  for (int repeat = 0; repeat < 2; ++repeat) {  // the second pass reuses the scratch
+    attn.forward({}, qkv, y, cache);
+    attn.backward({}, {}, cache, dy, dqkv);
+  }
+  const auto expected = reference(host_values(qkv), host_values(dy), batch, seq, dim, heads);
+  const auto compare = [&](const char* what, const std::vector<double>& seen, const std::vector<double>& want) {
+    REQUIRE(seen.size() == want.size());
+    for (std::size_t i = 0; i < seen.size(); ++i) {
+      INFO(what, " entry ", i);
+      CHECK(std::abs(seen[i] - want[i]) <= tolerance * std::max(1.0, std::abs(want[i])));
+    }
+  };
+  compare("y", host_values(y), expected.y);
+  compare("probs", host_values(cache.probs), expected.probs);
+  compare("dqkv", host_values(dqkv), expected.dqkv);
+}
+
+}  // namespace
+
+TEST_CASE("attention forward and backward equal the straightforward loops (double to 1e-12, float to 1e-5)") {
+  check_against_reference<double>(1e-12);
+  check_against_reference<float>(1e-5);
+}

@@ -9,7 +9,9 @@
 //   attn.forward({}, qkv, y, cache);
 //   attn.backward({}, {}, cache, dy, dqkv);      // dqkv [rows, 3 * 64] overwritten
 //
-// Backward runs without atomics: one pass owns a query row (dq), a second owns a key row (dk, dv).
+// Per (window, head) the products q·kᵀ, p·v and their gradients are GEMMs (BLAS) on head-major copies
+// of q, k, v; the causal softmax and its gradient are kernels over the score rows. No atomics.
+// The object owns its scratch (allocated once per batch size and reused): one object, one thread.
 // Conventions: see views.hpp.
 
 #include <kfsdp/nn/views.hpp>
@@ -41,18 +43,23 @@ class causal_self_attention {
   // rows must be a multiple of seq_len (whole windows).
   [[nodiscard]] cache make_cache(std::size_t rows) const;
 
+  // Uses scratch [4, B·H, T, hd] owned by this object (mutable: nothing in it outlives the call).
   void forward(const params& p, const_matrix<Scalar> qkv, matrix<Scalar> y, cache& c) const;
-  // Uses a scratch tensor [B, H, T, T] owned by this object (so not const).
+  // Uses scratch owned by this object: the forward's [4, B·H, T, hd], [B, H, T, T] and [3, B·H, T, hd].
   void backward(const params& p, const grads& g, const cache& c, const_matrix<Scalar> dy,
                 matrix<Scalar> dqkv);
 
  private:
   std::size_t windows(const char* where, std::size_t rows) const;
   tensor4<Scalar> make_scores(const char* where, const char* label, std::size_t batch, bool initialize) const;
+  void ensure_heads(const char* where, const char* label, tensor4<Scalar>& heads, std::size_t parts,
+                    std::size_t batch) const;
   std::size_t dim_;
   std::size_t heads_;
   std::size_t seq_len_;
   tensor4<Scalar> dscores_;  // backward scratch: d(loss)/d(scores)
+  mutable tensor4<Scalar> heads_scratch_;  // [4, B·H, T, hd]: q, k, v and y (forward) or dy (backward) per head
+  tensor4<Scalar> grad_heads_;             // [3, B·H, T, hd]: dq, dk, dv per head
 };
 
 extern template class causal_self_attention<float>;

@@ -1,5 +1,5 @@
 #pragma once
-// Small elementwise kernels shared by the composite layers (kernels only, not public API).
+// Small kernels shared by the composite layers and by several kernels/nn/*.cpp (not public API).
 
 #include <kfsdp/nn/views.hpp>
 
@@ -26,6 +26,19 @@ void add(matrix<Scalar> out, const_matrix<Scalar> a, const_matrix<Scalar> b) {
   Kokkos::parallel_for(
       "kfsdp::nn::add", Kokkos::MDRangePolicy<execution_space, Kokkos::Rank<2>>({0, 0}, {rows, cols}),
       KOKKOS_LAMBDA(int r, int c) { out(r, c) = a(r, c) + b(r, c); });
+}
+
+// How many ids lie outside [0, num_embeddings): embedding's and cross_entropy's id checks.
+inline int count_ids_out_of_range(const_index_vector ids, int num_embeddings) {
+  int bad = 0;
+  Kokkos::parallel_reduce(
+      "kfsdp::nn::count_ids_out_of_range",
+      Kokkos::RangePolicy<execution_space>(0, int(ids.extent(0))),
+      KOKKOS_LAMBDA(int n, int& count) {
+        if (ids(n) < 0 || ids(n) >= num_embeddings) ++count;
+      },
+      bad);
+  return bad;
 }
 
 }  // namespace kfsdp::nn::detail
