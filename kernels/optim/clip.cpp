@@ -1,7 +1,9 @@
-// Gradient clipping helpers: clip_scale and the explicit instantiations for float and double.
+// Gradient clipping helpers: clip_scale, scale_in_place (KokkosBlas::scal) and the explicit
+// instantiations for float and double.
 // Check: meson test -C <build> optim_clip
 #include <kfsdp/optim/clip.hpp>
 
+#include <KokkosBlas1_scal.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,6 +21,12 @@ double clip_scale(double global_norm, double max_norm) {
         global_norm));
   // PyTorch's clip_grad_norm_: the 1e-6 keeps a zero norm from dividing by zero.
   return std::min(1.0, max_norm / (global_norm + 1e-6));
+}
+
+template <class Scalar>
+void scale_in_place(const Kokkos::View<Scalar*>& values, double factor) {
+  if (factor == 1.0) return;  // the common no-clip case costs nothing
+  KokkosBlas::scal(values, static_cast<Scalar>(factor), values);  // values = factor · values
 }
 
 template double local_squared_norm<float>(const Kokkos::View<const float*>&);

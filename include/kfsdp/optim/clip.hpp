@@ -4,7 +4,7 @@
 // norms with its communicator, and every rank applies the same scale.
 //
 //   double squared = kfsdp::optim::local_squared_norm(shard_grads);        // this rank
-//   comm.all_reduce_sum(std::span(&squared, 1));                            // the engine's job
+//   comm::all_reduce_sum(comm, std::span(&squared, 1));                     // the engine's job
 //   double scale = kfsdp::optim::clip_scale(std::sqrt(squared), 1.0);       // same on all ranks
 //   kfsdp::optim::scale_in_place(shard_grads, scale);                       // or fold into lr
 //
@@ -55,16 +55,6 @@ double local_squared_norm(const Kokkos::View<const Scalar*>& grads) {
       },
       squared);
   return squared;
-}
-
-template <class Scalar>
-void scale_in_place(const Kokkos::View<Scalar*>& values, double factor) {
-  if (factor == 1.0) return;  // the common no-clip case costs nothing
-  const auto scale = static_cast<Scalar>(factor);
-  const auto v = values;
-  Kokkos::parallel_for(
-      "kfsdp::optim::scale_in_place", Kokkos::RangePolicy<>(0, values.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t i) { v(i) = v(i) * scale; });
 }
 
 extern template double local_squared_norm<float>(const Kokkos::View<const float*>&);
