@@ -13,6 +13,7 @@
 
 #include <kfsdp/comm/any_communicator.hpp>
 #include <kfsdp/fsdp/units.hpp>
+#include <kfsdp/meta/enum_names.hpp>
 #include <kfsdp/meta/type_list.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
@@ -28,9 +29,7 @@ constexpr std::string_view to_string(sharding_strategy s) noexcept {
   return s == sharding_strategy::zero2 ? "zero2" : "zero3";
 }
 inline sharding_strategy parse_sharding(std::string_view text) {
-  if (text == "zero2") return sharding_strategy::zero2;
-  if (text == "zero3") return sharding_strategy::zero3;
-  throw std::invalid_argument("kfsdp: sharding '" + std::string(text) + "' is not one of zero2, zero3");
+  return parse_named(text, {sharding_strategy::zero2, sharding_strategy::zero3}, "sharding");
 }
 
 // Where the average over ranks is taken around the gradients' SUM reduce-scatter. Dividing first
@@ -52,9 +51,8 @@ constexpr std::string_view to_string(gradient_division d) noexcept {
 }
 
 inline gradient_division parse_gradient_division(std::string_view text) {
-  for (gradient_division d : {gradient_division::after, gradient_division::before, gradient_division::split})
-    if (text == to_string(d)) return d;
-  throw std::invalid_argument("kfsdp: gradient division '" + std::string(text) + "' is not one of after, before, split");
+  return parse_named(text, {gradient_division::after, gradient_division::before, gradient_division::split},
+                     "gradient division");
 }
 
 // FSDP1's pre-divide factor, exactly as FSDP1 computes it: doubled from 1 while it divides the world
@@ -94,9 +92,7 @@ constexpr std::string_view to_string(wire_precision p) noexcept {
 }
 
 inline wire_precision parse_wire_precision(std::string_view text) {
-  for (wire_precision p : {wire_precision::scalar, wire_precision::bf16, wire_precision::f16})
-    if (text == to_string(p)) return p;
-  throw std::invalid_argument("kfsdp: precision '" + std::string(text) + "' is not one of scalar, bf16, f16");
+  return parse_named(text, {wire_precision::scalar, wire_precision::bf16, wire_precision::f16}, "precision");
 }
 
 struct fsdp_options {

@@ -22,6 +22,7 @@
 #include <vector>
 #include <fmt/format.h>
 
+#include <kfsdp/meta/enum_names.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
@@ -31,9 +32,7 @@ enum class wrap_policy { blocks, layers };
 
 constexpr std::string_view to_string(wrap_policy w) noexcept { return w == wrap_policy::blocks ? "blocks" : "layers"; }
 inline wrap_policy parse_wrap_policy(std::string_view text) {
-  if (text == "blocks") return wrap_policy::blocks;
-  if (text == "layers") return wrap_policy::layers;
-  throw std::invalid_argument("kfsdp: wrap policy '" + std::string(text) + "' is not one of blocks, layers");
+  return parse_named(text, {wrap_policy::blocks, wrap_policy::layers}, "wrap policy");
 }
 
 struct wrap_options {

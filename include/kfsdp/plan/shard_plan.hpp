@@ -33,6 +33,7 @@
 #include <string_view>
 #include <vector>
 
+#include <kfsdp/meta/enum_names.hpp>
 #include <kfsdp/model/param_table.hpp>
 
 namespace kfsdp {
@@ -55,10 +56,7 @@ constexpr std::string_view to_string(bucketing b) noexcept {
 
 // "none" | "layer" | "block" (case as written); anything else throws naming the value.
 inline bucketing parse_bucketing(std::string_view text) {
-  for (bucketing b : {bucketing::none, bucketing::layer, bucketing::block})
-    if (text == to_string(b)) return b;
-  throw std::invalid_argument("kfsdp: bucketing '" + std::string(text) +
-                              "' is not one of none, layer, block");
+  return parse_named(text, {bucketing::none, bucketing::layer, bucketing::block}, "bucketing");
 }
 
 struct param_shard {
