@@ -55,7 +55,7 @@ template <class Scalar>
 void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
   if (params_ != param_phase::sharded) wrong_phase("begin its all-gather", to_string(params_), "sharded");
   const view local = ctx.shards.bucket(bucket_);
-  const std::size_t numel = local.extent(0) * ctx.map.world_size();
+  const std::size_t numel = ctx.map.gathered_numel(bucket_);
   gathered_as_ = ctx.param_dtype;
   gathered_ = acquire_wire(ctx, "kfsdp::gathered", numel, gathered_as_);
   if (gathered_as_ == wire_precision::scalar) {
@@ -95,7 +95,7 @@ void bucket_unit<Scalar>::finish_gather(unit_context<Scalar>& ctx) {
       kernels::unpack_param<Scalar>(gathered_, ctx.map, p, unpacked_);
   } else {
     with_wire(gathered_as_, [&]<class Wire>(Wire) {
-      const auto gathered = wire_view<Wire>(gathered_, ctx.map.rank_shard(bucket_, 0).count * ctx.map.world_size());
+      const auto gathered = wire_view<Wire>(gathered_, ctx.map.gathered_numel(bucket_));
       for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p)
         kernels::unpack_wire_param<Scalar, Wire>(gathered, ctx.map, p, unpacked_);
     });
@@ -136,7 +136,7 @@ template <class Scalar>
 void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before) {
   if (grads_ == grad_phase::reducing) wrong_phase("begin its reduce-scatter", to_string(grads_), "none or accumulating");
   if (grads_ == grad_phase::none) (void)grad(ctx, first_param_);  // no gradient reached it: zeros
-  const std::size_t shard = ctx.map.rank_shard(bucket_, 0).count, numel = shard * ctx.map.world_size();
+  const std::size_t shard = ctx.map.bucket(bucket_).count, numel = ctx.map.gathered_numel(bucket_);
   packed_grads_ = full_grads_;  // one parameter: already in the padded layout
   if (!single()) {
     packed_grads_ = ctx.pool.acquire("kfsdp::packed_grads", numel);

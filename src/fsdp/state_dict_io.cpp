@@ -41,7 +41,7 @@ class fsdp_engine<Scalar>::state_dict_io {
     const auto rank = static_cast<std::size_t>(e_.rank_);
     for (std::size_t b = 0; b < e_.plan_.buckets.size(); ++b) {
       const bucket_shard& bucket = e_.plan_.buckets[b];
-      flat_view packed = e_.pool_.acquire("kfsdp::broadcast", e_.plan_.gathered_numel(b));
+      flat_view packed = e_.pool_.acquire("kfsdp::broadcast", e_.map_.gathered_numel(b));
       if (e_.rank_ == root) {
         flat_view unpacked = e_.pool_.acquire("kfsdp::broadcast_full", bucket.full_numel);
         for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p) {

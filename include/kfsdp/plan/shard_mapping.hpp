@@ -85,6 +85,8 @@ class basic_shard_mapping {
     const std::size_t shard = plan_->buckets[b].shard_numel;
     return {rank * shard, shard};
   }
+  // Elements of bucket b's gathered buffer: world_size shards (the plan's count).
+  [[nodiscard]] constexpr std::size_t gathered_numel(std::size_t b) const { return plan_->gathered_numel(b); }
   // p gathered alone (its world_size chunks back to back, as a one-parameter bucket is): padded.
   [[nodiscard]] constexpr std::size_t padded_numel(std::size_t p) const noexcept {
     return plan_->params[p].chunk_numel() * plan_->world_size;
