@@ -2,10 +2,13 @@
 //
 // For each shard size S (bytes per rank, float, powers of 4 from --min-bytes to --max-bytes):
 //   all-gather:     kfsdp fsdp_engine::unshard (allocate + all-gather + unpack when k > 1),
-//                   kfsdp::comm::mpi::all_gather alone, and raw MPI_Allgather;
+//                   kfsdp::comm::all_gather over mpi alone (= iall_gather + wait), raw
+//                   MPI_Allgather and raw MPI_Iallgather + MPI_Wait;
 //   reduce-scatter: kfsdp fsdp_engine::reduce_gradients (pack when k > 1 + reduce-scatter +
-//                   average into the gradient shard), kfsdp::comm::mpi::reduce_scatter_sum alone
-//                   (the ring above its threshold) and raw MPI_Reduce_scatter_block.
+//                   average into the gradient shard), kfsdp::comm::reduce_scatter_sum over mpi
+//                   alone (the ring above its threshold), raw MPI_Reduce_scatter_block and raw
+//                   MPI_Ireduce_scatter_block + MPI_Wait.
+// The two raw columns show what a blocking MPI call would save over kfsdp's non-blocking one.
 // Each repeat starts after a barrier and counts the slowest rank; the table shows medians.
 // Bus bandwidth follows nccl-tests: busbw = (n-1)/n * (n*S) / time.
 //
@@ -145,14 +148,17 @@ double bus_bandwidth_gbs(std::size_t shard_bytes, int ranks, double seconds) {
 
 struct timings {
   double engine = 0;  // fsdp_engine: unshard or reduce_gradients
-  double comm = 0;    // kfsdp::comm::mpi collective alone
+  double comm = 0;    // kfsdp::comm collective over mpi alone
   double raw = 0;     // MPI_Allgather or MPI_Reduce_scatter_block
+  double raw_nonblocking = 0;  // MPI_Iallgather or MPI_Ireduce_scatter_block, then MPI_Wait
 };
 
 void print_row(std::string_view operation, std::size_t shard_bytes, int ranks, const timings& t) {
-  fmt::print("{:<15} {:>11} {:>11.4f} {:>11.4f} {:>11.4f} {:>9.2f} {:>9.2f} {:>10.2f} {:>10.2f}\n",
-             operation, shard_bytes, t.engine * 1e3, t.comm * 1e3, t.raw * 1e3, t.engine / t.raw,
-             t.comm / t.raw, bus_bandwidth_gbs(shard_bytes, ranks, t.engine),
+  fmt::print("{:<15} {:>11} {:>11.4f} {:>11.4f} {:>11.4f} {:>11.4f} {:>9.2f} {:>9.2f} {:>10.2f} "
+             "{:>10.2f}\n",
+             operation, shard_bytes, t.engine * 1e3, t.comm * 1e3, t.raw * 1e3,
+             t.raw_nonblocking * 1e3, t.engine / t.raw, t.comm / t.raw,
+             bus_bandwidth_gbs(shard_bytes, ranks, t.engine),
              bus_bandwidth_gbs(shard_bytes, ranks, t.raw));
 }
 
@@ -171,15 +177,27 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
       MPI_Allgather(shard.data(), count, MPI_FLOAT, gathered.data(), count, MPI_FLOAT,
                     world.native());
     });
+    gather.raw_nonblocking = median_seconds(world, repeats, nothing, [&] {
+      MPI_Request pending = MPI_REQUEST_NULL;
+      MPI_Iallgather(shard.data(), count, MPI_FLOAT, gathered.data(), count, MPI_FLOAT,
+                     world.native(), &pending);
+      MPI_Wait(&pending, MPI_STATUS_IGNORE);
+    });
     gather.comm = median_seconds(world, repeats, nothing, [&] {
-      world.all_gather(std::span<const float>(shard), std::span(gathered));
+      kfsdp::comm::all_gather(world, std::span<const float>(shard), std::span(gathered));
     });
     scatter.raw = median_seconds(world, repeats, nothing, [&] {
       MPI_Reduce_scatter_block(gathered.data(), shard.data(), count, MPI_FLOAT, MPI_SUM,
                                world.native());
     });
+    scatter.raw_nonblocking = median_seconds(world, repeats, nothing, [&] {
+      MPI_Request pending = MPI_REQUEST_NULL;
+      MPI_Ireduce_scatter_block(gathered.data(), shard.data(), count, MPI_FLOAT, MPI_SUM,
+                                world.native(), &pending);
+      MPI_Wait(&pending, MPI_STATUS_IGNORE);
+    });
     scatter.comm = median_seconds(world, repeats, nothing, [&] {
-      world.reduce_scatter_sum(std::span<const float>(gathered), std::span(shard));
+      kfsdp::comm::reduce_scatter_sum(world, std::span<const float>(gathered), std::span(shard));
     });
   }
   {  // the engine, with one bucket of bucket_params parameters
@@ -218,11 +236,12 @@ int run(int argc, char** argv) {
                "reduce-scatter from {} B chunks; median of the slowest rank over repeats "
                "({} up to 1 MiB shards, fewer above)\n",
                ranks, options.bucket_params, options.ring_min_bytes, options.repeats);
-    fmt::print("# engine: fsdp_engine unshard / reduce_gradients; comm: kfsdp::comm::mpi alone; "
-               "raw: MPI_Allgather / MPI_Reduce_scatter_block; busbw = (n-1)/n * n*S / time\n");
-    fmt::print("{:<15} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9} {:>10} {:>10}\n", "operation",
-               "shard_B", "engine_ms", "comm_ms", "raw_ms", "eng/raw", "comm/raw",
-               "eng_GB/s", "raw_GB/s");
+    fmt::print("# engine: fsdp_engine unshard / reduce_gradients; comm: kfsdp::comm over mpi "
+               "alone; raw: MPI_Allgather / MPI_Reduce_scatter_block; raw_i: their MPI_I* forms "
+               "+ MPI_Wait; busbw = (n-1)/n * n*S / time\n");
+    fmt::print("{:<15} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9} {:>10} {:>10}\n",
+               "operation", "shard_B", "engine_ms", "comm_ms", "raw_ms", "raw_i_ms", "eng/raw",
+               "comm/raw", "eng_GB/s", "raw_GB/s");
   }
   for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 4) {
     const std::size_t node_bytes =

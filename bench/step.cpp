@@ -150,7 +150,7 @@ double median(std::vector<double> v) {
 double max_over_ranks(kfsdp::comm::any_communicator& comm, double value) {
   std::vector<double> all(std::size_t(comm.size()));
   const double mine[1] = {value};
-  comm.all_gather(std::span<const double>(mine), std::span<double>(all));
+  kfsdp::comm::all_gather(comm, std::span<const double>(mine), std::span<double>(all));
   return *std::max_element(all.begin(), all.end());
 }
 

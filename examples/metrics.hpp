@@ -61,7 +61,7 @@ class metrics_file {
       file_ = std::fopen(path.c_str(), "w");
       if (file_ == nullptr) error[0] = errno != 0 ? errno : EIO;
     }
-    world.broadcast(std::span<std::int64_t>(error), 0);
+    kfsdp::comm::broadcast(world, std::span<std::int64_t>(error), 0);
     if (error[0] != 0)
       throw std::invalid_argument(
           fmt::format("{}: --metrics '{}' cannot be opened for writing: {}", program, path, std::strerror(int(error[0]))));

@@ -142,7 +142,7 @@ double relative_l2(Trainer& t, const kfsdp::io::array_dataset& set, const std::v
       }
     }
   });
-  world.all_reduce_sum(std::span<double>(sums));
+  kfsdp::comm::all_reduce_sum(world, std::span<double>(sums));
   return std::sqrt(sums[0] / sums[1]);
 }
 

@@ -42,6 +42,7 @@ module;
 #include <kfsdp/io/state_dict.hpp>
 #include <kfsdp/io/text_dataset.hpp>
 #include <kfsdp/meta/checked.hpp>
+#include <kfsdp/meta/enum_names.hpp>
 #include <kfsdp/meta/fixed_string.hpp>
 #include <kfsdp/meta/half.hpp>
 #include <kfsdp/meta/inline_string.hpp>
@@ -55,15 +56,8 @@ module;
 #include <kfsdp/nn/activation.hpp>
 #include <kfsdp/nn/attention.hpp>
 #include <kfsdp/nn/cross_entropy.hpp>
-#include <kfsdp/nn/detail/activation_impl.hpp>
-#include <kfsdp/nn/detail/attention_impl.hpp>
-#include <kfsdp/nn/detail/cross_entropy_impl.hpp>
 #include <kfsdp/nn/detail/elementwise.hpp>
-#include <kfsdp/nn/detail/embedding_impl.hpp>
 #include <kfsdp/nn/detail/gemm.hpp>
-#include <kfsdp/nn/detail/layer_norm_impl.hpp>
-#include <kfsdp/nn/detail/linear_impl.hpp>
-#include <kfsdp/nn/detail/mse_impl.hpp>
 #include <kfsdp/nn/embedding.hpp>
 #include <kfsdp/nn/layer_norm.hpp>
 #include <kfsdp/nn/linear.hpp>
@@ -98,19 +92,25 @@ using kfsdp::comm::any_communicator;
 // <kfsdp/comm/communicator.hpp>
 export namespace kfsdp::comm {
 using kfsdp::comm::agrees;
+using kfsdp::comm::all_gather;
+using kfsdp::comm::all_reduce_sum;
 using kfsdp::comm::all_reduces;
 using kfsdp::comm::any_rank;
+using kfsdp::comm::broadcast;
 using kfsdp::comm::broadcasts;
 using kfsdp::comm::check_agreement;
 using kfsdp::comm::communicator;
 using kfsdp::comm::element;
 using kfsdp::comm::first_rank_with;
 using kfsdp::comm::gathers;
+using kfsdp::comm::half_element;
 using kfsdp::comm::has_host_channel;
 using kfsdp::comm::has_range_over_ranks;
 using kfsdp::comm::moves_elements;
+using kfsdp::comm::ordered_element;
 using kfsdp::comm::range_over_ranks;
 using kfsdp::comm::ranked;
+using kfsdp::comm::reduce_scatter_sum;
 using kfsdp::comm::reduce_scatters;
 using kfsdp::comm::reduces_extrema;
 using kfsdp::comm::request;
@@ -181,25 +181,35 @@ using kfsdp::memory_need;
 export namespace kfsdp {
 using kfsdp::block_bucketing;
 using kfsdp::bucketing_policy;
+using kfsdp::division_factors;
+using kfsdp::division_of;
 using kfsdp::fsdp_options;
+using kfsdp::gradient_division;
 using kfsdp::layer_bucketing;
 using kfsdp::no_bucketing;
+using kfsdp::parse_gradient_division;
 using kfsdp::parse_sharding;
+using kfsdp::parse_wire_precision;
+using kfsdp::predivide_factor;
 using kfsdp::sharding_policy;
 using kfsdp::sharding_strategy;
 using kfsdp::static_world_size;
 using kfsdp::to_string;
+using kfsdp::wire_precision;
 using kfsdp::zero2;
 using kfsdp::zero3;
 }
 // <kfsdp/fsdp/pack.hpp>
 export namespace kfsdp::kernels {
 using kfsdp::kernels::accumulate_scaled;
+using kfsdp::kernels::accumulate_wire_scaled;
 using kfsdp::kernels::fill_init;
 using kfsdp::kernels::flat_view;
 using kfsdp::kernels::pack_param;
 using kfsdp::kernels::param_init;
+using kfsdp::kernels::to_wire;
 using kfsdp::kernels::unpack_param;
+using kfsdp::kernels::unpack_wire_param;
 }
 // <kfsdp/fsdp/storage.hpp>
 export namespace kfsdp {
@@ -294,6 +304,10 @@ using kfsdp::checked_add;
 using kfsdp::checked_mul;
 using kfsdp::product_fits;
 using kfsdp::static_mul;
+}
+// <kfsdp/meta/enum_names.hpp>
+export namespace kfsdp {
+using kfsdp::parse_named;
 }
 // <kfsdp/meta/fixed_string.hpp>
 export namespace kfsdp {

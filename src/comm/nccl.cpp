@@ -61,7 +61,9 @@ struct pending_cuda_event {
 };
 
 ncclDataType_t nccl_type_of(int kind) {
-  constexpr ncclDataType_t by_kind[] = {ncclFloat32, ncclFloat64, ncclInt64, ncclUint64};
+  // In nccl::element_kind's order: float32, float64, int64, uint64, bfloat16, float16.
+  constexpr ncclDataType_t by_kind[] = {ncclFloat32, ncclFloat64, ncclInt64,
+                                        ncclUint64,  ncclBfloat16, ncclFloat16};
   return by_kind[kind];
 }
 
@@ -169,6 +171,25 @@ nccl::nccl(const mpi& bootstrap, int device)
              function, "cudaEventCreateWithFlags");
   check_nccl(ncclCommInitRank(&state_->communicator, host_.size(), message.id, host_.rank()),
              function, "ncclCommInitRank");
+}
+
+nccl::nccl(mpi host, std::unique_ptr<device_state> state) noexcept
+    : host_(std::move(host)), state_(std::move(state)) {}
+
+nccl nccl::split(int color, int key) const {
+  constexpr std::string_view function = "kfsdp::comm::nccl::split";
+  mpi host_group = host_.split(color, key);  // checks color; collective over host()
+  auto group_state = std::make_unique<device_state>();
+  group_state->device = state_->device;
+  check_cuda(cudaSetDevice(state_->device), function, "cudaSetDevice");
+  check_cuda(cudaStreamCreateWithFlags(&group_state->stream, cudaStreamNonBlocking), function,
+             "cudaStreamCreateWithFlags");
+  check_cuda(cudaEventCreateWithFlags(&group_state->collectives_issued, cudaEventDisableTiming),
+             function, "cudaEventCreateWithFlags");
+  // The same (color, key) as the host group, so its ranks are numbered alike.
+  check_nccl(ncclCommSplit(state_->communicator, color, key, &group_state->communicator, nullptr),
+             function, "ncclCommSplit", state_->communicator);
+  return nccl(std::move(host_group), std::move(group_state));
 }
 
 nccl::nccl(nccl&&) noexcept = default;

@@ -44,11 +44,11 @@ inline void agree(comm::mpi& comm, const std::optional<failure>& local) {
   if (first_failing == comm.size()) return;
   std::int64_t shape[2] = {local ? static_cast<std::int64_t>(local->kind) : 0,
                            local ? static_cast<std::int64_t>(local->message.size()) : 0};
-  comm.broadcast(std::span<std::int64_t>(shape), first_failing);
+  comm::broadcast(comm, std::span<std::int64_t>(shape), first_failing);
   const std::size_t length = static_cast<std::size_t>(shape[1]);
   std::vector<std::uint64_t> words((length + 7) / 8);  // the text, in the element type collectives move
   if (comm.rank() == first_failing) std::memcpy(words.data(), local->message.data(), length);
-  comm.broadcast(std::span<std::uint64_t>(words), first_failing);
+  comm::broadcast(comm, std::span<std::uint64_t>(words), first_failing);
   std::string message(length, ' ');
   std::memcpy(message.data(), words.data(), length);
   throw_failure({static_cast<failure_kind>(shape[0]), std::move(message)});

@@ -20,7 +20,7 @@ void steps(comm::mpi& world, int failing, Fail&& fail) {
   for (int step = 0; step < 1000000; ++step) {
     if (step == 5 && (failing < 0 || world.rank() == failing)) fail(step);
     std::vector<double> loss{1.0};
-    world.all_reduce_sum(std::span(loss));
+    comm::all_reduce_sum(world, std::span(loss));
   }
 }
 
@@ -40,8 +40,8 @@ int run(comm::mpi& world, std::string_view mode) {
     comm::mpi checked(MPI_COMM_WORLD, {.check_collectives = true});
     std::vector<float> shard(4), full(4 * static_cast<std::size_t>(world.size()));
     std::vector<double> data(8);
-    if (world.rank() == 0) checked.all_gather(std::span<const float>(shard), std::span(full));
-    else checked.broadcast(std::span(data), 0);
+    if (world.rank() == 0) comm::all_gather(checked, std::span<const float>(shard), std::span(full));
+    else comm::broadcast(checked, std::span(data), 0);
   } else if (mode == "timeout") {
     // Rank 0 waits in a barrier that the others, stuck elsewhere, never call.
     comm::mpi timed(MPI_COMM_WORLD, {.timeout = std::chrono::seconds(1)});

@@ -13,6 +13,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -26,10 +27,30 @@ static_assert(comm::communicator<comm::mpi>);
 
 namespace {
 
-// The value rank `rank` contributes at position `index`: distinct for every (rank, index).
+// The value rank `rank` contributes at position `index`: distinct for every (rank, index). For
+// bf16 and f16, small integers instead (16*rank + index%16 + 1 <= 64, and every integer up to 256
+// is exact in bf16), so that every partial sum over 4 ranks is exact too.
 template <class T>
 T contribution(int rank, std::size_t index) {
-  return static_cast<T>(100 * rank + static_cast<int>(index) + 1);
+  if constexpr (comm::half_element<T>)
+    return T(static_cast<float>(16 * rank + static_cast<int>(index % 16) + 1));
+  else
+    return static_cast<T>(100 * rank + static_cast<int>(index) + 1);
+}
+
+// a + b, in float and rounded once for the 16-bit types (exact for the values above).
+template <class T>
+T plus(T a, T b) {
+  if constexpr (comm::half_element<T>) return T(a.to_float() + b.to_float());
+  else return a + b;
+}
+
+// Vectors of any element type compared by value (bf16 and f16 have no operator==).
+template <class T>
+std::vector<double> values_of(const std::vector<T>& elements) {
+  std::vector<double> values;
+  for (const T& element : elements) values.push_back(static_cast<double>(element));
+  return values;
 }
 
 template <class T>
@@ -56,7 +77,7 @@ std::vector<T> scattered_sum(int rank, int ranks, std::size_t count) {
   std::vector<T> values(count, T(0));
   for (int q = 0; q < ranks; ++q) {
     for (std::size_t i = 0; i < count; ++i) {
-      values[i] += contribution<T>(q, static_cast<std::size_t>(rank) * count + i);
+      values[i] = plus(values[i], contribution<T>(q, static_cast<std::size_t>(rank) * count + i));
     }
   }
   return values;
@@ -88,7 +109,7 @@ TEST_CASE("mpi: wraps a user communicator (ranks split in two halves)") {
     const int expected_size = half == 0 ? (world_size + 1) / 2 : world_size / 2;
     CHECK(halves.size() == expected_size);
     std::vector<std::int64_t> total{world_rank};
-    halves.all_reduce_sum(std::span(total));
+    comm::all_reduce_sum(halves, std::span(total));
     std::int64_t expected = 0;
     for (int r = 0; r < world_size; ++r) {
       if ((r < (world_size + 1) / 2 ? 0 : 1) == half) expected += r;
@@ -116,19 +137,19 @@ TEST_CASE("mpi: MPI_COMM_NULL is rejected; a moved-from communicator is empty") 
 }
 
 TEST_CASE_TEMPLATE("mpi: all_gather of rank-dependent data", T, float, double, std::int64_t,
-                   std::uint64_t) {
+                   std::uint64_t, kfsdp::bf16, kfsdp::f16) {
   comm::mpi world;
-  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}}) {
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{40}}) {
     CAPTURE(count);
     const auto shard = contributions<T>(world.rank(), count);
     std::vector<T> full(count * static_cast<std::size_t>(world.size()), T(-1));
-    world.all_gather(shard, std::span(full));
-    CHECK(full == gathered<T>(world.size(), count));
+    comm::all_gather(world, shard, std::span(full));
+    CHECK(values_of(full) == values_of(gathered<T>(world.size(), count)));
 
     std::fill(full.begin(), full.end(), T(-1));
     comm::request pending = world.iall_gather(shard, std::span(full));
     pending.wait();
-    CHECK(full == gathered<T>(world.size(), count));
+    CHECK(values_of(full) == values_of(gathered<T>(world.size(), count)));
   }
 }
 
@@ -139,7 +160,7 @@ TEST_CASE("mpi: in-place all_gather (send is this rank's slot of recv)") {
   const auto slot = std::span(full).subspan(static_cast<std::size_t>(world.rank()) * count, count);
   const auto mine = contributions<double>(world.rank(), count);
   std::copy(mine.begin(), mine.end(), slot.begin());
-  world.all_gather(std::span<const double>(slot), std::span(full));
+  comm::all_gather(world, std::span<const double>(slot), std::span(full));
   CHECK(full == gathered<double>(world.size(), count));
 
   std::fill(full.begin(), full.end(), -1.0);
@@ -149,21 +170,21 @@ TEST_CASE("mpi: in-place all_gather (send is this rank's slot of recv)") {
 }
 
 TEST_CASE_TEMPLATE("mpi: reduce_scatter_sum gives each rank the sum of its chunk", T, float, double,
-                   std::int64_t, std::uint64_t) {
+                   std::int64_t, std::uint64_t, kfsdp::bf16, kfsdp::f16) {
   comm::mpi world;
   constexpr std::size_t count = 4;
   const auto full_gradient =
       contributions<T>(world.rank(), count * static_cast<std::size_t>(world.size()));
   std::vector<T> shard(count, T(-1));
-  world.reduce_scatter_sum(full_gradient, std::span(shard));
-  CHECK(shard == scattered_sum<T>(world.rank(), world.size(), count));
+  comm::reduce_scatter_sum(world, full_gradient, std::span(shard));
+  CHECK(values_of(shard) == values_of(scattered_sum<T>(world.rank(), world.size(), count)));
 
   std::fill(shard.begin(), shard.end(), T(-1));
   comm::request pending = world.ireduce_scatter_sum(full_gradient, std::span(shard));
   while (!pending.test()) {
   }
   CHECK_FALSE(pending.in_flight());
-  CHECK(shard == scattered_sum<T>(world.rank(), world.size(), count));
+  CHECK(values_of(shard) == values_of(scattered_sum<T>(world.rank(), world.size(), count)));
 }
 
 // Chunk sizes around the ring's segments: one element, one segment, and several with a partial
@@ -175,7 +196,7 @@ std::vector<std::size_t> ring_test_counts() {
 }
 
 TEST_CASE_TEMPLATE("mpi: reduce_scatter_sum is exact through both paths, blocking and not", T,
-                   float, double, std::int64_t, std::uint64_t) {
+                   float, double, std::int64_t, std::uint64_t, kfsdp::bf16, kfsdp::f16) {
   comm::mpi world;
   const auto ranks = static_cast<std::size_t>(world.size());
   for (const bool ring : {false, true}) {
@@ -186,18 +207,18 @@ TEST_CASE_TEMPLATE("mpi: reduce_scatter_sum is exact through both paths, blockin
       const auto full_gradient = contributions<T>(world.rank(), count * ranks);
       const auto expected = scattered_sum<T>(world.rank(), world.size(), count);
       std::vector<T> shard(count, T(-1));
-      world.reduce_scatter_sum(full_gradient, std::span(shard));
-      CHECK(shard == expected);
+      comm::reduce_scatter_sum(world, full_gradient, std::span(shard));
+      CHECK(values_of(shard) == values_of(expected));
 
       std::fill(shard.begin(), shard.end(), T(-1));
       comm::request polled = world.ireduce_scatter_sum(full_gradient, std::span(shard));
       while (!polled.test()) {
       }
-      CHECK(shard == expected);
+      CHECK(values_of(shard) == values_of(expected));
 
       std::fill(shard.begin(), shard.end(), T(-1));
       world.ireduce_scatter_sum(full_gradient, std::span(shard)).wait();
-      CHECK(shard == expected);
+      CHECK(values_of(shard) == values_of(expected));
     }
   }
 }
@@ -211,7 +232,7 @@ TEST_CASE("mpi: the default threshold sends big chunks through the ring and smal
     CAPTURE(count);
     const auto full_gradient = contributions<float>(world.rank(), count * ranks);
     std::vector<float> shard(count, -1.0F);
-    world.reduce_scatter_sum(full_gradient, std::span(shard));
+    comm::reduce_scatter_sum(world, full_gradient, std::span(shard));
     CHECK(shard == scattered_sum<float>(world.rank(), world.size(), count));
   }
 }
@@ -257,7 +278,7 @@ TEST_CASE("mpi: the ring sums block b in the documented order ((x[b+1] + x[b+2])
   for (std::size_t i = 0; i < full_gradient.size(); ++i) full_gradient[i] = inexact(world.rank(), i);
 
   std::vector<float> first(count), second(count);
-  world.reduce_scatter_sum(std::span<const float>(full_gradient), std::span(first));
+  comm::reduce_scatter_sum(world, std::span<const float>(full_gradient), std::span(first));
   world.ireduce_scatter_sum(std::span<const float>(full_gradient), std::span(second)).wait();
   CHECK(first == second);  // bit for bit: the order is fixed
 
@@ -283,17 +304,17 @@ TEST_CASE("mpi: the ring threshold moves with the communicator") {
 }
 
 TEST_CASE_TEMPLATE("mpi: broadcast from every root", T, float, double, std::int64_t,
-                   std::uint64_t) {
+                   std::uint64_t, kfsdp::bf16, kfsdp::f16) {
   comm::mpi world;
   for (int root = 0; root < world.size(); ++root) {
     CAPTURE(root);
     auto data = contributions<T>(world.rank(), 6);
-    world.broadcast(std::span(data), root);
-    CHECK(data == contributions<T>(root, 6));
+    comm::broadcast(world, std::span(data), root);
+    CHECK(values_of(data) == values_of(contributions<T>(root, 6)));
 
     data = contributions<T>(world.rank(), 6);
     world.ibroadcast(std::span(data), root).wait();
-    CHECK(data == contributions<T>(root, 6));
+    CHECK(values_of(data) == values_of(contributions<T>(root, 6)));
   }
 }
 
@@ -307,7 +328,7 @@ TEST_CASE_TEMPLATE("mpi: all_reduce sum, max and min", T, float, double, std::in
   for (int r = 0; r < ranks; ++r) sum_of_ranks_plus_one += T(r + 1);
 
   auto data = mine;
-  world.all_reduce_sum(std::span(data));
+  comm::all_reduce_sum(world, std::span(data));
   CHECK(data == std::vector<T>{sum_of_ranks_plus_one, sum_of_ranks_plus_one});
 
   data = mine;
@@ -321,6 +342,54 @@ TEST_CASE_TEMPLATE("mpi: all_reduce sum, max and min", T, float, double, std::in
   data = mine;
   world.all_reduce_min(std::span(data));
   CHECK(data == std::vector<T>{T(1), T(1)});
+}
+
+TEST_CASE_TEMPLATE("mpi: all_reduce_sum of bf16 and f16 is exact for small integers", T,
+                   kfsdp::bf16, kfsdp::f16) {
+  comm::mpi world;
+  const auto mine = contributions<T>(world.rank(), 40);
+  std::vector<T> expected(40, T(0.0F));
+  for (int q = 0; q < world.size(); ++q)
+    for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = plus(expected[i], contribution<T>(q, i));
+
+  auto data = mine;
+  comm::all_reduce_sum(world, std::span(data));
+  CHECK(values_of(data) == values_of(expected));
+  data = mine;
+  world.iall_reduce_sum(std::span(data)).wait();
+  CHECK(values_of(data) == values_of(expected));
+}
+
+// The ring's order is documented, so its 16-bit rounding can be checked bit for bit: block b's
+// sum starts with x[b+1] = 1 and each other rank adds half an ulp of 1, a tie that rounds back to
+// the even 1 every time; the exact sum rounded once would be 1 + 1 ulp at 3 ranks, 1 + 2 at 4.
+TEST_CASE_TEMPLATE("mpi: 16-bit sums add in float and round once per addition (the ring)", T,
+                   kfsdp::bf16, kfsdp::f16) {
+  comm::mpi world;
+  world.set_reduce_scatter_ring_min_bytes(1);
+  const int ranks = world.size();
+  const float ulp_of_one = std::is_same_v<T, kfsdp::bf16> ? 0x1p-7F : 0x1p-10F;
+  const auto value = [&](int rank, int block) {
+    return T(rank == (block + 1) % ranks ? 1.0F : ulp_of_one / 2);
+  };
+  constexpr std::size_t count = 3;
+  std::vector<T> full_gradient(count * static_cast<std::size_t>(ranks));
+  for (std::size_t i = 0; i < full_gradient.size(); ++i)
+    full_gradient[i] = value(world.rank(), static_cast<int>(i / count));
+  std::vector<T> shard(count);
+  comm::reduce_scatter_sum(world, std::span<const T>(full_gradient), std::span(shard));
+
+  const int block = world.rank();
+  T rounded_each_time = value((block + 1) % ranks, block);
+  float exact = rounded_each_time.to_float();
+  for (int step = 2; step <= ranks; ++step) {
+    const T addend = value((block + step) % ranks, block);
+    rounded_each_time = plus(rounded_each_time, addend);
+    exact += addend.to_float();
+  }
+  for (const T& element : shard) CHECK(element.bits == rounded_each_time.bits);
+  if (ranks >= 2) CHECK(rounded_each_time.to_float() == 1.0F);  // every tie went back to 1
+  if (ranks >= 3) CHECK(T(exact).bits != rounded_each_time.bits);  // rounding once would not
 }
 
 TEST_CASE("mpi: several non-blocking collectives in flight at once") {
@@ -360,8 +429,8 @@ TEST_CASE("mpi: bad arguments throw std::invalid_argument on every rank, before 
   comm::mpi world;
   const int n = world.size();
   std::vector<float> four(4), wrong(static_cast<std::size_t>(4 * n + 1));
-  CHECK_THROWS_WITH_AS(world.all_gather(four, std::span(wrong)),
-                       fmt::format("kfsdp::comm::mpi::all_gather: recv has {} elements, expected "
+  CHECK_THROWS_WITH_AS(comm::all_gather(world, four, std::span(wrong)),
+                       fmt::format("kfsdp::comm::mpi::iall_gather: recv has {} elements, expected "
                                    "size()*send.size() = {}*4 = {}",
                                    4 * n + 1, n, 4 * n)
                            .c_str(),
@@ -372,8 +441,8 @@ TEST_CASE("mpi: bad arguments throw std::invalid_argument on every rank, before 
                                    4 * n + 1, n, 4 * n)
                            .c_str(),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(world.reduce_scatter_sum(wrong, std::span(four)),
-                       fmt::format("kfsdp::comm::mpi::reduce_scatter_sum: send has {} elements, "
+  CHECK_THROWS_WITH_AS(comm::reduce_scatter_sum(world, wrong, std::span(four)),
+                       fmt::format("kfsdp::comm::mpi::ireduce_scatter_sum: send has {} elements, "
                                    "expected size()*recv.size() = {}*4 = {}",
                                    4 * n + 1, n, 4 * n)
                            .c_str(),
@@ -384,8 +453,8 @@ TEST_CASE("mpi: bad arguments throw std::invalid_argument on every rank, before 
                                    4 * n + 1, n, 4 * n)
                            .c_str(),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(world.broadcast(std::span(four), n),
-                       fmt::format("kfsdp::comm::mpi::broadcast: root is {0}, expected 0 <= root "
+  CHECK_THROWS_WITH_AS(comm::broadcast(world, std::span(four), n),
+                       fmt::format("kfsdp::comm::mpi::ibroadcast: root is {0}, expected 0 <= root "
                                    "< size() = {0}",
                                    n)
                            .c_str(),
@@ -400,12 +469,12 @@ TEST_CASE("mpi: bad arguments throw std::invalid_argument on every rank, before 
   std::vector<float> buffer(static_cast<std::size_t>(8 * n));
   const auto whole = std::span(buffer);
   CHECK_THROWS_WITH_AS(
-      world.all_gather(std::span<const float>(whole.subspan(1, 8)), whole),
-      doctest::Contains("kfsdp::comm::mpi::all_gather: send and recv overlap; the only overlap "
+      comm::all_gather(world, std::span<const float>(whole.subspan(1, 8)), whole),
+      doctest::Contains("kfsdp::comm::mpi::iall_gather: send and recv overlap; the only overlap "
                         "allowed is in place"),
       std::invalid_argument);
-  CHECK_THROWS_WITH_AS(world.reduce_scatter_sum(std::span<const float>(whole), whole.subspan(0, 8)),
-                       "kfsdp::comm::mpi::reduce_scatter_sum: send and recv overlap; "
+  CHECK_THROWS_WITH_AS(comm::reduce_scatter_sum(world, std::span<const float>(whole), whole.subspan(0, 8)),
+                       "kfsdp::comm::mpi::ireduce_scatter_sum: send and recv overlap; "
                        "reduce_scatter_sum needs separate buffers",
                        std::invalid_argument);
   world.barrier();  // every rank got here without communicating: no collective was left half-made
@@ -416,8 +485,8 @@ TEST_CASE("mpi: a count above INT_MAX is an error, not a silent overflow") {
   std::vector<float> small(1);
   // The span is never read: the count is checked before MPI is called.
   const std::span<float> too_long(small.data(), std::size_t{INT_MAX} + 1);
-  CHECK_THROWS_WITH_AS(world.broadcast(too_long, 0),
-                       doctest::Contains("kfsdp::comm::mpi::broadcast: data has 2147483648 "
+  CHECK_THROWS_WITH_AS(comm::broadcast(world, too_long, 0),
+                       doctest::Contains("kfsdp::comm::mpi::ibroadcast: data has 2147483648 "
                                          "elements, expected at most INT_MAX = 2147483647"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS((void)world.iall_reduce_sum(too_long),
@@ -425,8 +494,8 @@ TEST_CASE("mpi: a count above INT_MAX is an error, not a silent overflow") {
                                          "elements"),
                        std::invalid_argument);
   if (world.size() == 1) {  // size()*send.size() only matches the long recv at one rank
-    CHECK_THROWS_WITH_AS(world.all_gather(std::span<const float>(too_long), too_long),
-                         doctest::Contains("kfsdp::comm::mpi::all_gather: send has 2147483648 "
+    CHECK_THROWS_WITH_AS(comm::all_gather(world, std::span<const float>(too_long), too_long),
+                         doctest::Contains("kfsdp::comm::mpi::iall_gather: send has 2147483648 "
                                            "elements, expected at most INT_MAX"),
                          std::invalid_argument);
   }
@@ -487,7 +556,7 @@ TEST_CASE("mpi: with check_collectives, every collective works as without (and w
     const int ranks = world.size();
     const auto mine = contributions<double>(world.rank(), 3);
     std::vector<double> all(3 * static_cast<std::size_t>(ranks));
-    world.all_gather(std::span<const double>(mine), std::span(all));
+    comm::all_gather(world, std::span<const double>(mine), std::span(all));
     CHECK(all == gathered<double>(ranks, 3));
     world.iall_gather(std::span<const double>(mine), std::span(all)).wait();
     CHECK(all == gathered<double>(ranks, 3));
@@ -495,14 +564,14 @@ TEST_CASE("mpi: with check_collectives, every collective works as without (and w
       world.set_reduce_scatter_ring_min_bytes(ring_min);
       const auto send = contributions<double>(world.rank(), 5 * static_cast<std::size_t>(ranks));
       std::vector<double> recv(5);
-      world.reduce_scatter_sum(std::span<const double>(send), std::span(recv));
+      comm::reduce_scatter_sum(world, std::span<const double>(send), std::span(recv));
       CHECK(recv == scattered_sum<double>(world.rank(), ranks, 5));
       std::fill(recv.begin(), recv.end(), 0.0);
       world.ireduce_scatter_sum(std::span<const double>(send), std::span(recv)).wait();
       CHECK(recv == scattered_sum<double>(world.rank(), ranks, 5));
     }
     std::vector<float> value{float(world.rank() == ranks - 1 ? 7 : 0)};
-    world.broadcast(std::span(value), ranks - 1);
+    comm::broadcast(world, std::span(value), ranks - 1);
     CHECK(value[0] == 7.0f);
     std::vector<std::int64_t> extreme{world.rank()};
     world.all_reduce_max(std::span(extreme));
@@ -524,8 +593,8 @@ TEST_CASE("mpi: ranks calling different collectives throw collective_mismatch on
   std::vector<float> shard(2), full(2 * static_cast<std::size_t>(world.size()));
   std::vector<double> data(3);
   const auto mismatched = [&] {
-    if (world.rank() == 0) world.all_gather(std::span<const float>(shard), std::span(full));
-    else world.broadcast(std::span(data), 0);
+    if (world.rank() == 0) comm::all_gather(world, std::span<const float>(shard), std::span(full));
+    else comm::broadcast(world, std::span(data), 0);
   };
   CHECK_THROWS_WITH_AS(mismatched(),
       doctest::Contains(fmt::format("the ranks called different collectives (checked call 1 on this "
@@ -535,7 +604,7 @@ TEST_CASE("mpi: ranks calling different collectives throw collective_mismatch on
       comm::mpi::collective_mismatch);
   // The same collective with other sizes (a rank-dependent count): found too, nothing sent.
   std::vector<std::int64_t> counts(static_cast<std::size_t>(world.rank() == 0 ? 1 : 2));
-  CHECK_THROWS_WITH_AS(world.all_reduce_sum(std::span(counts)),
+  CHECK_THROWS_WITH_AS(comm::all_reduce_sum(world, std::span(counts)),
       doctest::Contains(fmt::format("all_reduce_sum(1 elements of 8 bytes) on rank 0; "
                                     "all_reduce_sum(2 elements of 8 bytes) on {}", others).c_str()),
       comm::mpi::collective_mismatch);
@@ -567,6 +636,78 @@ TEST_CASE("mpi: a collective that another rank does not call throws mpi::timeout
   int value = 1;
   MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   CHECK(value == world.size());
+}
+
+TEST_CASE("mpi: split into groups of two; collectives and agreement stay inside each group") {
+  comm::mpi world;
+  const int color = world.rank() / 2;  // at 4 ranks: {0, 1} and {2, 3}
+  comm::mpi group = world.split(color, world.rank());
+  const int group_size = std::min(2, world.size() - 2 * color);
+  CHECK(group.size() == group_size);
+  CHECK(group.rank() == world.rank() % 2);
+  CHECK(group.native() != world.native());
+
+  std::vector<std::int64_t> sum{world.rank()};
+  comm::all_reduce_sum(group, std::span(sum));
+  CHECK(sum[0] == (group_size == 2 ? 4 * color + 1 : 2 * color));
+
+  std::vector<float> gathered_ranks(static_cast<std::size_t>(group_size));
+  comm::all_gather(group, std::vector<float>{float(world.rank())}, std::span(gathered_ranks));
+  for (int q = 0; q < group_size; ++q) CHECK(gathered_ranks[std::size_t(q)] == float(2 * color + q));
+
+  const std::vector<kfsdp::bf16> ones(static_cast<std::size_t>(group_size), kfsdp::bf16(1.0F));
+  std::vector<kfsdp::bf16> reduced(1);
+  group.ireduce_scatter_sum(ones, std::span(reduced)).wait();
+  CHECK(reduced[0].to_float() == float(group_size));
+
+  // The groups hold different fingerprints: each agrees inside itself.
+  CHECK_NOTHROW(comm::check_agreement(group, std::uint64_t(color), "the group's color"));
+  if (group_size == 2) {
+    CHECK_THROWS_WITH_AS(comm::check_agreement(group, std::uint64_t(world.rank()), "the rank"),
+                         doctest::Contains(fmt::format("this rank ({} of 2)", group.rank()).c_str()),
+                         std::runtime_error);
+  }
+  if (world.size() >= 4) {
+    CHECK_THROWS_AS(comm::check_agreement(world, std::uint64_t(color), "the group's color"),
+                    std::runtime_error);
+  }
+  world.barrier();
+}
+
+TEST_CASE("mpi: split orders by key, keeps the options, and frees its communicator") {
+  comm::mpi world(MPI_COMM_WORLD, {.check_collectives = true, .timeout = std::chrono::seconds(60)});
+  world.set_reduce_scatter_ring_min_bytes(4321);
+  MPI_Comm native = MPI_COMM_NULL;
+  {
+    comm::mpi reversed = world.split(0, -world.rank());
+    CHECK(reversed.size() == world.size());
+    CHECK(reversed.rank() == world.size() - 1 - world.rank());
+    CHECK(reversed.options().check_collectives);
+    CHECK(reversed.options().timeout.count() == 60.0);
+    CHECK(reversed.reduce_scatter_ring_min_bytes() == 4321);
+    std::vector<double> from_root{double(world.rank())};
+    comm::broadcast(reversed, std::span(from_root), 0);  // the group's rank 0 is the last rank
+    CHECK(from_root[0] == double(world.size() - 1));
+    native = reversed.native();
+    comm::mpi moved = std::move(reversed);
+    CHECK(moved.native() == native);
+  }
+  CHECK(native != MPI_COMM_NULL);
+  CHECK_THROWS_WITH_AS((void)world.split(-1, 0),
+                       "kfsdp::comm::mpi::split: color is -1, expected color >= 0 (every rank "
+                       "joins a group)",
+                       std::invalid_argument);
+}
+
+TEST_CASE("mpi: split_shared gives the ranks of this node") {
+  comm::mpi world;
+  comm::mpi node = world.split_shared();
+  CHECK(node.size() == world.ranks_on_node());
+  CHECK(node.size() == world.size());  // the tests run on one machine
+  CHECK(node.rank() == world.rank());
+  std::vector<kfsdp::f16> one{kfsdp::f16(1.0F)};
+  comm::all_reduce_sum(node, std::span(one));
+  CHECK(one[0].to_float() == float(node.size()));
 }
 
 TEST_CASE("mpi_options: the defaults come from KFSDP_CHECK_COLLECTIVES and KFSDP_COLLECTIVE_TIMEOUT") {

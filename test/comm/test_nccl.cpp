@@ -1,6 +1,7 @@
 // Tests for include/kfsdp/comm/nccl.hpp (linked with kfsdp_nccl), under mpirun.
 // Without a GPU: construction throws on every rank, with a message naming the missing device.
-// With one GPU per rank: an all_gather (blocking and non-blocking) of rank-dependent data.
+// With one GPU per rank: an all_gather (blocking and non-blocking) of rank-dependent data, bf16
+// and f16 sums, and a split group.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
@@ -76,8 +77,8 @@ TEST_CASE("nccl: all_gather of rank-dependent data (one GPU per rank)") {
   comm::nccl gpus(world);
   CHECK(gpus.rank() == world.rank());
   CHECK(gpus.size() == world.size());
-  CHECK_THROWS_WITH_AS(gpus.broadcast(std::span<float>(), gpus.size()),
-                       doctest::Contains("kfsdp::comm::nccl::broadcast: root is"),
+  CHECK_THROWS_WITH_AS(comm::broadcast(gpus, std::span<float>(), gpus.size()),
+                       doctest::Contains("kfsdp::comm::nccl::ibroadcast: root is"),
                        std::invalid_argument);
 
   constexpr std::size_t count = 5;
@@ -93,7 +94,7 @@ TEST_CASE("nccl: all_gather of rank-dependent data (one GPU per rank)") {
   device_buffer<float> shard_on_device(count), full_on_device(count * ranks);
   REQUIRE(cudaMemcpy(shard_on_device.data, shard.data(), count * sizeof(float),
                      cudaMemcpyHostToDevice) == cudaSuccess);
-  gpus.all_gather(std::span<const float>(shard_on_device.span()), full_on_device.span());
+  comm::all_gather(gpus, std::span<const float>(shard_on_device.span()), full_on_device.span());
   REQUIRE(cudaMemcpy(full.data(), full_on_device.data, full.size() * sizeof(float),
                      cudaMemcpyDeviceToHost) == cudaSuccess);
   CHECK(full == expected);
@@ -108,5 +109,43 @@ TEST_CASE("nccl: all_gather of rank-dependent data (one GPU per rank)") {
   CHECK(full == expected);
 
   CHECK_NOTHROW(comm::check_agreement(gpus, 7, "the plan"));  // through host()
+  gpus.barrier();
+}
+
+static_assert(comm::moves_elements<comm::nccl, kfsdp::bf16>);
+static_assert(comm::moves_elements<comm::nccl, kfsdp::f16>);
+
+TEST_CASE_TEMPLATE("nccl: bf16 and f16 sums, and a split group (one GPU per rank)", T, kfsdp::bf16,
+                   kfsdp::f16) {
+  comm::mpi world;
+  const int devices = devices_on_every_rank(world);
+  if (devices == 0 || devices < world.size()) return;
+  comm::nccl gpus(world);
+  const auto ranks = static_cast<std::size_t>(gpus.size());
+  // Small integers: every partial sum is exact in both formats.
+  std::vector<T> ones(2 * ranks, T(1.0F)), reduced(2);
+  device_buffer<T> send_on_device(2 * ranks), recv_on_device(2);
+  REQUIRE(cudaMemcpy(send_on_device.data, ones.data(), ones.size() * sizeof(T),
+                     cudaMemcpyHostToDevice) == cudaSuccess);
+  comm::reduce_scatter_sum(gpus, std::span<const T>(send_on_device.span()), recv_on_device.span());
+  REQUIRE(cudaMemcpy(reduced.data(), recv_on_device.data, 2 * sizeof(T), cudaMemcpyDeviceToHost) ==
+          cudaSuccess);
+  for (const T& x : reduced) CHECK(x.to_float() == float(ranks));
+
+  // Groups of two ranks (one group at one rank): a sum inside each group.
+  comm::nccl pair = gpus.split(gpus.rank() / 2, gpus.rank());
+  CHECK(pair.rank() == gpus.rank() % 2);
+  std::vector<T> mine{T(float(gpus.rank() + 1))};
+  device_buffer<T> value_on_device(1);
+  REQUIRE(cudaMemcpy(value_on_device.data, mine.data(), sizeof(T), cudaMemcpyHostToDevice) ==
+          cudaSuccess);
+  comm::all_reduce_sum(pair, value_on_device.span());
+  REQUIRE(cudaMemcpy(mine.data(), value_on_device.data, sizeof(T), cudaMemcpyDeviceToHost) ==
+          cudaSuccess);
+  float expected = 0;
+  for (int r = 0; r < gpus.size(); ++r)
+    if (r / 2 == gpus.rank() / 2) expected += float(r + 1);
+  CHECK(mine[0].to_float() == expected);
+  CHECK_NOTHROW(comm::check_agreement(pair, std::uint64_t(gpus.rank() / 2), "the pair"));
   gpus.barrier();
 }

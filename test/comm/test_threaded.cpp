@@ -3,7 +3,10 @@
 
 #include <chrono>
 #include <numeric>
+#include <span>
 #include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <kfsdp/comm/mpi.hpp>
@@ -11,8 +14,30 @@
 
 using kfsdp::comm::mpi;
 using kfsdp::comm::threaded;
+namespace comm = kfsdp::comm;
 
 static_assert(kfsdp::comm::communicator<threaded<mpi>>);
+
+namespace {
+
+// A backend whose sums fail, to see the worker's exception come back through the request.
+struct failing_sums {
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  void barrier() {}
+  template <class T>
+  comm::request iall_reduce_sum(std::span<T> /*data*/) {
+    throw std::runtime_error("link down");
+  }
+};
+
+// Values as double, so that vectors of bf16 and f16 compare.
+template <class T>
+std::vector<double> values_of(const std::vector<T>& elements) {
+  return std::vector<double>(elements.begin(), elements.end());
+}
+
+}  // namespace
 
 TEST_CASE("collectives through the worker give the backend's results, in issue order") {
   mpi world;
@@ -35,6 +60,49 @@ TEST_CASE("collectives through the worker give the backend's results, in issue o
   overlapped.all_reduce_max(std::span<std::uint64_t>(m));
   CHECK(m[0] == std::uint64_t(n - 1));
   kfsdp::comm::check_agreement(overlapped, 7, "a constant");
+}
+
+TEST_CASE_TEMPLATE("bf16 and f16 through the worker: exact sums of small integers", T, kfsdp::bf16,
+                   kfsdp::f16) {
+  mpi world;
+  threaded overlapped(world);
+  const int n = overlapped.size(), r = overlapped.rank();
+  const auto ranks = std::size_t(n);
+  // Integers up to 64 with sums up to 4*64: exact in bf16 (8 bits) and f16 (11 bits).
+  std::vector<T> shard(3), full(3 * ranks);
+  for (std::size_t i = 0; i < 3; ++i) shard[i] = T(float(16 * r + int(i) + 1));
+  comm::all_gather(overlapped, shard, std::span(full));
+  for (int q = 0; q < n; ++q)
+    for (int i = 0; i < 3; ++i) CHECK(full[std::size_t(q * 3 + i)].to_float() == float(16 * q + i + 1));
+
+  std::vector<T> ones(2 * ranks, T(1.0F)), mine(2);
+  comm::reduce_scatter_sum(overlapped, ones, std::span(mine));
+  CHECK(values_of(mine) == std::vector<double>(2, double(n)));
+
+  std::vector<T> from_last(4, T(float(r)));
+  overlapped.ibroadcast(std::span(from_last), n - 1).wait();
+  CHECK(values_of(from_last) == std::vector<double>(4, double(n - 1)));
+
+  std::vector<T> total{T(float(r + 1))};
+  overlapped.iall_reduce_sum(std::span(total)).wait();
+  CHECK(total[0].to_float() == float(n * (n + 1) / 2));
+}
+
+TEST_CASE("an exception on the worker comes back from the request's wait (and test)") {
+  failing_sums backend;
+  threaded overlapped(backend);
+  std::vector<double> data(2);
+  CHECK_THROWS_WITH_AS(overlapped.iall_reduce_sum(std::span(data)).wait(), "link down",
+                       std::runtime_error);
+  comm::request polled = overlapped.iall_reduce_sum(std::span(data));
+  bool threw = false;
+  try {
+    while (!polled.test()) std::this_thread::yield();
+  } catch (const std::runtime_error& error) {
+    threw = std::string(error.what()) == "link down";
+  }
+  CHECK(threw);
+  CHECK_FALSE(polled.in_flight());
 }
 
 TEST_CASE("bad arguments throw at the call, before anything is queued") {

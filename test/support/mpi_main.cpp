@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
     // {ranks that failed, failing test cases summed over ranks}
     std::int64_t failures[2] = {this_rank_verdict != 0 ? 1 : 0,
                                 static_cast<std::int64_t>(this_rank_totals.numTestCasesFailed)};
-    world.all_reduce_sum(std::span<std::int64_t>(failures));
+    kfsdp::comm::all_reduce_sum(world, std::span<std::int64_t>(failures));
     if (failures[0] != 0) {
       verdict = 1;
       if (world.rank() == 0) {

@@ -6,7 +6,7 @@
 //
 //   kfsdp::comm::mpi world;                       // or self, or nccl
 //   kfsdp::comm::any_communicator comm(world);
-//   comm.all_gather(std::span<const float>(shard), std::span<float>(full));
+//   kfsdp::comm::all_gather(comm, std::span<const float>(shard), std::span<float>(full));
 
 #include <cstdint>
 #include <memory>
@@ -28,17 +28,8 @@ class any_communicator {
   [[nodiscard]] int size() const { return impl_->size(); }
   void barrier() { impl_->barrier(); }
 
-  template <class T>
-  void all_gather(std::span<const T> send, std::span<T> recv) { impl_->iall_gather(send, recv).wait(); }
-  template <class T>
-  void reduce_scatter_sum(std::span<const T> send, std::span<T> recv) {
-    impl_->ireduce_scatter_sum(send, recv).wait();
-  }
-  template <class T>
-  void broadcast(std::span<T> data, int root) { impl_->ibroadcast(data, root).wait(); }
-  template <class T>
-  void all_reduce_sum(std::span<T> data) { impl_->iall_reduce_sum(data).wait(); }
-
+  // The element types of the virtual calls below: float, double, bf16, f16. The blocking forms
+  // are communicator.hpp's free functions.
   template <class T>
   [[nodiscard]] request iall_gather(std::span<const T> send, std::span<T> recv) { return impl_->iall_gather(send, recv); }
   template <class T>
@@ -62,12 +53,20 @@ class any_communicator {
     virtual void barrier() = 0;
     virtual request iall_gather(std::span<const float>, std::span<float>) = 0;
     virtual request iall_gather(std::span<const double>, std::span<double>) = 0;
+    virtual request iall_gather(std::span<const bf16>, std::span<bf16>) = 0;
+    virtual request iall_gather(std::span<const f16>, std::span<f16>) = 0;
     virtual request ireduce_scatter_sum(std::span<const float>, std::span<float>) = 0;
     virtual request ireduce_scatter_sum(std::span<const double>, std::span<double>) = 0;
+    virtual request ireduce_scatter_sum(std::span<const bf16>, std::span<bf16>) = 0;
+    virtual request ireduce_scatter_sum(std::span<const f16>, std::span<f16>) = 0;
     virtual request ibroadcast(std::span<float>, int) = 0;
     virtual request ibroadcast(std::span<double>, int) = 0;
+    virtual request ibroadcast(std::span<bf16>, int) = 0;
+    virtual request ibroadcast(std::span<f16>, int) = 0;
     virtual request iall_reduce_sum(std::span<float>) = 0;
     virtual request iall_reduce_sum(std::span<double>) = 0;
+    virtual request iall_reduce_sum(std::span<bf16>) = 0;
+    virtual request iall_reduce_sum(std::span<f16>) = 0;
     virtual value_range range(std::uint64_t) = 0;
   };
 
@@ -79,16 +78,28 @@ class any_communicator {
     void barrier() override { backend.barrier(); }
     request iall_gather(std::span<const float> s, std::span<float> r) override { return backend.iall_gather(s, r); }
     request iall_gather(std::span<const double> s, std::span<double> r) override { return backend.iall_gather(s, r); }
+    request iall_gather(std::span<const bf16> s, std::span<bf16> r) override { return backend.iall_gather(s, r); }
+    request iall_gather(std::span<const f16> s, std::span<f16> r) override { return backend.iall_gather(s, r); }
     request ireduce_scatter_sum(std::span<const float> s, std::span<float> r) override {
       return backend.ireduce_scatter_sum(s, r);
     }
     request ireduce_scatter_sum(std::span<const double> s, std::span<double> r) override {
       return backend.ireduce_scatter_sum(s, r);
     }
+    request ireduce_scatter_sum(std::span<const bf16> s, std::span<bf16> r) override {
+      return backend.ireduce_scatter_sum(s, r);
+    }
+    request ireduce_scatter_sum(std::span<const f16> s, std::span<f16> r) override {
+      return backend.ireduce_scatter_sum(s, r);
+    }
     request ibroadcast(std::span<float> d, int root) override { return backend.ibroadcast(d, root); }
     request ibroadcast(std::span<double> d, int root) override { return backend.ibroadcast(d, root); }
+    request ibroadcast(std::span<bf16> d, int root) override { return backend.ibroadcast(d, root); }
+    request ibroadcast(std::span<f16> d, int root) override { return backend.ibroadcast(d, root); }
     request iall_reduce_sum(std::span<float> d) override { return backend.iall_reduce_sum(d); }
     request iall_reduce_sum(std::span<double> d) override { return backend.iall_reduce_sum(d); }
+    request iall_reduce_sum(std::span<bf16> d) override { return backend.iall_reduce_sum(d); }
+    request iall_reduce_sum(std::span<f16> d) override { return backend.iall_reduce_sum(d); }
     value_range range(std::uint64_t value) override { return kfsdp::comm::range_over_ranks(backend, value); }
     C& backend;
   };

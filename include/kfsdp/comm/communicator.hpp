@@ -11,6 +11,11 @@
 //     ...                                                            // overlap: compute meanwhile
 //     pending.wait();                                                // full is valid from here
 //   }
+//
+// The blocking collectives are free functions over a backend's non-blocking ones, written once
+// here for every backend: kfsdp::comm::all_gather(comm, shard, full) is
+// comm.iall_gather(shard, full).wait(), and so are reduce_scatter_sum, broadcast and
+// all_reduce_sum.
 
 #include <concepts>
 #include <cstdint>
@@ -24,14 +29,26 @@
 
 #include <fmt/format.h>
 
+#include <kfsdp/meta/half.hpp>
+
 namespace kfsdp::comm {
 
 // ---------------------------------------------------------------------------------------------
-// Element types that every backend moves: float and double for parameters and gradients,
-// std::int64_t and std::uint64_t for counts and agreement fingerprints.
+// Element types. Every backend moves (gathers, scatters, broadcasts and sums) all of element<T>;
+// it also takes the max and min of ordered_element<T>: float and double for parameters and
+// gradients, std::int64_t and std::uint64_t for counts and agreement fingerprints.
 template <class T>
-concept element = std::same_as<T, float> || std::same_as<T, double> ||
-                  std::same_as<T, std::int64_t> || std::same_as<T, std::uint64_t>;
+concept ordered_element = std::same_as<T, float> || std::same_as<T, double> ||
+                          std::same_as<T, std::int64_t> || std::same_as<T, std::uint64_t>;
+
+// The 16-bit floats kfsdp::bf16 and kfsdp::f16 (meta/half.hpp), moved and summed but not compared:
+// a sum adds two values in float and rounds the result to the 16-bit format once per addition,
+// as MPI's reduction tree and the ring do, so a sum over n ranks rounds n-1 times.
+template <class T>
+concept half_element = std::same_as<T, bf16> || std::same_as<T, f16>;
+
+template <class T>
+concept element = ordered_element<T> || half_element<T>;
 
 // ---------------------------------------------------------------------------------------------
 // What a backend puts behind a request: test() polls (true once the operation is complete and its
@@ -155,27 +172,34 @@ inline void wait_all(std::span<request> requests) {
 //
 // A type C models communicator when, for a value `c` of type C:
 //  1. c.rank() and c.size() return int, 0 <= rank() < size(), and they never change.
-//  2. c.all_gather(send, recv) with send: span<const T>, recv: span<T> needs
-//     recv.size() == size()*send.size(); afterwards recv = [rank 0's send | rank 1's | ...].
-//     send may alias recv only in place: send.data() == recv.data() + rank()*send.size().
-//  3. c.reduce_scatter_sum(send, recv) needs send.size() == size()*recv.size(); afterwards rank r's
-//     recv[i] = sum over ranks of send[r*recv.size() + i]. send and recv must not overlap.
-//  4. c.broadcast(data, root) needs 0 <= root < size(); afterwards every rank's data equals root's.
-//  5. c.all_reduce_sum(data) sums data in place over ranks, element by element.
-//  6. c.all_reduce_max(data) / c.all_reduce_min(data) take the element-wise max / min in place.
-//  7. c.barrier() returns on a rank only once every rank has called it.
-//  8. The i-prefixed forms of 2-5 (iall_gather, ireduce_scatter_sum, ibroadcast, iall_reduce_sum)
-//     return a request; the buffers belong to the communicator until that request completes.
+//  2. c.iall_gather(send, recv) with send: span<const T>, recv: span<T> needs
+//     recv.size() == size()*send.size(); once its request completes, recv = [rank 0's send |
+//     rank 1's | ...]. send may alias recv only in place: send.data() == recv.data() +
+//     rank()*send.size().
+//  3. c.ireduce_scatter_sum(send, recv) needs send.size() == size()*recv.size(); once its request
+//     completes, rank r's recv[i] = sum over ranks of send[r*recv.size() + i]. send and recv must
+//     not overlap.
+//  4. c.ibroadcast(data, root) needs 0 <= root < size(); once its request completes, every rank's
+//     data equals root's.
+//  5. c.iall_reduce_sum(data) sums data in place over ranks, element by element, once its request
+//     completes.
+//  6. 2-5 return a request; the buffers belong to the communicator until that request completes.
+//     The blocking all_gather, reduce_scatter_sum, broadcast and all_reduce_sum below are these
+//     followed by wait(); a backend does not write them.
+//  7. c.all_reduce_max(data) / c.all_reduce_min(data) take the element-wise max / min in place
+//     (blocking: agreement checks need nothing else).
+//  8. c.barrier() returns on a rank only once every rank has called it.
 //  9. Collectives are collective: every rank calls the same ones, in the same order, with the same
 //     sizes and root. (check_agreement below turns a mismatch into an error instead of a hang.)
 // 10. Bad arguments (a span of the wrong size, a root out of range, a forbidden overlap) throw
-//     std::invalid_argument before any communication; the message names the function, the
-//     parameter, the size seen and the size expected. Communication errors throw
-//     std::runtime_error (or a type derived from it).
-// 2-5 and 8 hold for T = float and double; 6 for T = std::int64_t and std::uint64_t (agreement
-// checks). A backend may offer more element types (every backend here offers all of element<T>).
-// A device backend's spans are device memory; "afterwards" then means on return of the blocking
-// form, or once the request completes.
+//     std::invalid_argument before any communication; the message names the function (the
+//     i-prefixed one, also when reached through a blocking free function), the parameter, the
+//     size seen and the size expected. Communication errors throw std::runtime_error (or a type
+//     derived from it).
+// 2-6 hold for T = float, double, bf16 and f16; 7 for T = std::int64_t and std::uint64_t
+// (agreement checks). A backend may offer more element types (every backend here offers 2-6 for
+// all of element<T>, and 7 for all of ordered_element<T>). A device backend's spans are device
+// memory; "completes" then means the request's wait() has returned.
 
 // 1.
 template <class C>
@@ -184,54 +208,86 @@ concept ranked = requires(const C& c) {
   { c.size() } -> std::same_as<int>;
 };
 
-// 2 and 8.
+// 2 and 6.
 template <class C, class T>
 concept gathers = requires(C& c, std::span<const T> send, std::span<T> recv) {
-  c.all_gather(send, recv);
   { c.iall_gather(send, recv) } -> std::same_as<request>;
 };
 
-// 3 and 8.
+// 3 and 6.
 template <class C, class T>
 concept reduce_scatters = requires(C& c, std::span<const T> send, std::span<T> recv) {
-  c.reduce_scatter_sum(send, recv);
   { c.ireduce_scatter_sum(send, recv) } -> std::same_as<request>;
 };
 
-// 4 and 8.
+// 4 and 6.
 template <class C, class T>
 concept broadcasts = requires(C& c, std::span<T> data, int root) {
-  c.broadcast(data, root);
   { c.ibroadcast(data, root) } -> std::same_as<request>;
 };
 
-// 5 and 8.
+// 5 and 6.
 template <class C, class T>
 concept all_reduces = requires(C& c, std::span<T> data) {
-  c.all_reduce_sum(data);
   { c.iall_reduce_sum(data) } -> std::same_as<request>;
 };
 
-// 6.
+// 7.
 template <class C, class T>
 concept reduces_extrema = requires(C& c, std::span<T> data) {
   c.all_reduce_max(data);
   c.all_reduce_min(data);
 };
 
-// 7.
+// 8.
 template <class C>
 concept synchronises = requires(C& c) { c.barrier(); };
 
-// 2-5 and 8 for one element type.
+// 2-6 for one element type.
 template <class C, class T>
 concept moves_elements = gathers<C, T> && reduce_scatters<C, T> && broadcasts<C, T> &&
                          all_reduces<C, T>;
 
 template <class C>
 concept communicator = ranked<C> && synchronises<C> && moves_elements<C, float> &&
-                       moves_elements<C, double> && reduces_extrema<C, std::int64_t> &&
+                       moves_elements<C, double> && moves_elements<C, bf16> &&
+                       moves_elements<C, f16> && reduces_extrema<C, std::int64_t> &&
                        reduces_extrema<C, std::uint64_t>;
+
+// ---------------------------------------------------------------------------------------------
+// The blocking collectives: a backend's non-blocking one, waited on. send is a non-deduced
+// parameter, so a std::vector or a span of mutable data converts.
+//
+//   kfsdp::comm::all_gather(comm, shard, std::span(full));   // = comm.iall_gather(...).wait()
+
+// Requirement 2: recv = [rank 0's send | rank 1's | ...].
+template <class C, element T>
+  requires gathers<C, T>
+void all_gather(C& comm, std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+  comm.template iall_gather<T>(send, recv).wait();
+}
+
+// Requirement 3: rank r's recv[i] = sum over ranks of send[r*recv.size() + i].
+template <class C, element T>
+  requires reduce_scatters<C, T>
+void reduce_scatter_sum(C& comm, std::span<const std::type_identity_t<T>> send,
+                        std::span<T> recv) {
+  comm.template ireduce_scatter_sum<T>(send, recv).wait();
+}
+
+// Requirement 4: every rank's data becomes root's.
+template <class C, element T>
+  requires broadcasts<C, T>
+void broadcast(C& comm, std::span<T> data, int root) {
+  comm.template ibroadcast<T>(data, root).wait();
+}
+
+// Requirement 5: data summed in place over ranks.
+template <class C, element T>
+  requires all_reduces<C, T>
+void all_reduce_sum(C& comm, std::span<T> data) {
+  comm.template iall_reduce_sum<T>(data).wait();
+}
 
 // A device backend (NCCL) whose spans live in device memory also offers host(): a communicator over
 // the same ranks for small host-memory values, which check_agreement uses.

@@ -12,7 +12,7 @@
 //     kfsdp::comm::mpi::environment mpi_up(argc, argv);    // MPI_Init_thread(FUNNELED), finalize
 //     kfsdp::comm::mpi world;                              // MPI_COMM_WORLD, duplicated
 //     std::vector<double> shard(4, world.rank()), full(4 * world.size());
-//     world.all_gather(shard, std::span(full));            // full = [0,0,0,0, 1,1,1,1, ...]
+//     kfsdp::comm::all_gather(world, shard, std::span(full));  // [0,0,0,0, 1,1,1,1, ...]
 //     kfsdp::comm::request pending = world.iall_reduce_sum(std::span(full));
 //     pending.wait();
 //   }
@@ -44,22 +44,70 @@ namespace kfsdp::comm {
 
 namespace detail {
 
-template <class T>
-MPI_Datatype mpi_datatype() noexcept;
-template <>
-inline MPI_Datatype mpi_datatype<float>() noexcept { return MPI_FLOAT; }
-template <>
-inline MPI_Datatype mpi_datatype<double>() noexcept { return MPI_DOUBLE; }
-template <>
-inline MPI_Datatype mpi_datatype<std::int64_t>() noexcept { return MPI_INT64_T; }
-template <>
-inline MPI_Datatype mpi_datatype<std::uint64_t>() noexcept { return MPI_UINT64_T; }
-
 inline std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "unknown MPI error";
   return std::string(text, static_cast<std::size_t>(length));
+}
+
+// Setting up the 16-bit datatype or sum operation failed (MPI is not running, or out of memory).
+inline void check_setup(int code, std::string_view mpi_call) {
+  if (code != MPI_SUCCESS) {
+    throw std::runtime_error(fmt::format("kfsdp::comm::mpi: {} failed: {} (MPI error code {})",
+                                         mpi_call, mpi_error_text(code), code));
+  }
+}
+
+// bf16 and f16 travel as one 2-byte datatype, committed on first use and kept until MPI ends
+// (MPI_Finalize frees it): MPI has no 16-bit float type of its own.
+inline MPI_Datatype two_byte_datatype() {
+  static const MPI_Datatype type = [] {
+    MPI_Datatype contiguous = MPI_DATATYPE_NULL;
+    check_setup(MPI_Type_contiguous(2, MPI_BYTE, &contiguous), "MPI_Type_contiguous");
+    check_setup(MPI_Type_commit(&contiguous), "MPI_Type_commit");
+    return contiguous;
+  }();
+  return type;
+}
+
+template <class T>
+MPI_Datatype mpi_datatype() {
+  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
+  else if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
+  else if constexpr (std::is_same_v<T, std::uint64_t>) return MPI_UINT64_T;
+  else return two_byte_datatype();  // bf16, f16
+}
+
+// One addition of the 16-bit formats: in float, rounded once to the format (half.hpp: to nearest,
+// ties to even). The MPI sum operation and the ring both add this way.
+template <half_element Half>
+Half add_in_float(Half a, Half b) {
+  return Half(a.to_float() + b.to_float());
+}
+
+// The MPI_User_function of a 16-bit sum: inout[i] = in[i] + inout[i].
+template <half_element Half>
+void half_sum(void* in, void* inout, int* length, MPI_Datatype* /*type*/) {
+  const Half* addend = static_cast<const Half*>(in);
+  Half* sum = static_cast<Half*>(inout);
+  for (int i = 0; i < *length; ++i) sum[i] = add_in_float(addend[i], sum[i]);
+}
+
+// MPI_SUM for MPI's own types; a commutative user operation, created on first use, for bf16, f16.
+template <class T>
+MPI_Op sum_operation() {
+  if constexpr (half_element<T>) {
+    static const MPI_Op sum = [] {
+      MPI_Op created = MPI_OP_NULL;
+      check_setup(MPI_Op_create(&half_sum<T>, /*commute=*/1, &created), "MPI_Op_create");
+      return created;
+    }();
+    return sum;
+  } else {
+    return MPI_SUM;
+  }
 }
 
 // What the ranks compare before a checked collective: the same on every rank, or a user's bug.
@@ -250,17 +298,37 @@ class mpi {
     return n;
   }
 
+  // Communicator groups. The ranks passing the same color form a new communicator, ranked by key
+  // (ties broken by rank()); collective over this communicator, and every rank must join a group
+  // (color >= 0). The group owns the MPI_Comm that MPI_Comm_split made and frees it; it keeps
+  // this communicator's options and ring threshold.
+  //
+  //   kfsdp::comm::mpi row = world.split(world.rank() / 2, world.rank());   // {0,1}, {2,3}, ...
+  [[nodiscard]] mpi split(int color, int key) const {
+    constexpr std::string_view function = "kfsdp::comm::mpi::split";
+    if (color < 0) {
+      throw std::invalid_argument(fmt::format(
+          "{}: color is {}, expected color >= 0 (every rank joins a group)", function, color));
+    }
+    MPI_Comm group = MPI_COMM_NULL;
+    check(MPI_Comm_split(comm_, color, key, &group), function, "MPI_Comm_split");
+    return mpi(adopt, group, *this, function);
+  }
+  // The ranks that share this rank's node (its memory), in this communicator's order:
+  // MPI_Comm_split_type(MPI_COMM_TYPE_SHARED); collective. Owned as split()'s result is.
+  [[nodiscard]] mpi split_shared() const {
+    constexpr std::string_view function = "kfsdp::comm::mpi::split_shared";
+    MPI_Comm node = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), function,
+          "MPI_Comm_split_type");
+    return mpi(adopt, node, *this, function);
+  }
+
+  // The collectives of the communicator concept; the blocking ones are communicator.hpp's free
+  // functions (comm::all_gather(world, ...) = world.iall_gather(...).wait()).
+  //
   // recv = [rank 0's send | rank 1's | ...]; recv.size() == size()*send.size(). In place when
   // send.data() == recv.data() + rank()*send.size(). send is non-deduced, so a vector converts.
-  template <element T>
-  void all_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    constexpr std::string_view function = "kfsdp::comm::mpi::all_gather";
-    if (timed()) return start_all_gather<T>(function, send, recv).wait();
-    const int count = prepare_all_gather<T>(function, send, recv);
-    check(MPI_Allgather(send_or_in_place(send, recv), count, detail::mpi_datatype<T>(),
-                        recv.data(), count, detail::mpi_datatype<T>(), comm_),
-          function, "MPI_Allgather");
-  }
   template <element T>
   [[nodiscard]] request iall_gather(std::span<const std::type_identity_t<T>> send,
                                     std::span<T> recv) {
@@ -273,17 +341,9 @@ class mpi {
   // Chunks of at least reduce_scatter_ring_min_bytes() (recv.size()*sizeof(T)) go through kfsdp's
   // ring (ring_reduce_scatter below), smaller ones through MPI_Reduce_scatter_block: OpenMPI 4.1's
   // reached only ~0.7 GB/s for 1-64 MiB chunks on shared memory. Either way the sum order is fixed
-  // by (size(), recv.size()), so the same inputs give the same bits on every run.
-  template <element T>
-  void reduce_scatter_sum(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    constexpr std::string_view function = "kfsdp::comm::mpi::reduce_scatter_sum";
-    if (timed() || uses_ring(recv.size_bytes()))
-      return start_reduce_scatter<T>(function, send, recv).wait();
-    const int count = prepare_reduce_scatter<T>(function, send, recv);
-    check(MPI_Reduce_scatter_block(send.data(), recv.data(), count, detail::mpi_datatype<T>(),
-                                   MPI_SUM, comm_),
-          function, "MPI_Reduce_scatter_block");
-  }
+  // by (size(), recv.size()), so the same inputs give the same bits on every run. bf16 and f16
+  // add in float and round once per addition (detail::add_in_float), on both paths.
+  //
   // The ring's request advances a round each time test() finds the previous one complete, and
   // wait() runs the remaining rounds; rounds only advance inside test() and wait().
   template <element T>
@@ -303,35 +363,24 @@ class mpi {
 
   // Every rank's data becomes root's; 0 <= root < size().
   template <element T>
-  void broadcast(std::span<T> data, int root) {
-    constexpr std::string_view function = "kfsdp::comm::mpi::broadcast";
-    if (timed()) return start_broadcast(function, data, root).wait();
-    const int count = prepare_broadcast(function, data, root);
-    check(MPI_Bcast(data.data(), count, detail::mpi_datatype<T>(), root, comm_), function,
-          "MPI_Bcast");
-  }
-  template <element T>
   [[nodiscard]] request ibroadcast(std::span<T> data, int root) {
     return start_broadcast("kfsdp::comm::mpi::ibroadcast", data, root);
   }
 
   // In place, element by element over ranks.
   template <element T>
-  void all_reduce_sum(std::span<T> data) {
-    all_reduce(data, detail::collective_kind::all_reduce_sum, "kfsdp::comm::mpi::all_reduce_sum");
-  }
-  template <element T>
-  void all_reduce_max(std::span<T> data) {
-    all_reduce(data, detail::collective_kind::all_reduce_max, "kfsdp::comm::mpi::all_reduce_max");
-  }
-  template <element T>
-  void all_reduce_min(std::span<T> data) {
-    all_reduce(data, detail::collective_kind::all_reduce_min, "kfsdp::comm::mpi::all_reduce_min");
-  }
-  template <element T>
   [[nodiscard]] request iall_reduce_sum(std::span<T> data) {
     return start_all_reduce(data, detail::collective_kind::all_reduce_sum,
                             "kfsdp::comm::mpi::iall_reduce_sum");
+  }
+  // Blocking (MPI_Allreduce): agreement checks make these, and wait for them at once.
+  template <ordered_element T>
+  void all_reduce_max(std::span<T> data) {
+    all_reduce(data, detail::collective_kind::all_reduce_max, "kfsdp::comm::mpi::all_reduce_max");
+  }
+  template <ordered_element T>
+  void all_reduce_min(std::span<T> data) {
+    all_reduce(data, detail::collective_kind::all_reduce_min, "kfsdp::comm::mpi::all_reduce_min");
   }
 
   void barrier() {
@@ -344,6 +393,21 @@ class mpi {
   }
 
  private:
+  // Takes ownership of `owned`, a communicator MPI just made from `parent` (split, split_shared).
+  struct adopt_t {};
+  static constexpr adopt_t adopt{};
+  mpi(adopt_t, MPI_Comm owned, const mpi& parent, std::string_view function)
+      : comm_(owned), ring_min_bytes_(parent.ring_min_bytes_), options_(parent.options_) {
+    try {
+      check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), function, "MPI_Comm_set_errhandler");
+      check(MPI_Comm_rank(comm_, &rank_), function, "MPI_Comm_rank");
+      check(MPI_Comm_size(comm_, &size_), function, "MPI_Comm_size");
+    } catch (...) {
+      free_communicator();  // a throwing constructor runs no destructor
+      throw;
+    }
+  }
+
   // What an mpi request waits on; `function` names the call that started it, for errors.
   // With a timeout, wait() polls test() until the deadline.
   struct pending_mpi_request {
@@ -514,9 +578,15 @@ class mpi {
       const T* own = own_block(block) + step.offset;
       const T* partial = scratch(finished_);
       T* sum = recv_ + step.offset;
-      for (std::size_t i = 0; i < step.length; ++i) sum[i] = partial[i] + own[i];
+      for (std::size_t i = 0; i < step.length; ++i) sum[i] = add(partial[i], own[i]);
       ++finished_;
       post_ready_steps();
+    }
+
+    // A 16-bit float adds in float and rounds once, as the MPI sum operation does.
+    static T add(T a, T b) {
+      if constexpr (half_element<T>) return detail::add_in_float(a, b);
+      else return a + b;
     }
 
     MPI_Comm comm_;
@@ -571,7 +641,7 @@ class mpi {
     return count;
   }
 
-  // The non-blocking forms; the blocking ones wait on them when a timeout is set.
+  // The non-blocking forms.
   template <class T>
   request start_all_gather(std::string_view function, std::span<const T> send, std::span<T> recv) {
     const int count = prepare_all_gather<T>(function, send, recv);
@@ -591,7 +661,7 @@ class mpi {
     }
     MPI_Request handle = MPI_REQUEST_NULL;
     check(MPI_Ireduce_scatter_block(send.data(), recv.data(), count, detail::mpi_datatype<T>(),
-                                    MPI_SUM, comm_, &handle),
+                                    detail::sum_operation<T>(), comm_, &handle),
           function, "MPI_Ireduce_scatter_block");
     return pending(handle, function);
   }
@@ -610,14 +680,15 @@ class mpi {
     verify_call(function, {kind, sizeof(T), data.size(), 0});
     MPI_Request handle = MPI_REQUEST_NULL;
     check(MPI_Iallreduce(MPI_IN_PLACE, data.data(), count, detail::mpi_datatype<T>(),
-                         operation_of(kind), comm_, &handle),
+                         operation_of<T>(kind), comm_, &handle),
           function, "MPI_Iallreduce");
     return pending(handle, function);
   }
-  static MPI_Op operation_of(detail::collective_kind kind) noexcept {
+  template <class T>
+  static MPI_Op operation_of(detail::collective_kind kind) {
     return kind == detail::collective_kind::all_reduce_max   ? MPI_MAX
            : kind == detail::collective_kind::all_reduce_min ? MPI_MIN
-                                                             : MPI_SUM;
+                                                             : detail::sum_operation<T>();
   }
 
   // MPI spells the in-place all-gather with MPI_IN_PLACE rather than an aliasing send buffer.
@@ -634,7 +705,7 @@ class mpi {
     const int count = detail::checked_int_count(function, "data", data.size());
     verify_call(function, {kind, sizeof(T), data.size(), 0});
     check(MPI_Allreduce(MPI_IN_PLACE, data.data(), count, detail::mpi_datatype<T>(),
-                        operation_of(kind), comm_),
+                        operation_of<T>(kind), comm_),
           function, "MPI_Allreduce");
   }
 

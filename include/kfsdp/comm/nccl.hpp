@@ -4,8 +4,8 @@
 // Opt-in, and free of CUDA flags: this header includes neither nccl.h nor a CUDA header (the NCCL
 // and CUDA calls live in the kfsdp_nccl library), so any C++ compiler can include it. Spans are
 // DEVICE memory. Collectives run on a dedicated communication stream; a blocking call returns
-// once its result is in device memory, a non-blocking one returns a request that records a CUDA
-// event on that stream.
+// once its result is in device memory (comm::all_gather(gpus, ...) waits on the request), a
+// non-blocking one returns a request that records a CUDA event on that stream.
 //
 // Ordering against your compute stream, with events (llm.c's overlap pattern):
 //
@@ -72,14 +72,9 @@ class nccl {
   // complete; the host does not block.
   void make_stream_wait(cuda_stream consumer);
 
-  // Device spans; requirements as in the communicator concept (communicator.hpp).
-  template <element T>
-  void all_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    constexpr std::string_view function = "kfsdp::comm::nccl::all_gather";
-    detail::check_all_gather(function, rank(), size(), send, recv);
-    issue_all_gather(send.data(), recv.data(), send.size(), kind_of<T>(), function);
-    synchronize(function);
-  }
+  // Device spans; requirements as in the communicator concept (communicator.hpp). The blocking
+  // forms are communicator.hpp's free functions: the request's wait() is cudaEventSynchronize.
+  // bf16 and f16 are ncclBfloat16 and ncclFloat16 (NCCL's own summation).
   template <element T>
   [[nodiscard]] request iall_gather(std::span<const std::type_identity_t<T>> send,
                                     std::span<T> recv) {
@@ -87,14 +82,6 @@ class nccl {
     detail::check_all_gather(function, rank(), size(), send, recv);
     issue_all_gather(send.data(), recv.data(), send.size(), kind_of<T>(), function);
     return record(function);
-  }
-
-  template <element T>
-  void reduce_scatter_sum(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    constexpr std::string_view function = "kfsdp::comm::nccl::reduce_scatter_sum";
-    detail::check_reduce_scatter(function, size(), send, recv);
-    issue_reduce_scatter_sum(send.data(), recv.data(), recv.size(), kind_of<T>(), function);
-    synchronize(function);
   }
   template <element T>
   [[nodiscard]] request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send,
@@ -104,14 +91,6 @@ class nccl {
     issue_reduce_scatter_sum(send.data(), recv.data(), recv.size(), kind_of<T>(), function);
     return record(function);
   }
-
-  template <element T>
-  void broadcast(std::span<T> data, int root) {
-    constexpr std::string_view function = "kfsdp::comm::nccl::broadcast";
-    detail::check_root(function, root, size());
-    issue_broadcast(data.data(), data.size(), kind_of<T>(), root, function);
-    synchronize(function);
-  }
   template <element T>
   [[nodiscard]] request ibroadcast(std::span<T> data, int root) {
     constexpr std::string_view function = "kfsdp::comm::nccl::ibroadcast";
@@ -119,37 +98,36 @@ class nccl {
     issue_broadcast(data.data(), data.size(), kind_of<T>(), root, function);
     return record(function);
   }
-
-  template <element T>
-  void all_reduce_sum(std::span<T> data) {
-    constexpr std::string_view function = "kfsdp::comm::nccl::all_reduce_sum";
-    issue_all_reduce(data.data(), data.size(), kind_of<T>(), reduction::sum, function);
-    synchronize(function);
-  }
   template <element T>
   [[nodiscard]] request iall_reduce_sum(std::span<T> data) {
     constexpr std::string_view function = "kfsdp::comm::nccl::iall_reduce_sum";
     issue_all_reduce(data.data(), data.size(), kind_of<T>(), reduction::sum, function);
     return record(function);
   }
-  template <element T>
+  // Blocking: the host waits for the communication stream.
+  template <ordered_element T>
   void all_reduce_max(std::span<T> data) {
     constexpr std::string_view function = "kfsdp::comm::nccl::all_reduce_max";
     issue_all_reduce(data.data(), data.size(), kind_of<T>(), reduction::max, function);
     synchronize(function);
   }
-  template <element T>
+  template <ordered_element T>
   void all_reduce_min(std::span<T> data) {
     constexpr std::string_view function = "kfsdp::comm::nccl::all_reduce_min";
     issue_all_reduce(data.data(), data.size(), kind_of<T>(), reduction::min, function);
     synchronize(function);
   }
 
+  // The ranks with the same color form a new communicator, ranked by key (ties by rank());
+  // collective. ncclCommSplit on the device side, mpi::split for host(); the group owns both.
+  // color must be >= 0 on every rank (no rank may opt out).
+  [[nodiscard]] nccl split(int color, int key) const;
+
   // Every rank's issued collectives are complete (the stream is drained, then an MPI barrier).
   void barrier();
 
  private:
-  enum class element_kind { float32, float64, int64, uint64 };
+  enum class element_kind { float32, float64, int64, uint64, bfloat16, float16 };
   enum class reduction { sum, max, min };
 
   template <class T>
@@ -157,7 +135,9 @@ class nccl {
     if constexpr (std::is_same_v<T, float>) return element_kind::float32;
     else if constexpr (std::is_same_v<T, double>) return element_kind::float64;
     else if constexpr (std::is_same_v<T, std::int64_t>) return element_kind::int64;
-    else return element_kind::uint64;
+    else if constexpr (std::is_same_v<T, std::uint64_t>) return element_kind::uint64;
+    else if constexpr (std::is_same_v<T, bf16>) return element_kind::bfloat16;
+    else return element_kind::float16;
   }
 
   void issue_all_gather(const void* send, void* recv, std::size_t send_count, element_kind kind,
@@ -168,12 +148,14 @@ class nccl {
                        std::string_view function);
   void issue_all_reduce(void* data, std::size_t count, element_kind kind, reduction operation,
                         std::string_view function);
-  // Host waits for the communication stream (the blocking forms).
+  // Host waits for the communication stream (all_reduce_max, all_reduce_min).
   void synchronize(std::string_view function);
   // A request on an event recorded now on the communication stream (the non-blocking forms).
   request record(std::string_view function);
 
   struct device_state;  // ncclComm_t, the stream, the device: defined in src/comm/nccl.cpp
+  // A group made by split(): adopts its host communicator and its device state.
+  nccl(mpi host, std::unique_ptr<device_state> state) noexcept;
   mpi host_;
   std::unique_ptr<device_state> state_;
 };

@@ -1,10 +1,11 @@
 #pragma once
 // kfsdp::comm::self — the one-rank communicator: no MPI, every collective is a copy (or nothing),
-// and every request is complete when it is returned. For tests, examples and single-process runs.
+// and every request is complete when it is returned; the blocking collectives are
+// communicator.hpp's free functions. For tests, examples and single-process runs.
 //
 //   kfsdp::comm::self comm;
 //   std::vector<float> shard{1, 2}, full(2);
-//   comm.all_gather(shard, std::span(full));                 // full == {1, 2}
+//   kfsdp::comm::all_gather(comm, shard, std::span(full));   // full == {1, 2}
 //   kfsdp::comm::check_agreement(comm, 42, "the plan");     // one rank always agrees
 
 #include <algorithm>
@@ -23,11 +24,6 @@ class self {
 
   // send is a non-deduced parameter, so a std::vector or a span<T> of mutable data converts.
   template <element T>
-  void all_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    detail::check_all_gather("kfsdp::comm::self::all_gather", rank(), size(), send, recv);
-    copy(send, recv);
-  }
-  template <element T>
   [[nodiscard]] request iall_gather(std::span<const std::type_identity_t<T>> send,
                                     std::span<T> recv) {
     detail::check_all_gather("kfsdp::comm::self::iall_gather", rank(), size(), send, recv);
@@ -35,11 +31,6 @@ class self {
     return {};
   }
 
-  template <element T>
-  void reduce_scatter_sum(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    detail::check_reduce_scatter("kfsdp::comm::self::reduce_scatter_sum", size(), send, recv);
-    copy(send, recv);
-  }
   template <element T>
   [[nodiscard]] request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send,
                                             std::span<T> recv) {
@@ -49,10 +40,6 @@ class self {
   }
 
   template <element T>
-  void broadcast(std::span<T> /*data*/, int root) {
-    detail::check_root("kfsdp::comm::self::broadcast", root, size());
-  }
-  template <element T>
   [[nodiscard]] request ibroadcast(std::span<T> /*data*/, int root) {
     detail::check_root("kfsdp::comm::self::ibroadcast", root, size());
     return {};
@@ -60,14 +47,12 @@ class self {
 
   // Over one rank a sum, max or min leaves the data as it is.
   template <element T>
-  void all_reduce_sum(std::span<T> /*data*/) {}
-  template <element T>
   [[nodiscard]] request iall_reduce_sum(std::span<T> /*data*/) {
     return {};
   }
-  template <element T>
+  template <ordered_element T>
   void all_reduce_max(std::span<T> /*data*/) {}
-  template <element T>
+  template <ordered_element T>
   void all_reduce_min(std::span<T> /*data*/) {}
 
   void barrier() noexcept {}

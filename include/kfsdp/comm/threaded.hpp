@@ -13,11 +13,12 @@
 //   compute();                                   // the all-gather runs meanwhile
 //   pending.wait();
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
 #include <functional>
-#include <memory>
+#include <future>
 #include <mutex>
 #include <span>
 #include <thread>
@@ -49,76 +50,71 @@ class threaded {
 
   void barrier() { submit([this] { backend_.barrier(); }).wait(); }
 
+  // Arguments are checked here, on the caller's thread, not later on the worker. The worker runs
+  // the backend's blocking form (comm::all_gather etc.); a bf16 or f16 sum is the backend's.
   template <element T>
-  request iall_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    detail::check_all_gather<T>("kfsdp::comm::threaded::iall_gather", rank(), size(), send, recv);  // here, not later
-    return submit([this, send, recv] { backend_.all_gather(send, recv); });
+  [[nodiscard]] request iall_gather(std::span<const std::type_identity_t<T>> send,
+                                    std::span<T> recv) {
+    detail::check_all_gather<T>("kfsdp::comm::threaded::iall_gather", rank(), size(), send, recv);
+    return submit([this, send, recv] { comm::all_gather<C, T>(backend_, send, recv); });
   }
   template <element T>
-  request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    detail::check_reduce_scatter<T>("kfsdp::comm::threaded::ireduce_scatter_sum", size(), send, recv);
-    return submit([this, send, recv] { backend_.reduce_scatter_sum(send, recv); });
+  [[nodiscard]] request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send,
+                                            std::span<T> recv) {
+    detail::check_reduce_scatter<T>("kfsdp::comm::threaded::ireduce_scatter_sum", size(), send,
+                                    recv);
+    return submit([this, send, recv] { comm::reduce_scatter_sum<C, T>(backend_, send, recv); });
   }
   template <element T>
-  request ibroadcast(std::span<T> data, int root) {
+  [[nodiscard]] request ibroadcast(std::span<T> data, int root) {
     detail::check_root("kfsdp::comm::threaded::ibroadcast", root, size());
-    return submit([this, data, root] { backend_.broadcast(data, root); });
+    return submit([this, data, root] { comm::broadcast<C, T>(backend_, data, root); });
   }
   template <element T>
-  request iall_reduce_sum(std::span<T> data) {
-    return submit([this, data] { backend_.all_reduce_sum(data); });
+  [[nodiscard]] request iall_reduce_sum(std::span<T> data) {
+    return submit([this, data] { comm::all_reduce_sum<C, T>(backend_, data); });
   }
 
-  template <element T>
-  void all_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) { iall_gather<T>(send, recv).wait(); }
-  template <element T>
-  void reduce_scatter_sum(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    ireduce_scatter_sum<T>(send, recv).wait();
+  template <ordered_element T>
+  void all_reduce_max(std::span<T> data) {
+    submit([this, data] { backend_.all_reduce_max(data); }).wait();
   }
-  template <element T>
-  void broadcast(std::span<T> data, int root) { ibroadcast(data, root).wait(); }
-  template <element T>
-  void all_reduce_sum(std::span<T> data) { iall_reduce_sum(data).wait(); }
-  template <element T>
-  void all_reduce_max(std::span<T> data) { submit([this, data] { backend_.all_reduce_max(data); }).wait(); }
-  template <element T>
-  void all_reduce_min(std::span<T> data) { submit([this, data] { backend_.all_reduce_min(data); }).wait(); }
+  template <ordered_element T>
+  void all_reduce_min(std::span<T> data) {
+    submit([this, data] { backend_.all_reduce_min(data); }).wait();
+  }
 
  private:
-  // What a request waits on: set by the worker when the task ran (or threw).
-  struct completion {
-    std::mutex mutex;
-    std::condition_variable done_signal;
-    bool done = false;
-    std::exception_ptr error;
-  };
+  // What a request waits on: the future of the task's promise, set by the worker when the task
+  // ran (or threw). test() polls with a zero timeout; get() rethrows the task's exception.
   struct pending_task {
-    std::shared_ptr<completion> state;
+    std::future<void> done;
     bool test() {
-      std::lock_guard lock(state->mutex);
-      if (state->done && state->error) std::rethrow_exception(state->error);
-      return state->done;
+      if (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+      done.get();
+      return true;
     }
-    void wait() {
-      std::unique_lock lock(state->mutex);
-      state->done_signal.wait(lock, [&] { return state->done; });
-      if (state->error) std::rethrow_exception(state->error);
-    }
+    void wait() { done.get(); }
+  };
+  struct queued_task {
+    std::function<void()> work;
+    std::promise<void> done;
   };
 
   request submit(std::function<void()> work) {
-    auto state = std::make_shared<completion>();
+    queued_task task{std::move(work), {}};
+    std::future<void> done = task.done.get_future();
     {
       std::lock_guard lock(mutex_);
-      queue_.push_back({std::move(work), state});
+      queue_.push_back(std::move(task));
     }
     wake_.notify_one();
-    return request(pending_task{std::move(state)});
+    return request(pending_task{std::move(done)});
   }
 
   void serve() {
     for (;;) {
-      std::pair<std::function<void()>, std::shared_ptr<completion>> task;
+      queued_task task;
       {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -126,25 +122,19 @@ class threaded {
         task = std::move(queue_.front());
         queue_.pop_front();
       }
-      std::exception_ptr error;
       try {
-        task.first();
+        task.work();
+        task.done.set_value();
       } catch (...) {
-        error = std::current_exception();
+        task.done.set_exception(std::current_exception());
       }
-      {
-        std::lock_guard lock(task.second->mutex);
-        task.second->done = true;
-        task.second->error = error;
-      }
-      task.second->done_signal.notify_all();
     }
   }
 
   C& backend_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::pair<std::function<void()>, std::shared_ptr<completion>>> queue_;
+  std::deque<queued_task> queue_;
   bool stopping_ = false;
   std::thread worker_;  // last: starts once everything it uses exists
 };
