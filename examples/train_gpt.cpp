@@ -54,6 +54,7 @@ struct settings {
   std::size_t save_every = 0;
   std::string backend;
   std::size_t hybrid_shard = 0;  // ranks per shard group (HSDP); 0: flat
+  bool hybrid_node = false;      // --hybrid-shard node: a shard group per node
   bool overlap = true;
   kfsdp::trainer_options training;
   kfsdp::gpt_config model;
@@ -83,7 +84,8 @@ cli make_cli() {
       .flag("broadcast-from", "", "rank whose initial weights everyone starts from")
       .flag("param-dtype", "scalar", "what the all-gathered parameters travel in: scalar (--dtype) | bf16 | f16")
       .flag("reduce-dtype", "scalar", "what the gradient reduce-scatters travel in: scalar (--dtype) | bf16 | f16")
-      .flag("hybrid-shard", "0", "HSDP: shard within groups of this many consecutive ranks, replicate across groups (0: flat FSDP)")
+      .flag("hybrid-shard", "0", "HSDP: shard within groups of this many consecutive ranks, or within each node (node), "
+                                 "replicate across groups (0: flat FSDP)")
       .flag("gradient-division", "after", "where gradients are divided by the ranks around the SUM: after | before | split (FSDP1)")
       .flag("save", "", "write weights + optimizer state here (safetensors) at the end")
       .flag("save-every", "0", "with --save: also every k steps (0: only at the end)")
@@ -123,7 +125,8 @@ settings read(const cli& c, int world_size) {
   s.fsdp.bucketing_strategy = kfsdp::parse_bucketing(c.str("bucketing"));
   if (!c.str("broadcast-from").empty()) s.fsdp.broadcast_from = static_cast<int>(c.size("broadcast-from"));
   s.fsdp.gradient_division = kfsdp::parse_gradient_division(c.str("gradient-division"));
-  s.hybrid_shard = c.size("hybrid-shard");
+  s.hybrid_node = c.str("hybrid-shard") == "node";
+  s.hybrid_shard = s.hybrid_node ? 0 : c.size("hybrid-shard");
   s.fsdp.param_dtype = kfsdp::parse_wire_precision(c.str("param-dtype"));
   s.fsdp.reduce_dtype = kfsdp::parse_wire_precision(c.str("reduce-dtype"));
   s.overlap = kfsdp::examples::read_schedule_flags(c, s.fsdp);
@@ -145,7 +148,7 @@ settings read(const cli& c, int world_size) {
   if (s.eval_windows > 0 && !s.metrics.empty()) fail("--metrics and --eval both given: --eval trains no steps");
   if (s.hybrid_shard > 0 && std::size_t(world_size) % s.hybrid_shard != 0)
     fail(fmt::format("--hybrid-shard is {}, expected a divisor of the {} ranks", s.hybrid_shard, world_size));
-  if (s.hybrid_shard > 0 && s.backend != "mpi") fail("--hybrid-shard works with --backend mpi only for now");
+  if ((s.hybrid_shard > 0 || s.hybrid_node) && s.backend != "mpi") fail("--hybrid-shard works with --backend mpi only for now");
   return s;
 }
 
@@ -204,20 +207,25 @@ kfsdp::memory_need check_fits(const settings& s, kfsdp::comm::mpi& world) {
 }
 
 template <class Scalar>
-int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_file& metrics) {
+int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics_file& metrics) {
+  settings s = given;
+  if (s.hybrid_node) {  // a shard group per node: every node must hold as many ranks
+    s.hybrid_shard = std::size_t(world.ranks_on_node());
+    kfsdp::comm::check_agreement(world, s.hybrid_shard, "the ranks per node (--hybrid-shard node)");
+  }
   const kfsdp::memory_need need = check_fits<Scalar>(s, world);
   const bool root = world.rank() == 0;
   const auto data = kfsdp::io::text_windows::from_file(s.data, s.model.seq);
   const auto model = kfsdp::make_gpt(s.model);
   const std::size_t ws = std::size_t(world.size());
 
-  // HSDP: shard groups of consecutive ranks (a node's, when they fill nodes), and across them the
-  // ranks holding the same shard.
+  // HSDP: shard groups of consecutive ranks, or the ranks of each node; across them, the ranks
+  // holding the same shard (the same rank in their group).
   const int group = int(s.hybrid_shard);
   std::optional<kfsdp::comm::mpi> shard_group, replicas;
   if (group > 0) {
-    shard_group.emplace(world.split(world.rank() / group, world.rank()));
-    replicas.emplace(world.split(world.rank() % group, world.rank()));
+    shard_group.emplace(s.hybrid_node ? world.split_shared() : world.split(world.rank() / group, world.rank()));
+    replicas.emplace(world.split(shard_group->rank(), world.rank()));
   }
   kfsdp::comm::mpi& sharding = shard_group ? *shard_group : world;
   // Overlap: the engine's collectives go through a worker thread that keeps them progressing.

@@ -58,6 +58,8 @@ with tempfile.TemporaryDirectory() as tmp:
             flags = ('--steps', '3', '--sharding', sharding, '--bucketing', bucketing)
             check(close(losses(run(4, *flags, '--hybrid-shard', '2')), ref, 1e-10) and
                   close(losses(run(4, *flags)), ref, 1e-10), f'HSDP 2 x 2 ({sharding}, {bucketing}) trains like flat FSDP at 4 ranks and 1 rank')
+    check(close(losses(run(4, '--steps', '3', '--hybrid-shard', 'node')), ref, 1e-10),
+          'HSDP with a shard group per node (one node of 4: flat) trains like 1 rank')
     # A checkpoint written under HSDP (the first shard group writes) resumes flat at 1, 3 and 4 ranks
     # and under HSDP again, as the straight HSDP run goes on.
     hsdp = ('--sharding', 'zero3', '--bucketing', 'block', '--hybrid-shard', '2')
