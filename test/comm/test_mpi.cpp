@@ -609,6 +609,17 @@ TEST_CASE("mpi: ranks calling different collectives throw collective_mismatch on
                                     "all_reduce_sum(2 elements of 8 bytes) on {}", others).c_str()),
       comm::mpi::collective_mismatch);
   CHECK_THROWS_AS(world.iall_reduce_sum(std::span(counts)), comm::mpi::collective_mismatch);
+  // Two element types of the same size: bf16 on rank 0, f16 elsewhere.
+  std::vector<kfsdp::bf16> brain(2, kfsdp::bf16(1.0f));
+  std::vector<kfsdp::f16> half(2, kfsdp::f16(1.0f));
+  const auto mixed_halves = [&] {
+    if (world.rank() == 0) comm::all_reduce_sum(world, std::span(brain));
+    else comm::all_reduce_sum(world, std::span(half));
+  };
+  CHECK_THROWS_WITH_AS(mixed_halves(),
+      doctest::Contains(fmt::format("all_reduce_sum(2 elements of 2 bytes (bf16)) on rank 0; "
+                                    "all_reduce_sum(2 elements of 2 bytes (f16)) on {}", others).c_str()),
+      comm::mpi::collective_mismatch);
   // Nothing was left in flight: the communicator goes on.
   CHECK_NOTHROW(world.barrier());
 }

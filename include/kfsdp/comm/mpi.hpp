@@ -114,9 +114,18 @@ MPI_Op sum_operation() {
 enum class collective_kind : std::uint64_t {
   all_gather, reduce_scatter_sum, broadcast, all_reduce_sum, all_reduce_max, all_reduce_min, barrier
 };
+// What the ranks compare of an element type: its bytes, and for the two 2-byte floating-point
+// formats a tag, so that bf16 on one rank against f16 on another is a mismatch too.
+constexpr std::uint64_t half_tag_bf16 = 0x100, half_tag_f16 = 0x200;
+template <class T>
+constexpr std::uint64_t element_code() {
+  if constexpr (std::is_same_v<T, bf16>) return sizeof(T) | half_tag_bf16;
+  else if constexpr (std::is_same_v<T, f16>) return sizeof(T) | half_tag_f16;
+  else return sizeof(T);
+}
 struct collective_call {
   collective_kind kind;
-  std::uint64_t element_bytes;  // 0 for a barrier
+  std::uint64_t element_bytes;  // element_code<T>(); 0 for a barrier
   std::uint64_t count;          // per rank for all_gather (send) and reduce_scatter_sum (recv)
   std::uint64_t root;           // broadcast only
   friend bool operator==(const collective_call&, const collective_call&) = default;
@@ -127,7 +136,9 @@ inline std::string describe(const collective_call& call) {
                                         "barrier"};
   const std::string_view name = names[static_cast<std::size_t>(call.kind)];
   if (call.kind == collective_kind::barrier) return fmt::format("{}()", name);
-  const std::string elements = fmt::format("{} elements of {} bytes", call.count, call.element_bytes);
+  const std::uint64_t tag = call.element_bytes & (half_tag_bf16 | half_tag_f16);
+  const std::string elements = fmt::format("{} elements of {} bytes{}", call.count, call.element_bytes & 0xff,
+                                           tag == half_tag_bf16 ? " (bf16)" : tag == half_tag_f16 ? " (f16)" : "");
   if (call.kind == collective_kind::broadcast)
     return fmt::format("{}({}, root {})", name, elements, call.root);
   const bool per_rank = call.kind == collective_kind::all_gather ||
@@ -621,7 +632,7 @@ class mpi {
   int prepare_all_gather(std::string_view function, std::span<const T> send, std::span<T> recv) {
     detail::check_all_gather(function, rank_, size_, send, recv);
     const int count = detail::checked_int_count(function, "send", send.size());
-    verify_call(function, {detail::collective_kind::all_gather, sizeof(T), send.size(), 0});
+    verify_call(function, {detail::collective_kind::all_gather, detail::element_code<T>(), send.size(), 0});
     return count;
   }
   template <class T>
@@ -629,14 +640,14 @@ class mpi {
                              std::span<T> recv) {
     detail::check_reduce_scatter(function, size_, send, recv);
     const int count = detail::checked_int_count(function, "recv", recv.size());
-    verify_call(function, {detail::collective_kind::reduce_scatter_sum, sizeof(T), recv.size(), 0});
+    verify_call(function, {detail::collective_kind::reduce_scatter_sum, detail::element_code<T>(), recv.size(), 0});
     return count;
   }
   template <class T>
   int prepare_broadcast(std::string_view function, std::span<T> data, int root) {
     detail::check_root(function, root, size_);
     const int count = detail::checked_int_count(function, "data", data.size());
-    verify_call(function, {detail::collective_kind::broadcast, sizeof(T), data.size(),
+    verify_call(function, {detail::collective_kind::broadcast, detail::element_code<T>(), data.size(),
                            static_cast<std::uint64_t>(root)});
     return count;
   }
@@ -677,7 +688,7 @@ class mpi {
   request start_all_reduce(std::span<T> data, detail::collective_kind kind,
                            std::string_view function) {
     const int count = detail::checked_int_count(function, "data", data.size());
-    verify_call(function, {kind, sizeof(T), data.size(), 0});
+    verify_call(function, {kind, detail::element_code<T>(), data.size(), 0});
     MPI_Request handle = MPI_REQUEST_NULL;
     check(MPI_Iallreduce(MPI_IN_PLACE, data.data(), count, detail::mpi_datatype<T>(),
                          operation_of<T>(kind), comm_, &handle),
@@ -703,7 +714,7 @@ class mpi {
   void all_reduce(std::span<T> data, detail::collective_kind kind, std::string_view function) {
     if (timed()) return start_all_reduce(data, kind, function).wait();
     const int count = detail::checked_int_count(function, "data", data.size());
-    verify_call(function, {kind, sizeof(T), data.size(), 0});
+    verify_call(function, {kind, detail::element_code<T>(), data.size(), 0});
     check(MPI_Allreduce(MPI_IN_PLACE, data.data(), count, detail::mpi_datatype<T>(),
                         operation_of<T>(kind), comm_),
           function, "MPI_Allreduce");
