@@ -72,6 +72,7 @@ fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_commun
   for (std::size_t p = 0; p < table_.size(); ++p) index_.emplace(std::string(table_[p].name.view()), p);
   shards_ = sharded_storage<Scalar>(plan_, "kfsdp::shards");
   grads_ = sharded_storage<Scalar>(plan_, "kfsdp::grads");
+  division_ = division_of(options_.gradient_division, std::size_t(data_parallel_size()));
   context_.param_dtype = options_.param_dtype;
   context_.reduce_dtype = options_.reduce_dtype;
   units_.reserve(plan_.buckets.size());
@@ -176,16 +177,14 @@ typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_grad(std::size
 template <class Scalar>
 void fsdp_engine<Scalar>::begin_reduce_gradients(std::size_t b) {
   check_bucket(b, "begin_reduce_gradients");
-  const division_factors division = division_of(options_.gradient_division, std::size_t(data_parallel_size()));
-  if (units_[b].grads() != grad_phase::reducing) units_[b].begin_reduce(context_, Scalar(division.before));
+  if (units_[b].grads() != grad_phase::reducing) units_[b].begin_reduce(context_, Scalar(division_.before));
 }
 
 template <class Scalar>
 void fsdp_engine<Scalar>::finish_reduce_gradients(std::size_t b) {
   check_bucket(b, "finish_reduce_gradients");
   // The average over ranks: as if one process had seen the global batch with a mean loss.
-  const division_factors division = division_of(options_.gradient_division, std::size_t(data_parallel_size()));
-  if (units_[b].grads() == grad_phase::reducing) units_[b].finish_reduce(context_, Scalar(division.after));
+  if (units_[b].grads() == grad_phase::reducing) units_[b].finish_reduce(context_, Scalar(division_.after));
 }
 
 template <class Scalar>

@@ -183,6 +183,7 @@ class fsdp_engine {
   int rank_ = 0;
   int world_size_ = 1;
   int replica_count_ = 1;
+  division_factors division_;  // the gradients' factors around the SUM, fixed by the options and ranks
   shard_plan plan_;
   shard_mapping map_{plan_};
   std::unordered_map<std::string, std::size_t> index_;
