@@ -45,6 +45,8 @@
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/sgd.hpp>
 
+#include "roofline.hpp"
+
 namespace {
 
 using view = Kokkos::View<float*>;
@@ -78,19 +80,7 @@ bench_options parse_options(int argc, char** argv) {
   return options;
 }
 
-// Median wall time of `timed` over repeats, after one warm-up run.
-double median_seconds(std::size_t repeats, const std::function<void()>& timed) {
-  timed();
-  std::vector<double> seconds(repeats);
-  for (double& s : seconds) {
-    const auto start = std::chrono::steady_clock::now();
-    timed();
-    Kokkos::fence();
-    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-  std::nth_element(seconds.begin(), seconds.begin() + static_cast<std::ptrdiff_t>(repeats / 2), seconds.end());
-  return seconds[repeats / 2];
-}
+using kfsdp::bench::median_seconds;
 
 void print_row(std::string_view kernel, std::size_t bytes, double bytes_touched, double kfsdp_seconds,
                double plain_seconds) {
@@ -276,15 +266,9 @@ void print_kernel(std::string_view name, double seconds, double flops, double by
 }
 
 reference_rates measure_references(std::size_t repeats) {
-  // A linear layer without bias is one sgemm (KokkosBlas::gemm, "N", "T", beta 0) after its shape checks.
-  const kfsdp::nn::linear<float> sgemm{std::size_t(dim), std::size_t(3 * dim), /*has_bias=*/false};
-  const matrix a = random_matrix("a", tokens, dim, 1), b = random_matrix("b", 3 * dim, dim, 2);
-  const matrix c("c", tokens, 3 * dim);
-  kfsdp::nn::linear<float>::cache cache;
-  const double gemm = median_seconds(repeats, [&] { sgemm.forward({b}, a, c, cache); });
   const view source = filled("source", 256 * 1024, 1.0F), target = filled("target", 256 * 1024, 0.0F);
   const double copy = median_seconds(repeats, [&] { Kokkos::deep_copy(target, source); });
-  return {2.0 * tokens * dim * 3 * dim / gemm, 2.0 * double(source.span()) * sizeof(float) / copy};
+  return {kfsdp::bench::sgemm_rate(tokens, dim, repeats), 2.0 * double(source.span()) * sizeof(float) / copy};
 }
 
 void bench_linear(std::string_view name, int in, int out, int per_step, std::size_t repeats, const reference_rates& ref) {

@@ -10,6 +10,9 @@
 // of load from elsewhere on the machine does not fall on one of them alone. A step starts after a
 // barrier and lasts until the slowest rank is done; the table shows the median over every timed
 // step of every round. tokens/s = batch · seq / median step time (the global batch).
+// GFLOP/s per rank = the step's credited FLOPs (bench/roofline.hpp) / median step time / ranks,
+// against the single-core sgemm measured in the same run (before and after the steps, every rank
+// at once; the better of the two), at c_attn's product over one rank's tokens.
 //
 // Memory per rank (bytes, the most over ranks and timed steps):
 //   measured = engine.memory(): sharded_params + sharded_grads + unsharded_peak, plus the AdamW
@@ -60,6 +63,7 @@
 
 #include "../examples/cli.hpp"
 #include "../examples/mpi_program.hpp"
+#include "roofline.hpp"
 
 namespace {
 
@@ -256,6 +260,11 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
                "({} tokens/step), overlap {}, limit_all_gathers {}; {} rounds of {} warm-up + {} timed steps per combination\n",
                ws, s.model.layers, s.model.dim, s.model.heads, s.model.seq, s.dtype, adamw_states, s.batch,
                s.batch * s.model.seq, s.overlap ? "on" : "off", s.schedule.limit_all_gathers, s.rounds, s.warmup, s.steps);
+  // The sgemm rate of this run, at c_attn's product over one rank's tokens, on every rank at once
+  // (as the step runs) before and after the steps; the best of them, so that %sgemm is not flattered.
+  const std::size_t rank_tokens = s.batch / ws * s.model.seq;
+  const auto sgemm_now = [&] { return max_over_ranks(comm, kfsdp::bench::sgemm_rate(rank_tokens, s.model.dim, 50)); };
+  const double sgemm_before = sgemm_now();
   std::vector<result> results;
   std::vector<kfsdp::fsdp_options> combinations;
   for (const kfsdp::bucketing b : s.bucketings)
@@ -282,8 +291,19 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
       }
     }
 
+  const double sgemm_after = sgemm_now(), sgemm = std::max(sgemm_before, sgemm_after);
+  const double step_flops = kfsdp::bench::gpt_step_flops(s.model, s.batch * s.model.seq);
+
   if (root && !results.empty()) {
     const std::size_t psi = results.front().psi;
+    fmt::print("\nsgemm {}x{} * {}x{} (one rank's c_attn product), per core, in this run: {:.2f} GFLOP/s before the "
+               "steps, {:.2f} after (the best of the ranks); the step is credited with {:.4f} GFLOP (bench/roofline.hpp)\n",
+               rank_tokens, s.model.dim, s.model.dim, 3 * s.model.dim, sgemm_before / 1e9, sgemm_after / 1e9, step_flops / 1e9);
+    for (const result& r : results) {
+      const double per_rank = step_flops / median(r.seconds) / double(ws);
+      fmt::print("  {} / {}: {:.2f} GFLOP/s per rank = {:.1f} % of the better sgemm\n", kfsdp::to_string(r.sharding),
+                 kfsdp::to_string(r.bucketing), per_rank / 1e9, 100 * per_rank / sgemm);
+    }
     fmt::print("\nPsi = {} bytes ({:.3f} MiB) padded parameters; shard {} bytes per rank\n", psi, mib(psi), psi / ws);
     fmt::print("{:<6} {:<6} {:>7} {:>9} {:>10} {:>10} {:>10} {:>7} {:>10} {:>10} {:>7} {:>10} {:>10} {:>7}\n", "shard",
                "bucket", "buckets", "step ms", "tokens/s", "peak MiB", "theory", "ratio", "unshard", "theory", "ratio",
