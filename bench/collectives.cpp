@@ -1,11 +1,13 @@
 // bench/collectives — one bucket's collectives in kfsdp against raw MPI on the same bytes.
 //
 // For each shard size S (bytes per rank, float, powers of 4 from --min-bytes to --max-bytes):
-//   all-gather:     kfsdp fsdp_engine::unshard (allocate + all-gather + unpack when k > 1),
+//   all-gather:     kfsdp fsdp_engine::unshard (one all-gather per parameter of the bucket, each
+//                   into its place: no unpack; the buffer from the engine's pool),
 //                   kfsdp::comm::all_gather over mpi alone (= iall_gather + wait), raw
 //                   MPI_Allgather and raw MPI_Iallgather + MPI_Wait;
-//   reduce-scatter: kfsdp fsdp_engine::reduce_gradients (pack when k > 1 + reduce-scatter +
-//                   average into the gradient shard), kfsdp::comm::reduce_scatter_sum over mpi
+//   reduce-scatter: kfsdp fsdp_engine::reduce_gradients after zero_grad, as in every step (one
+//                   reduce-scatter per parameter, straight from its gradient into the gradient
+//                   shard, then the division by the ranks), kfsdp::comm::reduce_scatter_sum over mpi
 //                   alone (the ring above its threshold), raw MPI_Reduce_scatter_block and raw
 //                   MPI_Ireduce_scatter_block + MPI_Wait.
 // The two raw columns show what a blocking MPI call would save over kfsdp's non-blocking one.
@@ -208,7 +210,8 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
     gather.engine = median_seconds(world, repeats, [&] { engine.reshard(0); },
                                    [&] { engine.unshard(0); });
     engine.reshard(0);
-    const auto fill_full_grads = [&] {
+    const auto fill_full_grads = [&] {  // a step's backward: zero_grad, then the gradients
+      engine.zero_grad();
       for (std::size_t p = 0; p < options.bucket_params; ++p)
         Kokkos::deep_copy(engine.full_grad(p), 1.0F);
     };

@@ -105,7 +105,7 @@ void bench_pack(std::size_t bytes, std::size_t repeats) {
   plan.world_size = ranks;
   for (std::size_t p = 0; p < params; ++p)
     plan.params.push_back({.dim0 = chunk * ranks, .row_numel = 1, .chunk_rows = chunk, .bucket = 0,
-                           .bucket_offset = p * chunk, .storage_offset = p * chunk, .full_offset = p * chunk * ranks});
+                           .bucket_offset = p * chunk, .storage_offset = p * chunk});
   plan.buckets = {{.first_param = 0, .param_count = params, .shard_numel = shard, .full_numel = numel}};
   const kfsdp::shard_mapping map(plan);
   const view gathered = filled("gathered", numel, 1.0F), unpacked = filled("unpacked", numel, 0.0F);

@@ -118,6 +118,7 @@ using kfsdp::comm::request_state;
 using kfsdp::comm::synchronises;
 using kfsdp::comm::value_range;
 using kfsdp::comm::wait_all;
+using kfsdp::comm::when_all;
 }
 #ifdef KFSDP_MODULE_MPI
 // <kfsdp/comm/mpi.hpp>
@@ -205,11 +206,11 @@ using kfsdp::kernels::accumulate_scaled;
 using kfsdp::kernels::accumulate_wire_scaled;
 using kfsdp::kernels::fill_init;
 using kfsdp::kernels::flat_view;
+using kfsdp::kernels::from_wire;
 using kfsdp::kernels::pack_param;
 using kfsdp::kernels::param_init;
 using kfsdp::kernels::to_wire;
 using kfsdp::kernels::unpack_param;
-using kfsdp::kernels::unpack_wire_param;
 }
 // <kfsdp/fsdp/storage.hpp>
 export namespace kfsdp {

@@ -49,15 +49,9 @@ void to_wire(flat_view<const Scalar> in, Scalar scale, flat_view<Wire> out) {
 }
 
 template <class Scalar, class Wire>
-void unpack_wire_param(flat_view<const Wire> gathered, const shard_mapping& map, std::size_t p, flat_view<Scalar> unpacked) {
-  for (std::size_t rank = 0; rank < map.world_size(); ++rank) {
-    const index_range to = map.unpacked(p, rank);
-    if (to.count == 0) break;  // this rank and the later ones hold only padding
-    const std::size_t from = map.gathered(p, rank).first, first = to.first;
-    Kokkos::parallel_for("kfsdp::unpack_wire_param", range(0, to.count), KOKKOS_LAMBDA(std::size_t i) {
-      unpacked(first + i) = Scalar(float(gathered(from + i)));
-    });
-  }
+void from_wire(flat_view<const Wire> in, flat_view<Scalar> out) {
+  Kokkos::parallel_for("kfsdp::from_wire", range(0, in.extent(0)),
+                       KOKKOS_LAMBDA(std::size_t i) { out(i) = Scalar(float(in(i))); });
 }
 
 template <class Scalar, class Wire>
@@ -115,8 +109,7 @@ KFSDP_PACK_INSTANTIATE(double)
 
 #define KFSDP_WIRE_INSTANTIATE(Scalar, Wire)                                                               \
   template void to_wire<Scalar, Wire>(flat_view<const Scalar>, Scalar, flat_view<Wire>);                     \
-  template void unpack_wire_param<Scalar, Wire>(flat_view<const Wire>, const shard_mapping&, std::size_t, \
-                                                flat_view<Scalar>);                                        \
+  template void from_wire<Scalar, Wire>(flat_view<const Wire>, flat_view<Scalar>);                          \
   template void accumulate_wire_scaled<Scalar, Wire>(flat_view<Scalar>, flat_view<const Wire>, Scalar);
 KFSDP_WIRE_INSTANTIATE(float, bf16)
 KFSDP_WIRE_INSTANTIATE(float, f16)

@@ -4,6 +4,7 @@
 // shard and receives into a buffer of the wire type. Those buffers come from the same pool as
 // the Scalar ones, as Scalar views big enough for the wire elements, seen through wire_view.
 #include <stdexcept>
+#include <vector>
 
 #include <KokkosBlas1_scal.hpp>
 #include <fmt/format.h>
@@ -52,15 +53,30 @@ typename bucket_unit<Scalar>::view bucket_unit<Scalar>::acquire_wire(unit_contex
 }
 
 template <class Scalar>
+template <class T, class Issue, class From, class To>
+comm::request bucket_unit<Scalar>::per_param(const Kokkos::View<T*>& from, const Kokkos::View<T*>& to, Issue issue,
+                                             From from_range, To to_range) const {
+  std::vector<comm::request> parts;
+  parts.reserve(param_count_);
+  for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p)
+    parts.push_back(issue(const_span_of(Kokkos::subview(from, from_range(p).pair())),
+                          span_of(Kokkos::subview(to, to_range(p).pair()))));
+  return comm::when_all(std::move(parts));
+}
+
+template <class Scalar>
 void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
   if (params_ != param_phase::sharded) wrong_phase("begin its all-gather", to_string(params_), "sharded");
   const view local = ctx.shards.bucket(bucket_);
   const std::size_t numel = ctx.map.gathered_numel(bucket_);
   gathered_as_ = ctx.param_dtype;
   gathered_ = acquire_wire(ctx, "kfsdp::gathered", numel, gathered_as_);
+  const auto chunk = [&](std::size_t p) { return ctx.map.bucket_chunk(p); };
+  const auto padded = [&](std::size_t p) { return ctx.map.padded(p); };
+  const auto all_gather = [&](auto send, auto recv) { return ctx.comm.iall_gather(send, recv); };
   if (gathered_as_ == wire_precision::scalar) {
     if (ctx.trace) gather_issued_at_ = ctx.trace->now();
-    gather_pending_ = ctx.comm.iall_gather(const_span_of(local), span_of(gathered_));
+    gather_pending_ = per_param(local, gathered_, all_gather, chunk, padded);
   } else {
     with_wire(gathered_as_, [&]<class Wire>(Wire) {
       send_ = acquire_wire(ctx, "kfsdp::gather_send", local.extent(0), gathered_as_);
@@ -68,7 +84,7 @@ void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
       kernels::to_wire<Scalar, Wire>(local, Scalar(1), send);
       Kokkos::fence();
       if (ctx.trace) gather_issued_at_ = ctx.trace->now();
-      gather_pending_ = ctx.comm.iall_gather(const_span_of(send), span_of(wire_view<Wire>(gathered_, numel)));
+      gather_pending_ = per_param(send, wire_view<Wire>(gathered_, numel), all_gather, chunk, padded);
     });
   }
   gather_bytes_ = numel * wire_bytes(gathered_as_, sizeof(Scalar));
@@ -89,17 +105,11 @@ void bucket_unit<Scalar>::finish_gather(unit_context<Scalar>& ctx) {
   if (!unpacks()) return;
   const trace_recorder::scope region(ctx.trace, "unpack", "compute", trace_recorder::compute_lane,
                                      std::int64_t(bucket_), 0);
-  unpacked_ = ctx.pool.acquire("kfsdp::unpacked", ctx.map.plan().buckets[bucket_].full_numel);
-  if (gathered_as_ == wire_precision::scalar) {
-    for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p)
-      kernels::unpack_param<Scalar>(gathered_, ctx.map, p, unpacked_);
-  } else {
-    with_wire(gathered_as_, [&]<class Wire>(Wire) {
-      const auto gathered = wire_view<Wire>(gathered_, ctx.map.gathered_numel(bucket_));
-      for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p)
-        kernels::unpack_wire_param<Scalar, Wire>(gathered, ctx.map, p, unpacked_);
-    });
-  }
+  const std::size_t numel = ctx.map.gathered_numel(bucket_);
+  unpacked_ = ctx.pool.acquire("kfsdp::unpacked", numel);
+  with_wire(gathered_as_, [&]<class Wire>(Wire) {
+    kernels::from_wire<Scalar, Wire>(wire_view<Wire>(gathered_, numel), unpacked_);
+  });
   Kokkos::fence();
   ctx.pool.release(gathered_);
 }
@@ -116,7 +126,6 @@ void bucket_unit<Scalar>::free(unit_context<Scalar>& ctx) {
 template <class Scalar>
 typename bucket_unit<Scalar>::view bucket_unit<Scalar>::param(const unit_context<Scalar>& ctx, std::size_t p) const {
   if (params_ != param_phase::unsharded) wrong_phase("hand out a parameter", to_string(params_), "unsharded");
-  // A one-parameter bucket's gathered buffer (in Scalar) is the padded parameter: its real rows come first.
   return Kokkos::subview(unpacks() ? unpacked_ : gathered_, ctx.map.unpacked(p).pair());
 }
 
@@ -124,9 +133,9 @@ template <class Scalar>
 typename bucket_unit<Scalar>::view bucket_unit<Scalar>::grad(unit_context<Scalar>& ctx, std::size_t p) {
   if (grads_ == grad_phase::reducing) wrong_phase("hand out a gradient", to_string(grads_), "none or accumulating");
   if (grads_ == grad_phase::none) {
-    // One parameter: the padded layout, so the buffer is the reduce-scatter's input as it is.
-    const std::size_t n = single() ? ctx.map.padded_numel(p) : ctx.map.plan().buckets[bucket_].full_numel;
-    full_grads_ = ctx.pool.acquire("kfsdp::full_grads", n, buffer_pool<Scalar>::fill::zeros);  // padding stays zero
+    // The unpacked layout, padding included: each parameter's reduce-scatter reads it as it is.
+    full_grads_ = ctx.pool.acquire("kfsdp::full_grads", ctx.map.gathered_numel(bucket_),
+                                   buffer_pool<Scalar>::fill::zeros);  // padding stays zero
     grads_ = grad_phase::accumulating;
   }
   return Kokkos::subview(full_grads_, ctx.map.unpacked(p).pair());
@@ -137,33 +146,28 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before)
   if (grads_ == grad_phase::reducing) wrong_phase("begin its reduce-scatter", to_string(grads_), "none or accumulating");
   if (grads_ == grad_phase::none) (void)grad(ctx, first_param_);  // no gradient reached it: zeros
   const std::size_t shard = ctx.map.bucket(bucket_).count, numel = ctx.map.gathered_numel(bucket_);
-  packed_grads_ = full_grads_;  // one parameter: already in the padded layout
-  if (!single()) {
-    packed_grads_ = ctx.pool.acquire("kfsdp::packed_grads", numel);
-    for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p)
-      kernels::pack_param<Scalar>(full_grads_, ctx.map, p, packed_grads_);
-    ctx.pool.release(full_grads_);
-  }
+  const auto padded = [&](std::size_t p) { return ctx.map.padded(p); };
+  const auto chunk = [&](std::size_t p) { return ctx.map.bucket_chunk(p); };
+  const auto reduce_scatter = [&](auto send, auto recv) { return ctx.comm.ireduce_scatter_sum(send, recv); };
   reduced_as_ = ctx.reduce_dtype;
-  reduced_grads_ = acquire_wire(ctx, "kfsdp::reduced_grads", shard, reduced_as_);
+  // A zero gradient shard receives the sums itself: the add would only copy them.
+  reduces_in_place_ = shard_grads_zero_ && reduced_as_ == wire_precision::scalar;
+  reduced_grads_ = reduces_in_place_ ? ctx.grads.bucket(bucket_) : acquire_wire(ctx, "kfsdp::reduced_grads", shard, reduced_as_);
   if (reduced_as_ == wire_precision::scalar) {
-    if (before != Scalar(1)) KokkosBlas::scal(packed_grads_, before, packed_grads_);
+    if (before != Scalar(1)) KokkosBlas::scal(full_grads_, before, full_grads_);
     Kokkos::fence();
     if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
-    reduce_pending_ = ctx.comm.ireduce_scatter_sum(const_span_of(packed_grads_), span_of(reduced_grads_));
+    reduce_pending_ = per_param(full_grads_, reduced_grads_, reduce_scatter, padded, chunk);
   } else {
     with_wire(reduced_as_, [&]<class Wire>(Wire) {
       // Divided in Scalar, then rounded once: the wire copy replaces the Scalar one.
-      view wire_packed = acquire_wire(ctx, "kfsdp::packed_grads_wire", numel, reduced_as_);
-      kernels::to_wire<Scalar, Wire>(packed_grads_, before, wire_view<Wire>(wire_packed, numel));
+      packed_grads_ = acquire_wire(ctx, "kfsdp::packed_grads_wire", numel, reduced_as_);
+      kernels::to_wire<Scalar, Wire>(full_grads_, before, wire_view<Wire>(packed_grads_, numel));
       Kokkos::fence();
-      if (packed_grads_.data() == full_grads_.data()) packed_grads_ = view();  // the same buffer: release it once
-      ctx.pool.release(packed_grads_);
       ctx.pool.release(full_grads_);
-      packed_grads_ = wire_packed;
       if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
-      reduce_pending_ = ctx.comm.ireduce_scatter_sum(const_span_of(wire_view<Wire>(packed_grads_, numel)),
-                                                     span_of(wire_view<Wire>(reduced_grads_, shard)));
+      reduce_pending_ = per_param(wire_view<Wire>(packed_grads_, numel), wire_view<Wire>(reduced_grads_, shard),
+                                  reduce_scatter, padded, chunk);
     });
   }
   reduce_bytes_ = numel * wire_bytes(reduced_as_, sizeof(Scalar));
@@ -191,7 +195,10 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx, Scalar after)
     }
     ctx.bytes_communicated += shard.extent(0) * wire_bytes(reduced_as_, sizeof(Scalar));
   }
-  if (reduced_as_ == wire_precision::scalar) {
+  if (reduces_in_place_) {
+    if (after != Scalar(1)) KokkosBlas::scal(shard, after, shard);
+    reduced_grads_ = view();  // the storage's, not the pool's
+  } else if (reduced_as_ == wire_precision::scalar) {
     kernels::accumulate_scaled<Scalar>(shard, reduced_grads_, after);
   } else {
     with_wire(reduced_as_, [&]<class Wire>(Wire) {
@@ -199,8 +206,8 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx, Scalar after)
     });
   }
   Kokkos::fence();
+  shard_grads_zero_ = false;
   ctx.pool.release(reduced_grads_);
-  if (packed_grads_.data() == full_grads_.data()) packed_grads_ = view();  // the same buffer: count it once
   ctx.pool.release(packed_grads_);
   ctx.pool.release(full_grads_);
 }

@@ -207,6 +207,7 @@ void fsdp_engine<Scalar>::sum_over_ranks(std::span<double> values) {
 template <class Scalar>
 void fsdp_engine<Scalar>::zero_grad() {
   Kokkos::deep_copy(grads_.flat(), Scalar(0));
+  for (auto& unit : units_) unit.set_shard_grads_zero(true);  // the next reductions write, not add
 }
 
 template <class Scalar>

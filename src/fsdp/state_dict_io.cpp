@@ -43,7 +43,7 @@ class fsdp_engine<Scalar>::state_dict_io {
       const bucket_shard& bucket = e_.plan_.buckets[b];
       flat_view packed = e_.pool_.acquire("kfsdp::broadcast", e_.map_.gathered_numel(b));
       if (e_.rank_ == root) {
-        flat_view unpacked = e_.pool_.acquire("kfsdp::broadcast_full", bucket.full_numel);
+        flat_view unpacked = e_.pool_.acquire("kfsdp::broadcast_full", e_.map_.gathered_numel(b));
         for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p) {
           fill(p, Kokkos::subview(unpacked, e_.map_.unpacked(p).pair()));
           kernels::pack_param<Scalar>(unpacked, e_.map_, p, packed);

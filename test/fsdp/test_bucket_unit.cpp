@@ -54,7 +54,9 @@ TEST_CASE("the parameters go sharded → gathering → unsharded → sharded, an
   const auto bias = testing::to_host(unit.param(f.context, 1));
   CHECK(bias.size() == 13);
   CHECK(bias.front() == 2.0);
-  CHECK(f.pool.live_bytes() == 65 * sizeof(double));  // the unpacked bucket; the gathered one is back in the pool
+  // One buffer, the parameters in place where their all-gathers wrote them: no unpacked copy.
+  CHECK(f.pool.live_bytes() == f.map.gathered_numel(0) * sizeof(double));
+  CHECK(unit.param(f.context, 1).data() == unit.param(f.context, 0).data() + f.map.padded(1).first);
   unit.free(f.context);
   CHECK(unit.params() == param_phase::sharded);
   CHECK(f.pool.live_bytes() == 0);
@@ -82,5 +84,23 @@ TEST_CASE("the gradients go none → accumulating → reducing → none; no grad
   unit.begin_reduce(f.context);  // nothing accumulated: the bucket reduces zeros
   unit.finish_reduce(f.context, 1.0);
   CHECK(testing::to_host(f.grads.bucket(1)).front() == 1.5);
+  CHECK(f.pool.live_bytes() == 0);
+}
+
+TEST_CASE("a zero gradient shard receives the sums itself; otherwise they are added") {
+  fixture f;
+  bucket_unit<double> unit(1, f.map);
+  Kokkos::deep_copy(f.grads.bucket(1), 7.0);
+  unit.set_shard_grads_zero(true);  // as zero_grad says: the 7s are not read
+  Kokkos::deep_copy(unit.grad(f.context, 2), 3.0);
+  unit.begin_reduce(f.context);
+  CHECK(f.pool.live_bytes() == f.map.gathered_numel(1) * sizeof(double));  // the full gradients only
+  unit.finish_reduce(f.context, 0.5);
+  CHECK(testing::to_host(f.grads.bucket(1)).front() == 1.5);  // written: 3 · 0.5
+  Kokkos::deep_copy(unit.grad(f.context, 2), 3.0);            // a second micro-batch adds
+  unit.begin_reduce(f.context);
+  CHECK(f.pool.live_bytes() == (f.map.gathered_numel(1) + f.map.bucket(1).count) * sizeof(double));
+  unit.finish_reduce(f.context, 0.5);
+  CHECK(testing::to_host(f.grads.bucket(1)).front() == 3.0);  // 1.5 + 3 · 0.5
   CHECK(f.pool.live_bytes() == 0);
 }

@@ -162,6 +162,27 @@ TEST_CASE("overlap_reduce_scatter = false finishes each unit's reduce-scatters a
   CHECK(peak(false) < peak(true));
 }
 
+TEST_CASE("after zero_grad the reductions write the gradient shards; written through grads() they add") {
+  comm::self one;
+  fsdp<four_block_gpt, float, zero2, block_bucketing> e(four_block_gpt{}, one, {});
+  const auto reduce_ones = [&] {
+    for (std::size_t p = 0; p < e.plan().params.size(); ++p) Kokkos::deep_copy(e.full_grad(p), 1.0f);
+    for (std::size_t b = 0; b < e.plan().buckets.size(); ++b) e.reduce_gradients(b);
+  };
+  const auto every_grad_is = [&](float want) {
+    for (float x : testing::to_host(e.grads().flat())) CHECK(x == want);
+  };
+  e.zero_grad();
+  reduce_ones();
+  every_grad_is(1.0f);
+  reduce_ones();  // a second micro-batch adds
+  every_grad_is(2.0f);
+  e.zero_grad();
+  Kokkos::deep_copy(e.grads().flat(), 5.0f);  // a write after zero_grad is kept
+  reduce_ones();
+  every_grad_is(6.0f);
+}
+
 TEST_CASE("with_fsdp dispatches Thunder's options to the policies") {
   comm::self one;
   const auto model = make_gpt({.layers = 1, .dim = 4, .heads = 1, .seq = 3});

@@ -14,23 +14,24 @@ using namespace kfsdp;
 
 TEST_CASE("unpack lays the ranks' chunks back in order and drops padding; pack is its inverse") {
   const std::size_t ws = 3, stride = 30, offset = 7;  // S = 30: this parameter's chunks at offset 7
-  // A plan whose bucket 0 holds other parameters around this one: 4 elements of them come first
-  // unpacked (full_offset 4), 7 first in each rank's shard (bucket_offset 7).
+  // A plan whose bucket 0 holds other parameters around this one: 7 elements of them come first in
+  // each rank's shard (bucket_offset 7), so 3 · 7 = 21 first in the unpacked buffer.
   shard_plan plan;
   plan.world_size = ws;
   plan.params = {param_shard{.dim0 = 13, .row_numel = 4, .chunk_rows = 5, .padding_rows = 2, .bucket = 0,
-                             .bucket_offset = offset, .storage_offset = offset, .full_offset = 4}};
+                             .bucket_offset = offset, .storage_offset = offset}};
   plan.buckets = {bucket_shard{.first_param = 0, .param_count = 1, .shard_numel = stride, .storage_offset = 0,
-                               .full_numel = 4 + 52}};
+                               .full_numel = 52}};
   const shard_mapping map(plan);
   Kokkos::View<double*> gathered("gathered", ws * stride);
   auto host = Kokkos::create_mirror_view(gathered);
   for (std::size_t i = 0; i < host.extent(0); ++i) host(i) = double(i);
   Kokkos::deep_copy(gathered, host);
-  Kokkos::View<double*> unpacked("unpacked", 4 + 52);
+  Kokkos::View<double*> unpacked("unpacked", ws * stride);
+  CHECK(map.unpacked(0) == index_range{21, 52});
   kernels::unpack_param<double>(gathered, map, 0, unpacked);
   const auto full = testing::to_host(unpacked);
-  for (std::size_t j = 0; j < 52; ++j) CHECK(full[4 + j] == double((j / 20) * stride + offset + j % 20));
+  for (std::size_t j = 0; j < 52; ++j) CHECK(full[21 + j] == double((j / 20) * stride + offset + j % 20));
   CHECK(full[0] == 0.0);  // outside the slot: untouched
 
   Kokkos::View<double*> packed("packed", ws * stride);

@@ -27,9 +27,6 @@ TEST_CASE("the worked example of shard_plan.hpp") {
   CHECK(plan.shard_numel == 39);
   CHECK(plan.full_numel == 52 + 13 + 13 + 1);
   CHECK(plan.padding_numel == 2 * 4 + 2 + 2 * 13 + 2);
-  // The unpacked buffers: each bucket's full, unpadded parameters back to back.
-  CHECK(plan.params[1].full_offset == 52);
-  CHECK(plan.params[3].full_offset == 13);
   CHECK(plan.buckets[0].full_numel == 65);
   CHECK(plan.buckets[1].full_numel == 14);
 }
@@ -44,8 +41,10 @@ TEST_CASE("the worked example of shard_mapping.hpp") {
   CHECK(map.chunk(1) == index_range{20, 5});
   CHECK(map.bucket(1) == index_range{25, 14});
   CHECK(map.gathered(1, 1) == index_range{45, 5});
-  CHECK(map.unpacked(1) == index_range{52, 13});
-  CHECK(map.unpacked(1, 2) == index_range{62, 3});
+  CHECK(map.bucket_chunk(1) == index_range{20, 5});
+  CHECK(map.unpacked(1) == index_range{60, 13});
+  CHECK(map.padded(1) == index_range{60, 15});
+  CHECK(map.unpacked(1, 2) == index_range{70, 3});
   CHECK(map.rank_shard(0, 2) == index_range{50, 25});
   CHECK(map.padded_numel(0) == 60);
 }
@@ -68,8 +67,8 @@ TEST_CASE("every bucketing covers the storage contiguously, bucket after bucket"
           CHECK(p.bucket == k);
           CHECK(p.bucket_offset == inside);
           CHECK(p.storage_offset == offset + inside);
-          CHECK(p.full_offset == unpacked);
-          unpacked += p.full_numel();
+          CHECK(map.padded(i).first == unpacked);  // each padded, back to back
+          unpacked += map.padded_numel(i);
           CHECK(p.chunk_rows * ws >= p.dim0);
           CHECK(p.chunk_rows * ws - p.dim0 < ws);  // padding below one row per rank
           std::size_t rows = 0;
@@ -81,7 +80,7 @@ TEST_CASE("every bucketing covers the storage contiguously, bucket after bucket"
           inside += p.chunk_numel();
         }
         CHECK(inside == bucket.shard_numel);
-        CHECK(unpacked == bucket.full_numel);
+        CHECK(unpacked == map.gathered_numel(k));
         offset += inside;
       }
       CHECK(offset == plan.shard_numel);

@@ -26,6 +26,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -165,6 +166,26 @@ class request {
 // Waits on every request of a batch, in order (e.g. all the bucket all-gathers of one step).
 inline void wait_all(std::span<request> requests) {
   for (request& pending : requests) pending.wait();
+}
+
+// One request for several (e.g. one all-gather per parameter of a bucket): complete once all are.
+// test() tests every part, so each backend's progress runs for all of them; wait() waits in order.
+//
+//   std::vector<kfsdp::comm::request> parts;
+//   for (auto [send, recv] : pieces) parts.push_back(comm.iall_gather(send, recv));
+//   kfsdp::comm::request bucket = kfsdp::comm::when_all(std::move(parts));
+[[nodiscard]] inline request when_all(std::vector<request> parts) {
+  if (parts.size() == 1) return std::move(parts.front());
+  struct all_of {
+    std::vector<request> parts;
+    bool test() {
+      bool complete = true;
+      for (request& part : parts) complete = part.test() && complete;
+      return complete;
+    }
+    void wait() { wait_all(parts); }
+  };
+  return request(all_of{std::move(parts)});
 }
 
 // ---------------------------------------------------------------------------------------------

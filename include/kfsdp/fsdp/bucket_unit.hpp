@@ -3,14 +3,22 @@
 // (compiled in src/fsdp/bucket_unit.cpp). The engine owns one per bucket and orders them.
 //
 //   parameters:  sharded ──begin_gather──▶ gathering ──finish_gather──▶ unsharded ──free──▶ sharded
-//                (all-gather issued; finish waits for it and unpacks; free gives the buffers back)
+//                (all-gathers issued; finish waits for them; free gives the buffers back)
 //   gradients:   none ──grad──▶ accumulating ──begin_reduce──▶ reducing ──finish_reduce──▶ none
-//                (grad hands out the full gradient, zero at first; begin_reduce packs and issues the
-//                reduce-scatter; finish_reduce waits and adds the averaged shard to the gradients)
+//                (grad hands out the full gradient, zero at first; begin_reduce issues the
+//                reduce-scatters; finish_reduce waits and adds the averaged shard to the gradients;
+//                while the bucket's gradient shard is known to be zero, the reduce-scatters write
+//                it directly and finish_reduce only scales it: no buffer and no add)
 //
 // A transition from any other state throws std::logic_error naming the bucket, the state it is in
-// and the one expected. A one-parameter bucket skips the unpack and the pack: its gathered buffer
-// already is the padded parameter, and its full gradient is kept in that padded layout.
+// and the one expected.
+//
+// No copy around the collectives: each parameter of the bucket has its own all-gather, from its
+// chunk of the local shard straight into its padded place of the unpacked buffer (shard_mapping's
+// parameter-major layout), where the layers read it; its gradient lives in the same layout and
+// is reduce-scattered from there straight into its chunk of the reduced shard. The bucket's
+// collectives are issued together and complete as one request (comm::when_all). With a wire type
+// (mixed precision) the shard is converted before and the gathered buffer after, flat.
 
 #include <cstddef>
 #include <string_view>
@@ -85,11 +93,17 @@ class bucket_unit {
   void begin_reduce(unit_context<Scalar>& ctx, Scalar before = 1);
   // reducing → none: grads += reduced shard · after (before · after = 1 / world size: the average).
   void finish_reduce(unit_context<Scalar>& ctx, Scalar after);
+  // Whether this bucket's gradient shard holds zeros that nothing else will write before its next
+  // reduction (the engine's zero_grad says so; any other write access, and each reduction, not).
+  void set_shard_grads_zero(bool zero) noexcept { shard_grads_zero_ = zero; }
 
  private:
-  [[nodiscard]] bool single() const noexcept { return param_count_ == 1; }
-  // Several parameters, or a wire type to convert from: the gathered buffer is not the parameters.
-  [[nodiscard]] bool unpacks() const noexcept { return !single() || gathered_as_ != wire_precision::scalar; }
+  // A wire type to convert from: the gathered buffer is not the parameters.
+  [[nodiscard]] bool unpacks() const noexcept { return gathered_as_ != wire_precision::scalar; }
+  // One collective per parameter: from[from_range(p)] to[to_range(p)], as one request.
+  template <class T, class Issue, class From, class To>
+  [[nodiscard]] comm::request per_param(const Kokkos::View<T*>& from, const Kokkos::View<T*>& to, Issue issue,
+                                        From from_range, To to_range) const;
   // A pooled Scalar buffer with room for numel elements of `wire`.
   [[nodiscard]] view acquire_wire(unit_context<Scalar>& ctx, const char* label, std::size_t numel, wire_precision wire);
   [[noreturn]] void wrong_phase(const char* transition, std::string_view seen, std::string_view expected) const;
@@ -99,14 +113,16 @@ class bucket_unit {
   std::size_t param_count_;
   param_phase params_ = param_phase::sharded;
   grad_phase grads_ = grad_phase::none;
+  bool shard_grads_zero_ = true;  // the storage starts at zero
+  bool reduces_in_place_ = false;  // the reduction in flight writes the gradient shard itself
   wire_precision gathered_as_ = wire_precision::scalar;  // what gathered_ holds
   wire_precision reduced_as_ = wire_precision::scalar;   // what packed_grads_ (once issued) and reduced_grads_ hold
   view send_;           // the shard converted to the wire type (mixed precision only)
-  view gathered_;       // (world_size, S) after the all-gather
-  view unpacked_;       // the bucket's full parameters (several parameters only)
-  view full_grads_;     // the bucket's full gradients (one parameter: in the padded layout)
-  view packed_grads_;   // the reduce-scatter's input (several parameters only)
-  view reduced_grads_;  // its output: this rank's summed shard
+  view gathered_;       // the parameters after the all-gathers, in the unpacked layout
+  view unpacked_;       // gathered_ converted to Scalar (mixed precision only)
+  view full_grads_;     // the bucket's full gradients, in the unpacked layout
+  view packed_grads_;   // full_grads_ converted to the wire type (mixed precision only)
+  view reduced_grads_;  // the reduce-scatters' output: this rank's summed shard
   comm::request gather_pending_;
   comm::request reduce_pending_;
   double gather_issued_at_ = 0;  // trace times

@@ -4,7 +4,7 @@
 // and its collaborators, split the way FSDP works:
 //   shard_mapping     every offset (plan/shard_mapping.hpp)
 //   sharded_storage   the parameter and gradient shards (fsdp/storage.hpp)
-//   bucket_unit       one bucket's gather / unpack / free / reduce state machine (fsdp/bucket_unit.hpp)
+//   bucket_unit       one bucket's gather / free / reduce state machine (fsdp/bucket_unit.hpp)
 //   buffer_pool       the unsharded buffers and their byte counts (fsdp/buffer_pool.hpp)
 //   state-dict IO     initialisation, broadcast_from, load and gather of full state dicts
 //                     (src/fsdp/state_dict_io.cpp)
@@ -13,7 +13,7 @@
 //
 //   kfsdp::fsdp_engine<float> e(kfsdp::make_param_table(model), comm, {.bucketing_strategy = kfsdp::bucketing::layer});
 //   e.initialize(seed, choose_init);        // each rank evaluates its own rows only
-//   e.unshard(b);                          // all-gather + unpack bucket b
+//   e.unshard(b);                          // all-gather bucket b
 //   auto w = e.full_param(p);              // the full, unpadded parameter p (dim0 · row_numel)
 //   e.full_grad(p) ...                     // accumulate p's full gradient here
 //   e.reduce_gradients(b);                 // pack, reduce-scatter, divide by world size
@@ -110,7 +110,11 @@ class fsdp_engine {
   [[nodiscard]] std::size_t param_index(std::string_view name) const;
 
   [[nodiscard]] sharded_storage<Scalar>& shards() noexcept { return shards_; }
-  [[nodiscard]] sharded_storage<Scalar>& grads() noexcept { return grads_; }
+  // Write access to the gradient shards: from here on every bucket's next reduction adds into them.
+  [[nodiscard]] sharded_storage<Scalar>& grads() noexcept {
+    for (auto& unit : units_) unit.set_shard_grads_zero(false);
+    return grads_;
+  }
 
   // --- initialisation (collective when options().broadcast_from is set) ---
   // Every parameter from choose(info): zeros, ones or normal(0, std) keyed by (seed, parameter,
@@ -129,7 +133,7 @@ class fsdp_engine {
 
   // --- one bucket's collectives ---
   void begin_unshard(std::size_t bucket);   // issue the all-gather (non-blocking)
-  void finish_unshard(std::size_t bucket);  // wait for it and unpack
+  void finish_unshard(std::size_t bucket);  // wait for it
   void unshard(std::size_t bucket) {
     begin_unshard(bucket);
     finish_unshard(bucket);
@@ -153,6 +157,8 @@ class fsdp_engine {
   [[nodiscard]] bool is_reducing(std::size_t bucket) const;
   // Finishes every reduce-scatter still in flight (before the optimizer reads the gradients).
   void finish_gradient_reductions();
+  // Zeros the gradient shards; each bucket's next reduction then writes its shard instead of
+  // adding into it (the same sums, without the add's pass and buffer).
   void zero_grad();
 
   // Buckets a range of parameters touches.

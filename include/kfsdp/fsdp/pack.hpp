@@ -1,15 +1,17 @@
 #pragma once
 // The copies around a bucket's collectives (Kokkos kernels, instantiated in kernels/fsdp/pack.cpp).
 //
-// A bucket's all-gathered buffer is (world_size, S) row-major, S = the bucket's per-rank shard:
+// A bucket gathered as one collective is (world_size, S) row-major, S = the bucket's per-rank shard:
 //   gathered = [ rank 0: p0 chunk 0 | p1 chunk 0 | ... ][ rank 1: p0 chunk 1 | p1 chunk 1 | ... ] ...
-// Unpacking lays each parameter's chunks back in order and drops the padding rows:
-//   full(p) = [ chunk 0 | chunk 1 | ... ][: dim0 rows ]
-// Example: p = 13 rows of 4 at world size 3 (chunk 5 rows = 20 elements, padding 2 rows):
-//   full(p)[0:20] = gathered[0·S + off : +20], [20:40] = gathered[1·S + off : +20],
-//   [40:52] = gathered[2·S + off : +12]   (the last 8 elements of rank 2's chunk are padding)
-// Packing is the inverse for gradients (padding rows become zero), so that after a reduce-scatter
-// rank r's part is exactly its chunks, contiguous.
+// The unpacked layout (shard_mapping.hpp) is parameter-major, each parameter padded:
+//   unpacked = [ p0 chunk 0 | p0 chunk 1 | ... ][ p1 chunk 0 | p1 chunk 1 | ... ] ...
+// The engine gathers each parameter into it directly; unpack_param / pack_param convert between
+// the two where one collective carries the whole bucket (broadcast_from).
+// Example: p = 13 rows of 4 at world size 3 (chunk 5 rows = 20 elements, padding 2 rows), p's
+// chunk at offset off of S:
+//   unpacked[3·off + 0 : +20] = gathered[0·S + off : +20], [3·off + 20 : +20] = gathered[1·S + off : +20],
+//   [3·off + 40 : +12] = gathered[2·S + off : +12]   (the last 8 elements of rank 2's chunk are padding)
+// Packing is the inverse (padding rows become zero).
 
 #include <cstddef>
 #include <cstdint>
@@ -39,10 +41,9 @@ void accumulate_scaled(flat_view<Scalar> destination, flat_view<const Scalar> so
 // out[i] = Wire(scale · in[i])
 template <class Scalar, class Wire>
 void to_wire(flat_view<const Scalar> in, Scalar scale, flat_view<Wire> out);
-// unpack_param, converting each element back to Scalar as it is laid out
+// out[i] = Scalar(in[i])
 template <class Scalar, class Wire>
-void unpack_wire_param(flat_view<const Wire> gathered, const shard_mapping& map, std::size_t p,
-                       flat_view<Scalar> unpacked);
+void from_wire(flat_view<const Wire> in, flat_view<Scalar> out);
 // destination[i] += scale · Scalar(source[i])
 template <class Scalar, class Wire>
 void accumulate_wire_scaled(flat_view<Scalar> destination, flat_view<const Wire> source, Scalar scale);
@@ -76,8 +77,7 @@ KFSDP_PACK_EXTERN(double)
 #undef KFSDP_PACK_EXTERN
 #define KFSDP_WIRE_EXTERN(Scalar, Wire)                                                                           \
   extern template void to_wire<Scalar, Wire>(flat_view<const Scalar>, Scalar, flat_view<Wire>);                     \
-  extern template void unpack_wire_param<Scalar, Wire>(flat_view<const Wire>, const shard_mapping&, std::size_t, \
-                                                       flat_view<Scalar>);                                        \
+  extern template void from_wire<Scalar, Wire>(flat_view<const Wire>, flat_view<Scalar>);                          \
   extern template void accumulate_wire_scaled<Scalar, Wire>(flat_view<Scalar>, flat_view<const Wire>, Scalar);
 KFSDP_WIRE_EXTERN(float, bf16)
 KFSDP_WIRE_EXTERN(float, f16)

@@ -8,15 +8,18 @@
 //   full      p's unpadded elements, row-major: dim0 · row_numel
 //   storage   a rank's flat storage: p's local chunk (chunk_rows · row_numel) at storage_offset
 //   gathered  b's all-gathered buffer, (W, S) row-major: rank r's chunk of p at r·S + bucket_offset
-//   unpacked  b's parameters full and back to back: p at full_offset
+//   unpacked  b's parameters each gathered alone, back to back: p padded (W chunks in rank order,
+//             its real elements first) at W · bucket_offset; as long as the gathered buffer. Each
+//             parameter's own all-gather writes it in place (no copy) and its reduce-scatter reads it.
 //
 // Worked example (shard_plan.hpp's: 0.weight [13,4] and 0.bias [13] in bucket 0 at W = 3, S = 25):
 //   rows(0.weight, 2)           = [10, 13)  (3 real rows; the chunk's other 2 are padding)
 //   elements(0.weight, 2)       = [40, 52)  (full elements rank 2 holds)
 //   chunk(0.bias)               = [20, 25)  in every rank's storage
 //   gathered(0.bias, 1)         = [45, 50)  (1·25 + 20, 5 elements: 5 rows of 1)
-//   unpacked(0.bias)            = [52, 65)
-//   unpacked(0.bias, 2)         = [62, 65)  (where rank 2's real rows of 0.bias land)
+//   unpacked(0.bias)            = [60, 73)  (3 · 20: after 0.weight's 3 chunks of 20)
+//   padded(0.bias)              = [60, 75)  (0.bias gathered alone: 3 chunks of 5)
+//   unpacked(0.bias, 2)         = [70, 73)  (where rank 2's real rows of 0.bias land)
 //   rank_shard(bucket 0, 2)     = [50, 75)  (rank 2's row of the gathered buffer)
 //
 //   constexpr kfsdp::basic_shard_mapping map(kfsdp::static_shard_plan<M, 8, kfsdp::bucketing::layer>);
@@ -68,6 +71,11 @@ class basic_shard_mapping {
     const param_shard& s = plan_->params[p];
     return {s.storage_offset, s.chunk_numel()};
   }
+  // p's local chunk inside its bucket's local shard (what p's own all-gather sends).
+  [[nodiscard]] constexpr index_range bucket_chunk(std::size_t p) const noexcept {
+    const param_shard& s = plan_->params[p];
+    return {s.bucket_offset, s.chunk_numel()};
+  }
   // Bucket b's local shard: what its all-gather sends and its reduce-scatter receives.
   [[nodiscard]] constexpr index_range bucket(std::size_t b) const noexcept {
     const bucket_shard& s = plan_->buckets[b];
@@ -92,15 +100,19 @@ class basic_shard_mapping {
     return plan_->params[p].chunk_numel() * plan_->world_size;
   }
 
-  // --- a bucket's unpacked buffer (its parameters full, unpadded, back to back)
+  // --- a bucket's unpacked buffer (its parameters each padded, back to back; gathered_numel long)
+  // p gathered alone, padding included: its all-gather's output, its reduce-scatter's input.
+  [[nodiscard]] constexpr index_range padded(std::size_t p) const noexcept {
+    return {plan_->world_size * plan_->params[p].bucket_offset, padded_numel(p)};
+  }
+  // p's real elements (the parameter the layers see).
   [[nodiscard]] constexpr index_range unpacked(std::size_t p) const noexcept {
-    const param_shard& s = plan_->params[p];
-    return {s.full_offset, s.full_numel()};
+    return {padded(p).first, plan_->params[p].full_numel()};
   }
   // Where rank `rank`'s real rows of p land in the unpacked buffer.
   [[nodiscard]] constexpr index_range unpacked(std::size_t p, std::size_t rank) const noexcept {
     const index_range e = elements(p, rank);
-    return {plan_->params[p].full_offset + e.first, e.count};
+    return {padded(p).first + e.first, e.count};
   }
 
  private:

@@ -3,17 +3,17 @@
 // (one all-gather / one reduce-scatter) it travels in, and where its local shard lives in the
 // rank's flat storage. A pure constexpr function of (param table, world size, bucketing).
 //
-// It lays the parameters out (bucket_offset, storage_offset, full_offset); every offset derived
+// It lays the parameters out (bucket_offset, storage_offset); every offset derived
 // from that layout (a rank's rows, a chunk in a gathered buffer, ...) is shard_mapping's.
 //
 // Worked example: Linear(4,13) then Linear(13,1) at world_size 3, bucketing layer
-//   param        shape    chunk_rows  padding_rows  bucket  bucket_offset  storage_offset  full_offset
-//   0.weight     [13,4]   5           2             0       0              0               0
-//   0.bias       [13]     5           2             0       20             20              52
-//   1.weight     [1,13]   1           2             1       0              25              0
-//   1.bias       [1]      1           2             1       13             38              13
-//   bucket 0: params 0..1, 25 elements per rank, 65 unpacked; bucket 1: params 2..3, 14 per rank,
-//   14 unpacked; 39 per rank.
+//   param        shape    chunk_rows  padding_rows  bucket  bucket_offset  storage_offset
+//   0.weight     [13,4]   5           2             0       0              0
+//   0.bias       [13]     5           2             0       20             20
+//   1.weight     [1,13]   1           2             1       0              25
+//   1.bias       [1]      1           2             1       13             38
+//   bucket 0: params 0..1, 25 elements per rank, 65 real ones in all; bucket 1: params 2..3, 14 per
+//   rank, 14 real; 39 per rank.
 // Rank r holds rows [r·chunk_rows, (r+1)·chunk_rows) of each parameter; rows ≥ dim0 are zero padding
 // (rank 2 holds rows 10..12 of 0.weight and two padding rows; ranks 1 and 2 hold only padding of 1.*).
 //
@@ -67,8 +67,6 @@ struct param_shard {
   std::size_t bucket = 0;          // index of the bucket it travels in
   std::size_t bucket_offset = 0;   // element offset of its local chunk in the bucket's local shard
   std::size_t storage_offset = 0;  // element offset of its local chunk in the rank's flat storage
-  std::size_t full_offset = 0;     // element offset of the full, unpadded parameter in its bucket's
-                                   // unpacked buffer (the bucket's parameters back to back)
 
   [[nodiscard]] constexpr std::size_t chunk_numel() const noexcept { return chunk_rows * row_numel; }
   [[nodiscard]] constexpr std::size_t full_numel() const noexcept { return dim0 * row_numel; }
@@ -79,7 +77,7 @@ struct bucket_shard {
   std::size_t param_count = 0;
   std::size_t shard_numel = 0;     // elements of the bucket's local shard on every rank
   std::size_t storage_offset = 0;  // where that shard starts in the rank's flat storage
-  std::size_t full_numel = 0;      // elements of its parameters unpacked: full, unpadded, back to back
+  std::size_t full_numel = 0;      // real elements of its parameters (full, unpadded)
 };
 
 template <class Params, class Buckets>
@@ -108,7 +106,7 @@ struct basic_shard_plan {
 constexpr bool operator==(const param_shard& a, const param_shard& b) noexcept {
   return a.dim0 == b.dim0 && a.row_numel == b.row_numel && a.chunk_rows == b.chunk_rows &&
          a.padding_rows == b.padding_rows && a.bucket == b.bucket &&
-         a.bucket_offset == b.bucket_offset && a.storage_offset == b.storage_offset && a.full_offset == b.full_offset;
+         a.bucket_offset == b.bucket_offset && a.storage_offset == b.storage_offset;
 }
 constexpr bool operator==(const bucket_shard& a, const bucket_shard& b) noexcept {
   return a.first_param == b.first_param && a.param_count == b.param_count &&
@@ -173,7 +171,6 @@ constexpr shard_plan make_shard_plan(std::span<const param_info> table, std::siz
     p.bucket = plan.buckets.size() - 1;
     p.bucket_offset = bucket.shard_numel;
     p.storage_offset = plan.shard_numel;
-    p.full_offset = bucket.full_numel;
     bucket.param_count += 1;
     bucket.shard_numel += p.chunk_numel();
     bucket.full_numel += p.full_numel();
