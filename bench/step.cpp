@@ -25,9 +25,10 @@
 //              root gathered first and kept, with its gradient, until the end of backward:
 //                ZeRO2: forward of u holds 0..u+1; backward of u holds 0..L and the gradients of 0 and u;
 //                ZeRO3: forward of u holds 0, u, u+1; backward of u holds 0, u, u-1 and the gradients of 0 and u.
-//              U leaves out the transient copies: while a multi-parameter bucket unpacks, both its
-//              gathered and its unpacked buffer; while it reduces, the packed gradient and the reduced
-//              shard.
+//              U leaves out a reduced shard of a bucket that reduces into an add (not after
+//              zero_grad, so never in this benchmark), and counts the root's gradient through all of
+//              backward, where the embeddings' gradients come only at its end: measured can be
+//              below U by those (wte + wpe).
 // Bytes per step: engine.bytes_communicated() (every all-gather and reduce-scatter counts its full
 // buffer, N · bucket shard bytes) against ZeRO2: 2Ψ (gather once, reduce-scatter once), ZeRO3:
 // 3Ψ − P(0) (the blocks gathered again in backward; the root stays gathered). The two one-double all-reduces of the step (loss, gradient norm) are
