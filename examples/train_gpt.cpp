@@ -306,24 +306,8 @@ int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics
                                                 .shards = optimizer_state()};
       // A tied parameter is stored once, under its owner's name; the metadata says which.
       if (s.model.tie_weights) state.metadata["tied"] = "lm_head.weight=transformer.wte.weight";
-      if (!replicas) {
-        kfsdp::io::save_checkpoint(s.save, engine, world, state);
-        return;
-      }
-      // HSDP: the first shard group writes the (flat) file; the other groups wait for its verdict.
-      std::exception_ptr error;
-      if (replicas->rank() == 0) {
-        try {
-          kfsdp::io::save_checkpoint(s.save, engine, sharding, state);
-        } catch (...) {
-          error = std::current_exception();
-        }
-      }
-      if (kfsdp::comm::any_rank(world, error != nullptr)) {
-        if (error) std::rethrow_exception(error);
-        throw std::runtime_error(fmt::format("train_gpt: --save {}: the first shard group could not write it (its ranks say why)",
-                                             s.save));
-      }
+      // Under HSDP the first shard group writes the (flat) file; every group resumes from it.
+      kfsdp::io::save_checkpoint(s.save, engine, sharding, state);
     };
     std::size_t first_step = 0;
     if (!s.resume.empty()) {

@@ -118,6 +118,33 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
   }
 }
 
+// HSDP (the engine's options().replica_group): every shard group holds the same shards, so the
+// first group writes the file, the same flat file flat FSDP writes, and the others wait for its
+// verdict, sent over the replica groups: every rank returns, or throws, together.
+template <class Scalar, class Write>
+void written_by_first_group(std::string_view function, const std::filesystem::path& path,
+                            const fsdp_engine<Scalar>& engine, const Write& write) {
+  if (!engine.options().replica_group || engine.options().replica_group->size() == 1) {
+    write();
+    return;
+  }
+  comm::any_communicator replicas = *engine.options().replica_group;
+  std::exception_ptr error;
+  if (replicas.rank() == 0) {
+    try {
+      write();  // its ranks agree on the outcome among themselves
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  double failed[1] = {error != nullptr ? 1.0 : 0.0};
+  comm::broadcast(replicas, std::span<double>(failed), 0);
+  if (error) std::rethrow_exception(error);
+  if (failed[0] != 0)
+    throw std::runtime_error(fmt::format("{}: {}: the first shard group could not write it (its ranks say why)",
+                                         function, quoted(path)));
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ public API
@@ -125,14 +152,18 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
 template <class Scalar>
 void save_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
                 const metadata_map& metadata) {
-  write_sharded_file<Scalar>("kfsdp::io::save_model", path, engine, comm, {}, metadata);
+  constexpr std::string_view function = "kfsdp::io::save_model";
+  written_by_first_group(function, path, engine,
+                         [&] { write_sharded_file<Scalar>(function, path, engine, comm, {}, metadata); });
 }
 
 template <class Scalar>
 void save_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
                      comm::mpi& comm, const checkpoint_state<Scalar>& state) {
-  write_sharded_file<Scalar>("kfsdp::io::save_checkpoint", path, engine, comm, state.shards,
-                             state.metadata);
+  constexpr std::string_view function = "kfsdp::io::save_checkpoint";
+  written_by_first_group(function, path, engine, [&] {
+    write_sharded_file<Scalar>(function, path, engine, comm, state.shards, state.metadata);
+  });
 }
 
 void save_state_dict_file(const std::filesystem::path& requested, const state_dict& full,

@@ -361,6 +361,42 @@ TEST_CASE("written at world size 3, loaded at 1, 2 and 4: identical state dicts 
   }
 }
 
+TEST_CASE("under HSDP the first shard group writes the flat file; a failed write throws on every rank") {
+  comm::mpi world;
+  if (world.size() < 2 || world.size() % 2 != 0) return;  // two shard groups of half the ranks
+  scratch_directory scratch(world);
+  const auto table = make_param_table(tiny_gpt{});
+  const int group_size = world.size() / 2;
+  comm::mpi shard_group = world.split(world.rank() / group_size, world.rank());
+  comm::mpi replicas = world.split(shard_group.rank(), world.rank());
+  fsdp_engine<float> engine(table, shard_group,
+                            {.bucketing_strategy = bucketing::layer, .replica_group = comm::any_communicator(replicas)});
+  engine.initialize(21, all_normal);
+  const fs::path hybrid = scratch.path / "hybrid.safetensors", flat = scratch.path / "flat.safetensors";
+  io::save_model(hybrid, engine, shard_group, {{"step", "7"}});
+  std::optional<comm::mpi> alone = split(world, world.rank());
+  if (world.rank() == 0) {
+    fsdp_engine<float> one(table, *alone, {});
+    one.initialize(21, all_normal);
+    io::save_model(flat, one, *alone, {{"step", "7"}});
+  }
+  world.barrier();
+  if (world.rank() == 0) CHECK(file_bytes(hybrid) == file_bytes(flat));  // what flat FSDP writes, byte for byte
+
+  const fs::path nowhere = scratch.path / "missing-directory" / "ckpt.safetensors";
+  std::string message;
+  try {
+    io::save_model(nowhere, engine, shard_group);
+  } catch (const std::exception& error) {
+    message = error.what();
+  }
+  CAPTURE(message);
+  CHECK(!message.empty());  // every rank threw
+  if (replicas.rank() != 0)
+    CHECK(message.find("the first shard group could not write it (its ranks say why)") != std::string::npos);
+  CHECK(!fs::exists(nowhere));
+}
+
 TEST_CASE("AdamW moments and progress round-trip; the resumed optimizer steps exactly as the original") {
   comm::mpi world;
   scratch_directory scratch(world);

@@ -94,6 +94,9 @@ void save_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, 
 
 /// save_model plus every view of state.shards as full tensors and state.metadata, in the same
 /// file (one rename, so weights and optimizer state can never come from two different saves).
+/// Both save under HSDP too (the engine's options().replica_group; `comm` is then the engine's
+/// shard group): the first shard group writes the flat file, which loads at any world size, flat
+/// or HSDP; every rank of every group returns, or throws, together.
 ///
 ///   kfsdp::io::save_checkpoint("ckpt.safetensors", engine, world, state);
 template <class Scalar>
