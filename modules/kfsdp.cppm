@@ -21,6 +21,7 @@ module;
 #include <kfsdp/comm/any_communicator.hpp>
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
+#include <kfsdp/comm/memory.hpp>
 #include <kfsdp/comm/self.hpp>
 #include <kfsdp/comm/threaded.hpp>
 #include <kfsdp/detail/erf.hpp>
@@ -33,6 +34,7 @@ module;
 #include <kfsdp/fsdp/memory_fit.hpp>
 #include <kfsdp/fsdp/options.hpp>
 #include <kfsdp/fsdp/pack.hpp>
+#include <kfsdp/fsdp/policies.hpp>
 #include <kfsdp/fsdp/storage.hpp>
 #include <kfsdp/fsdp/trace.hpp>
 #include <kfsdp/fsdp/units.hpp>
@@ -100,13 +102,16 @@ using kfsdp::comm::broadcast;
 using kfsdp::comm::broadcasts;
 using kfsdp::comm::check_agreement;
 using kfsdp::comm::communicator;
+using kfsdp::comm::communicator_in;
 using kfsdp::comm::element;
 using kfsdp::comm::first_rank_with;
 using kfsdp::comm::gathers;
 using kfsdp::comm::half_element;
 using kfsdp::comm::has_host_channel;
 using kfsdp::comm::has_range_over_ranks;
+using kfsdp::comm::host_span;
 using kfsdp::comm::moves_elements;
+using kfsdp::comm::moves_elements_in;
 using kfsdp::comm::ordered_element;
 using kfsdp::comm::range_over_ranks;
 using kfsdp::comm::ranked;
@@ -115,10 +120,16 @@ using kfsdp::comm::reduce_scatters;
 using kfsdp::comm::reduces_extrema;
 using kfsdp::comm::request;
 using kfsdp::comm::request_state;
+using kfsdp::comm::span_in;
 using kfsdp::comm::synchronises;
 using kfsdp::comm::value_range;
 using kfsdp::comm::wait_all;
 using kfsdp::comm::when_all;
+}
+// <kfsdp/comm/memory.hpp>
+export namespace kfsdp::comm {
+using kfsdp::comm::host_accessible;
+using kfsdp::comm::staging_space;
 }
 #ifdef KFSDP_MODULE_MPI
 // <kfsdp/comm/mpi.hpp>
@@ -180,11 +191,26 @@ using kfsdp::memory_need;
 }
 // <kfsdp/fsdp/options.hpp>
 export namespace kfsdp {
+using kfsdp::fsdp_options;
+}
+// <kfsdp/fsdp/pack.hpp>
+export namespace kfsdp::kernels {
+using kfsdp::kernels::accumulate_scaled;
+using kfsdp::kernels::accumulate_wire_scaled;
+using kfsdp::kernels::fill_init;
+using kfsdp::kernels::flat_view;
+using kfsdp::kernels::from_wire;
+using kfsdp::kernels::pack_param;
+using kfsdp::kernels::param_init;
+using kfsdp::kernels::to_wire;
+using kfsdp::kernels::unpack_param;
+}
+// <kfsdp/fsdp/policies.hpp>
+export namespace kfsdp {
 using kfsdp::block_bucketing;
 using kfsdp::bucketing_policy;
 using kfsdp::division_factors;
 using kfsdp::division_of;
-using kfsdp::fsdp_options;
 using kfsdp::gradient_division;
 using kfsdp::layer_bucketing;
 using kfsdp::no_bucketing;
@@ -199,18 +225,6 @@ using kfsdp::to_string;
 using kfsdp::wire_precision;
 using kfsdp::zero2;
 using kfsdp::zero3;
-}
-// <kfsdp/fsdp/pack.hpp>
-export namespace kfsdp::kernels {
-using kfsdp::kernels::accumulate_scaled;
-using kfsdp::kernels::accumulate_wire_scaled;
-using kfsdp::kernels::fill_init;
-using kfsdp::kernels::flat_view;
-using kfsdp::kernels::from_wire;
-using kfsdp::kernels::pack_param;
-using kfsdp::kernels::param_init;
-using kfsdp::kernels::to_wire;
-using kfsdp::kernels::unpack_param;
 }
 // <kfsdp/fsdp/storage.hpp>
 export namespace kfsdp {

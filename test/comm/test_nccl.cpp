@@ -18,7 +18,9 @@
 
 namespace comm = kfsdp::comm;
 
-static_assert(comm::communicator<comm::nccl>);
+// Device memory only: a cudaMalloc'd buffer (nccl::device_memory); host memory is host()'s.
+static_assert(comm::communicator_in<comm::nccl, comm::nccl::device_memory>);
+static_assert(!comm::communicator<comm::nccl>);
 static_assert(comm::has_host_channel<comm::nccl>);
 // The header's forward-declared handle types are the CUDA runtime's own.
 static_assert(std::is_same_v<comm::nccl::cuda_stream, cudaStream_t>);
@@ -35,6 +37,8 @@ int devices_on_every_rank(comm::mpi& world) {
   return static_cast<int>(fewest[0]);
 }
 
+using on_device = comm::nccl::device_memory;
+
 // A device buffer freed at scope exit.
 template <class T>
 struct device_buffer {
@@ -46,7 +50,7 @@ struct device_buffer {
   ~device_buffer() { cudaFree(data); }
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
-  std::span<T> span() const { return {data, count}; }
+  comm::span_in<T, on_device> span() const { return {data, count}; }
 };
 
 }  // namespace
@@ -77,7 +81,7 @@ TEST_CASE("nccl: all_gather of rank-dependent data (one GPU per rank)") {
   comm::nccl gpus(world);
   CHECK(gpus.rank() == world.rank());
   CHECK(gpus.size() == world.size());
-  CHECK_THROWS_WITH_AS(comm::broadcast(gpus, std::span<float>(), gpus.size()),
+  CHECK_THROWS_WITH_AS(comm::broadcast(gpus, comm::span_in<float, on_device>(), gpus.size()),
                        doctest::Contains("kfsdp::comm::nccl::ibroadcast: root is"),
                        std::invalid_argument);
 
@@ -94,7 +98,7 @@ TEST_CASE("nccl: all_gather of rank-dependent data (one GPU per rank)") {
   device_buffer<float> shard_on_device(count), full_on_device(count * ranks);
   REQUIRE(cudaMemcpy(shard_on_device.data, shard.data(), count * sizeof(float),
                      cudaMemcpyHostToDevice) == cudaSuccess);
-  comm::all_gather(gpus, std::span<const float>(shard_on_device.span()), full_on_device.span());
+  comm::all_gather(gpus, comm::span_in<const float, on_device>(shard_on_device.span()), full_on_device.span());
   REQUIRE(cudaMemcpy(full.data(), full_on_device.data, full.size() * sizeof(float),
                      cudaMemcpyDeviceToHost) == cudaSuccess);
   CHECK(full == expected);
@@ -102,7 +106,7 @@ TEST_CASE("nccl: all_gather of rank-dependent data (one GPU per rank)") {
   REQUIRE(cudaMemset(full_on_device.data, 0, full.size() * sizeof(float)) == cudaSuccess);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   comm::request pending =
-      gpus.iall_gather(std::span<const float>(shard_on_device.span()), full_on_device.span());
+      gpus.iall_gather(comm::span_in<const float, on_device>(shard_on_device.span()), full_on_device.span());
   pending.wait();
   REQUIRE(cudaMemcpy(full.data(), full_on_device.data, full.size() * sizeof(float),
                      cudaMemcpyDeviceToHost) == cudaSuccess);
@@ -112,8 +116,8 @@ TEST_CASE("nccl: all_gather of rank-dependent data (one GPU per rank)") {
   gpus.barrier();
 }
 
-static_assert(comm::moves_elements<comm::nccl, kfsdp::bf16>);
-static_assert(comm::moves_elements<comm::nccl, kfsdp::f16>);
+static_assert(comm::moves_elements_in<comm::nccl, kfsdp::bf16, on_device>);
+static_assert(comm::moves_elements_in<comm::nccl, kfsdp::f16, on_device>);
 
 TEST_CASE_TEMPLATE("nccl: bf16 and f16 sums, and a split group (one GPU per rank)", T, kfsdp::bf16,
                    kfsdp::f16) {
@@ -127,7 +131,7 @@ TEST_CASE_TEMPLATE("nccl: bf16 and f16 sums, and a split group (one GPU per rank
   device_buffer<T> send_on_device(2 * ranks), recv_on_device(2);
   REQUIRE(cudaMemcpy(send_on_device.data, ones.data(), ones.size() * sizeof(T),
                      cudaMemcpyHostToDevice) == cudaSuccess);
-  comm::reduce_scatter_sum(gpus, std::span<const T>(send_on_device.span()), recv_on_device.span());
+  comm::reduce_scatter_sum(gpus, comm::span_in<const T, on_device>(send_on_device.span()), recv_on_device.span());
   REQUIRE(cudaMemcpy(reduced.data(), recv_on_device.data, 2 * sizeof(T), cudaMemcpyDeviceToHost) ==
           cudaSuccess);
   for (const T& x : reduced) CHECK(x.to_float() == float(ranks));

@@ -1,17 +1,26 @@
 #pragma once
 // any_communicator — a communicator of any backend behind one type, so that the engine is compiled
-// once (in src/fsdp/engine.cpp) instead of once per backend. Collectives are per bucket, so one virtual call
-// each costs nothing next to the transfer. It refers to the communicator it wraps: that one must
-// outlive it.
+// once (in src/fsdp/engine.cpp) instead of once per backend. Collectives are per bucket, so one
+// indirect call each costs nothing next to the transfer. It refers to the communicator it wraps:
+// that one must outlive it.
+//
+// It carries host memory (std::span, span_in<T, Kokkos::HostSpace>) and, where the default
+// execution space keeps its memory elsewhere (a GPU's), span_in<T, that memory space>: one table of
+// calls per element type and memory space. A backend without host forms (nccl) moves host memory
+// over its host() channel.
 //
 //   kfsdp::comm::mpi world;                       // or self, or nccl
 //   kfsdp::comm::any_communicator comm(world);
 //   kfsdp::comm::all_gather(comm, std::span<const float>(shard), std::span<float>(full));
+//   Kokkos::View<float*> on_device("full", n);   // the default memory space
+//   comm.iall_reduce_sum(kfsdp::comm::span_in(on_device)).wait();
 
 #include <cstdint>
-#include <memory>
 #include <span>
-#include <string_view>
+#include <tuple>
+#include <type_traits>
+
+#include <Kokkos_Core.hpp>
 
 #include <kfsdp/comm/communicator.hpp>
 
@@ -19,92 +28,138 @@ namespace kfsdp::comm {
 
 class any_communicator {
  public:
+  // The memory spaces carried: the host's, and the default execution space's if it is another.
+  using device_space = Kokkos::DefaultExecutionSpace::memory_space;
+
   template <class C>
     requires(!std::same_as<std::remove_cvref_t<C>, any_communicator>)
   any_communicator(C& backend)  // NOLINT: implicit, so that any backend converts
-      : impl_(std::make_shared<model<C>>(backend)) {}
+      : backend_(&backend), table_(&table_for<C>) {}
 
-  [[nodiscard]] int rank() const { return impl_->rank(); }
-  [[nodiscard]] int size() const { return impl_->size(); }
-  void barrier() { impl_->barrier(); }
+  [[nodiscard]] int rank() const { return table_->rank(backend_); }
+  [[nodiscard]] int size() const { return table_->size(backend_); }
+  void barrier() { table_->barrier(backend_); }
 
-  // The element types of the virtual calls below: float, double, bf16, f16. The blocking forms
-  // are communicator.hpp's free functions.
+  // The element types carried: float, double, bf16, f16. The blocking forms are communicator.hpp's
+  // free functions.
+  template <class T, class Space>
+  [[nodiscard]] request iall_gather(std::type_identity_t<span_in<const T, Space>> send, span_in<T, Space> recv) {
+    return calls<T, Space>().all_gather(backend_, send, recv);
+  }
+  template <class T, class Space>
+  [[nodiscard]] request ireduce_scatter_sum(std::type_identity_t<span_in<const T, Space>> send,
+                                            span_in<T, Space> recv) {
+    return calls<T, Space>().reduce_scatter_sum(backend_, send, recv);
+  }
+  template <class T, class Space>
+  [[nodiscard]] request ibroadcast(span_in<T, Space> data, int root) {
+    return calls<T, Space>().broadcast(backend_, data, root);
+  }
+  template <class T, class Space>
+  [[nodiscard]] request iall_reduce_sum(span_in<T, Space> data) {
+    return calls<T, Space>().all_reduce_sum(backend_, data);
+  }
+
+  // Host memory.
   template <class T>
-  [[nodiscard]] request iall_gather(std::span<const T> send, std::span<T> recv) { return impl_->iall_gather(send, recv); }
-  template <class T>
-  [[nodiscard]] request ireduce_scatter_sum(std::span<const T> send, std::span<T> recv) {
-    return impl_->ireduce_scatter_sum(send, recv);
+  [[nodiscard]] request iall_gather(std::span<const T> send, std::span<T> recv) {
+    return iall_gather<T, Kokkos::HostSpace>(host_span<const T>(send), host_span<T>(recv));
   }
   template <class T>
-  [[nodiscard]] request ibroadcast(std::span<T> data, int root) { return impl_->ibroadcast(data, root); }
+  [[nodiscard]] request ireduce_scatter_sum(std::span<const T> send, std::span<T> recv) {
+    return ireduce_scatter_sum<T, Kokkos::HostSpace>(host_span<const T>(send), host_span<T>(recv));
+  }
   template <class T>
-  [[nodiscard]] request iall_reduce_sum(std::span<T> data) { return impl_->iall_reduce_sum(data); }
+  [[nodiscard]] request ibroadcast(std::span<T> data, int root) {
+    return ibroadcast<T, Kokkos::HostSpace>(host_span<T>(data), root);
+  }
+  template <class T>
+  [[nodiscard]] request iall_reduce_sum(std::span<T> data) {
+    return iall_reduce_sum<T, Kokkos::HostSpace>(host_span<T>(data));
+  }
 
   // The agreement primitive over the wrapped backend, so that comm::check_agreement, any_rank and
   // first_rank_with take an any_communicator too.
-  [[nodiscard]] value_range range_over_ranks(std::uint64_t value) { return impl_->range(value); }
+  [[nodiscard]] value_range range_over_ranks(std::uint64_t value) { return table_->range(backend_, value); }
 
  private:
-  struct concept_t {
-    virtual ~concept_t() = default;
-    virtual int rank() const = 0;
-    virtual int size() const = 0;
-    virtual void barrier() = 0;
-    virtual request iall_gather(std::span<const float>, std::span<float>) = 0;
-    virtual request iall_gather(std::span<const double>, std::span<double>) = 0;
-    virtual request iall_gather(std::span<const bf16>, std::span<bf16>) = 0;
-    virtual request iall_gather(std::span<const f16>, std::span<f16>) = 0;
-    virtual request ireduce_scatter_sum(std::span<const float>, std::span<float>) = 0;
-    virtual request ireduce_scatter_sum(std::span<const double>, std::span<double>) = 0;
-    virtual request ireduce_scatter_sum(std::span<const bf16>, std::span<bf16>) = 0;
-    virtual request ireduce_scatter_sum(std::span<const f16>, std::span<f16>) = 0;
-    virtual request ibroadcast(std::span<float>, int) = 0;
-    virtual request ibroadcast(std::span<double>, int) = 0;
-    virtual request ibroadcast(std::span<bf16>, int) = 0;
-    virtual request ibroadcast(std::span<f16>, int) = 0;
-    virtual request iall_reduce_sum(std::span<float>) = 0;
-    virtual request iall_reduce_sum(std::span<double>) = 0;
-    virtual request iall_reduce_sum(std::span<bf16>) = 0;
-    virtual request iall_reduce_sum(std::span<f16>) = 0;
-    virtual value_range range(std::uint64_t) = 0;
+  // The four collectives of one element type in one memory space.
+  template <class T, class Space>
+  struct collective_calls {
+    request (*all_gather)(void*, span_in<const T, Space>, span_in<T, Space>);
+    request (*reduce_scatter_sum)(void*, span_in<const T, Space>, span_in<T, Space>);
+    request (*broadcast)(void*, span_in<T, Space>, int);
+    request (*all_reduce_sum)(void*, span_in<T, Space>);
+  };
+  template <class... Spaces>
+  struct space_list {};
+  using carried_spaces = std::conditional_t<std::is_same_v<device_space, Kokkos::HostSpace>,
+                                            space_list<Kokkos::HostSpace>,
+                                            space_list<Kokkos::HostSpace, device_space>>;
+  template <class... Spaces>
+  static auto calls_over(space_list<Spaces...>)
+      -> std::tuple<collective_calls<float, Spaces>..., collective_calls<double, Spaces>...,
+                    collective_calls<bf16, Spaces>..., collective_calls<f16, Spaces>...>;
+  using carried_calls = decltype(calls_over(carried_spaces{}));
+
+  struct operation_table {
+    int (*rank)(const void*);
+    int (*size)(const void*);
+    void (*barrier)(void*);
+    value_range (*range)(void*, std::uint64_t);
+    carried_calls collectives;
   };
 
+  // The backend itself where it moves Space, else (host memory of a device backend) its host().
+  template <class T, class Space, class C>
+  static auto& mover(C& backend) {
+    if constexpr (moves_elements_in<C, T, Space>) {
+      return backend;
+    } else {
+      static_assert(std::is_same_v<Space, Kokkos::HostSpace> && has_host_channel<C>,
+                    "any_communicator: this backend moves neither this memory space nor host memory "
+                    "through a host() channel");
+      return backend.host();
+    }
+  }
+  template <class C, class T, class Space>
+  static constexpr collective_calls<T, Space> calls_for() {
+    return {
+        [](void* c, span_in<const T, Space> s, span_in<T, Space> r) {
+          return mover<T, Space>(*static_cast<C*>(c)).template iall_gather<T, Space>(s, r);
+        },
+        [](void* c, span_in<const T, Space> s, span_in<T, Space> r) {
+          return mover<T, Space>(*static_cast<C*>(c)).template ireduce_scatter_sum<T, Space>(s, r);
+        },
+        [](void* c, span_in<T, Space> d, int root) {
+          return mover<T, Space>(*static_cast<C*>(c)).template ibroadcast<T, Space>(d, root);
+        },
+        [](void* c, span_in<T, Space> d) {
+          return mover<T, Space>(*static_cast<C*>(c)).template iall_reduce_sum<T, Space>(d);
+        },
+    };
+  }
+  template <class C, class... Spaces>
+  static constexpr carried_calls all_calls_for(space_list<Spaces...>) {
+    return {calls_for<C, float, Spaces>()..., calls_for<C, double, Spaces>()...,
+            calls_for<C, bf16, Spaces>()..., calls_for<C, f16, Spaces>()...};
+  }
   template <class C>
-  struct model final : concept_t {
-    explicit model(C& c) : backend(c) {}
-    int rank() const override { return backend.rank(); }
-    int size() const override { return backend.size(); }
-    void barrier() override { backend.barrier(); }
-    request iall_gather(std::span<const float> s, std::span<float> r) override { return backend.iall_gather(s, r); }
-    request iall_gather(std::span<const double> s, std::span<double> r) override { return backend.iall_gather(s, r); }
-    request iall_gather(std::span<const bf16> s, std::span<bf16> r) override { return backend.iall_gather(s, r); }
-    request iall_gather(std::span<const f16> s, std::span<f16> r) override { return backend.iall_gather(s, r); }
-    request ireduce_scatter_sum(std::span<const float> s, std::span<float> r) override {
-      return backend.ireduce_scatter_sum(s, r);
-    }
-    request ireduce_scatter_sum(std::span<const double> s, std::span<double> r) override {
-      return backend.ireduce_scatter_sum(s, r);
-    }
-    request ireduce_scatter_sum(std::span<const bf16> s, std::span<bf16> r) override {
-      return backend.ireduce_scatter_sum(s, r);
-    }
-    request ireduce_scatter_sum(std::span<const f16> s, std::span<f16> r) override {
-      return backend.ireduce_scatter_sum(s, r);
-    }
-    request ibroadcast(std::span<float> d, int root) override { return backend.ibroadcast(d, root); }
-    request ibroadcast(std::span<double> d, int root) override { return backend.ibroadcast(d, root); }
-    request ibroadcast(std::span<bf16> d, int root) override { return backend.ibroadcast(d, root); }
-    request ibroadcast(std::span<f16> d, int root) override { return backend.ibroadcast(d, root); }
-    request iall_reduce_sum(std::span<float> d) override { return backend.iall_reduce_sum(d); }
-    request iall_reduce_sum(std::span<double> d) override { return backend.iall_reduce_sum(d); }
-    request iall_reduce_sum(std::span<bf16> d) override { return backend.iall_reduce_sum(d); }
-    request iall_reduce_sum(std::span<f16> d) override { return backend.iall_reduce_sum(d); }
-    value_range range(std::uint64_t value) override { return kfsdp::comm::range_over_ranks(backend, value); }
-    C& backend;
+  static constexpr operation_table table_for = {
+      [](const void* c) { return static_cast<const C*>(c)->rank(); },
+      [](const void* c) { return static_cast<const C*>(c)->size(); },
+      [](void* c) { static_cast<C*>(c)->barrier(); },
+      [](void* c, std::uint64_t value) { return kfsdp::comm::range_over_ranks(*static_cast<C*>(c), value); },
+      all_calls_for<C>(carried_spaces{}),
   };
 
-  std::shared_ptr<concept_t> impl_;
+  template <class T, class Space>
+  [[nodiscard]] const collective_calls<T, Space>& calls() const {
+    return std::get<collective_calls<T, Space>>(table_->collectives);
+  }
+
+  void* backend_;
+  const operation_table* table_;
 };
 
 }  // namespace kfsdp::comm

@@ -18,6 +18,7 @@
 // all_reduce_sum.
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -32,7 +33,67 @@
 
 #include <kfsdp/meta/half.hpp>
 
+namespace Kokkos {
+class HostSpace;  // named, not included: a host span's memory space
+}  // namespace Kokkos
+
 namespace kfsdp::comm {
+
+// ---------------------------------------------------------------------------------------------
+// Memory spaces. A buffer that crosses a communicator says where its bytes are: a span_in<T, Space>
+// is a span of T in the Kokkos memory space Space (Kokkos::HostSpace, Kokkos::CudaSpace, ...), so
+// that a backend knows whether the host may touch them and which execution space runs the
+// arithmetic of a collective (the ring's adds). A plain std::span<T> is host memory: every backend
+// takes it as a span_in<T, Kokkos::HostSpace>.
+//
+//   Kokkos::View<float*> shard("shard", n), full("full", n * comm.size());   // the default space
+//   comm.iall_gather(kfsdp::comm::span_in(shard), kfsdp::comm::span_in(full)).wait();
+//   // or, for host memory:  comm.iall_gather(std::span<const float>(v), std::span<float>(w))
+//
+// The raw span (span()) is for MPI and NCCL calls and for Kokkos kernels in MemorySpace only.
+template <class T, class MemorySpace>
+class span_in {
+ public:
+  using element_type = T;
+  using memory_space = MemorySpace;
+
+  constexpr span_in() noexcept = default;
+  constexpr explicit span_in(std::span<T> elements) noexcept : elements_(elements) {}
+  constexpr span_in(T* data, std::size_t size) noexcept : elements_(data, size) {}
+  // From a flat Kokkos view (or anything with data(), extent(0) and memory_space): its space.
+  template <class View>
+    requires requires(const View& v) {
+      { v.data() } -> std::convertible_to<T*>;
+      v.extent(0);
+      requires std::same_as<typename View::memory_space, MemorySpace>;
+    }
+  constexpr explicit span_in(const View& view) noexcept
+      : elements_(view.data(), static_cast<std::size_t>(view.extent(0))) {}
+  // span_in<T, S> converts to span_in<const T, S>, never to another memory space.
+  template <class U>
+    requires std::is_convertible_v<U (*)[], T (*)[]>
+  constexpr span_in(span_in<U, MemorySpace> other) noexcept  // NOLINT: implicit, as std::span's
+      : elements_(other.span()) {}
+
+  [[nodiscard]] constexpr std::span<T> span() const noexcept { return elements_; }
+  [[nodiscard]] constexpr T* data() const noexcept { return elements_.data(); }
+  [[nodiscard]] constexpr std::size_t size() const noexcept { return elements_.size(); }
+  [[nodiscard]] constexpr std::size_t size_bytes() const noexcept { return elements_.size_bytes(); }
+  [[nodiscard]] constexpr bool empty() const noexcept { return elements_.empty(); }
+  [[nodiscard]] constexpr span_in subspan(std::size_t offset, std::size_t count) const {
+    return span_in(elements_.subspan(offset, count));
+  }
+
+ private:
+  std::span<T> elements_;
+};
+template <class View>
+span_in(const View&) -> span_in<std::remove_pointer_t<decltype(std::declval<const View&>().data())>,
+                                typename View::memory_space>;
+
+// Host memory, as the std::span forms of every backend take it.
+template <class T>
+using host_span = span_in<T, Kokkos::HostSpace>;
 
 // ---------------------------------------------------------------------------------------------
 // Element types. Every backend moves (gathers, scatters, broadcasts and sums) all of element<T>;
@@ -219,8 +280,9 @@ inline void wait_all(std::span<request> requests) {
 //     derived from it).
 // 2-6 hold for T = float, double, bf16 and f16; 7 for T = std::int64_t and std::uint64_t
 // (agreement checks). A backend may offer more element types (every backend here offers 2-6 for
-// all of element<T>, and 7 for all of ordered_element<T>). A device backend's spans are device
-// memory; "completes" then means the request's wait() has returned.
+// all of element<T>, and 7 for all of ordered_element<T>). The std::span forms are host
+// memory; 2-6 on span_in<T, Space> are communicator_in<C, Space> below. For device memory
+// "completes" means the request's wait() or test() has returned it complete.
 
 // 1.
 template <class C>
@@ -275,6 +337,24 @@ concept communicator = ranked<C> && synchronises<C> && moves_elements<C, float> 
                        moves_elements<C, f16> && reduces_extrema<C, std::int64_t> &&
                        reduces_extrema<C, std::uint64_t>;
 
+// 2-6 on buffers of one memory space (span_in<T, Space>, see above). mpi, self and threaded move
+// every memory space (device memory through MPI either directly, when MPI is CUDA-aware, or staged
+// through host buffers), nccl device memory; communicator<C> is communicator_in<C, Kokkos::HostSpace>
+// spelled with std::span.
+template <class C, class T, class Space>
+concept moves_elements_in =
+    requires(C& c, span_in<const T, Space> send, span_in<T, Space> recv, int root) {
+      { c.iall_gather(send, recv) } -> std::same_as<request>;
+      { c.ireduce_scatter_sum(send, recv) } -> std::same_as<request>;
+      { c.ibroadcast(recv, root) } -> std::same_as<request>;
+      { c.iall_reduce_sum(recv) } -> std::same_as<request>;
+    };
+
+template <class C, class Space>
+concept communicator_in = ranked<C> && synchronises<C> && moves_elements_in<C, float, Space> &&
+                          moves_elements_in<C, double, Space> && moves_elements_in<C, bf16, Space> &&
+                          moves_elements_in<C, f16, Space>;
+
 // ---------------------------------------------------------------------------------------------
 // The blocking collectives: a backend's non-blocking one, waited on. send is a non-deduced
 // parameter, so a std::vector or a span of mutable data converts.
@@ -310,7 +390,30 @@ void all_reduce_sum(C& comm, std::span<T> data) {
   comm.template iall_reduce_sum<T>(data).wait();
 }
 
-// A device backend (NCCL) whose spans live in device memory also offers host(): a communicator over
+// The same on buffers of a memory space.
+template <class C, element T, class Space>
+  requires moves_elements_in<C, T, Space>
+void all_gather(C& comm, std::type_identity_t<span_in<const T, Space>> send, span_in<T, Space> recv) {
+  comm.iall_gather(send, recv).wait();
+}
+template <class C, element T, class Space>
+  requires moves_elements_in<C, T, Space>
+void reduce_scatter_sum(C& comm, std::type_identity_t<span_in<const T, Space>> send,
+                        span_in<T, Space> recv) {
+  comm.ireduce_scatter_sum(send, recv).wait();
+}
+template <class C, element T, class Space>
+  requires moves_elements_in<C, T, Space>
+void broadcast(C& comm, span_in<T, Space> data, int root) {
+  comm.ibroadcast(data, root).wait();
+}
+template <class C, element T, class Space>
+  requires moves_elements_in<C, T, Space>
+void all_reduce_sum(C& comm, span_in<T, Space> data) {
+  comm.iall_reduce_sum(data).wait();
+}
+
+// A device backend (NCCL) whose collectives move device memory also offers host(): a communicator over
 // the same ranks for small host-memory values, which check_agreement uses.
 template <class C>
 concept has_host_channel = requires(C& c) {

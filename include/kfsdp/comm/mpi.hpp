@@ -18,6 +18,9 @@
 //   }
 
 #include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI's MPIX_Query_cuda_support
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -39,6 +42,7 @@
 
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
+#include <kfsdp/comm/memory.hpp>
 
 namespace kfsdp::comm {
 
@@ -191,6 +195,16 @@ inline std::chrono::duration<double> default_collective_timeout() {
   return std::chrono::duration<double>(seconds);
 }
 
+// True when this MPI library reads and writes CUDA device memory itself (Open MPI built with
+// CUDA support says so at run time); false where it cannot tell.
+inline bool mpi_reads_device_memory() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
 }  // namespace detail
 
 // How an mpi communicator guards against collectives that the ranks do not call alike.
@@ -206,6 +220,15 @@ struct mpi_options {
   // NCCL's watchdog does), e.g. when another rank never calls it; the communicator must not be
   // used afterwards. Zero waits forever; KFSDP_COLLECTIVE_TIMEOUT=<seconds> sets the default.
   std::chrono::duration<double> timeout = detail::default_collective_timeout();
+  // How MPI reaches buffers that the host cannot touch (span_in<T, Kokkos::CudaSpace>):
+  //   automatic  the device pointers themselves when MPI says it reads device memory
+  //              (MPIX_Query_cuda_support), else through host copies (staged);
+  //   direct     the device pointers themselves (you know your MPI is CUDA-aware);
+  //   staged     through host copies in staging_space (pinned with CUDA), also for host memory,
+  //              which is how the tests run this path on a CPU machine.
+  // Host memory takes the direct path unless staged is set. Every rank must pass the same value.
+  enum class device_memory_path { automatic, direct, staged };
+  device_memory_path device_memory = device_memory_path::automatic;
 };
 
 class mpi {
@@ -335,15 +358,30 @@ class mpi {
     return mpi(adopt, node, *this, function);
   }
 
-  // The collectives of the communicator concept; the blocking ones are communicator.hpp's free
-  // functions (comm::all_gather(world, ...) = world.iall_gather(...).wait()).
+  // The collectives of the communicator concept, on buffers of any Kokkos memory space
+  // (span_in<T, Space>) or on host memory (std::span); the blocking ones are communicator.hpp's
+  // free functions (comm::all_gather(world, ...) = world.iall_gather(...).wait()). Device memory
+  // goes to MPI directly or through host copies, as mpi_options::device_memory says; the ring's
+  // adds run in Space's execution space.
   //
   // recv = [rank 0's send | rank 1's | ...]; recv.size() == size()*send.size(). In place when
   // send.data() == recv.data() + rank()*send.size(). send is non-deduced, so a vector converts.
+  template <element T, class Space>
+  [[nodiscard]] request iall_gather(std::type_identity_t<span_in<const T, Space>> send,
+                                    span_in<T, Space> recv) {
+    constexpr std::string_view function = "kfsdp::comm::mpi::iall_gather";
+    if (reads_directly<Space>()) return start_all_gather<T>(function, send.span(), recv.span());
+    detail::check_all_gather(function, rank_, size_, send.span(), recv.span());
+    staged<T, Space> copy(recv.size(), recv);
+    const std::size_t slot = static_cast<std::size_t>(rank_) * send.size();
+    detail::transfer(copy.host().subspan(slot, send.size()), send);
+    const auto host = copy.host().span();
+    copy.on_host = start_all_gather<T>(function, host.subspan(slot, send.size()), host);  // in place
+    return request(std::move(copy));
+  }
   template <element T>
-  [[nodiscard]] request iall_gather(std::span<const std::type_identity_t<T>> send,
-                                    std::span<T> recv) {
-    return start_all_gather<T>("kfsdp::comm::mpi::iall_gather", send, recv);
+  [[nodiscard]] request iall_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    return iall_gather<T, Kokkos::HostSpace>(host_span<const T>(send), host_span<T>(recv));
   }
 
   // Rank r's recv[i] = sum over ranks of send[r*recv.size() + i];
@@ -357,10 +395,22 @@ class mpi {
   //
   // The ring's request advances a round each time test() finds the previous one complete, and
   // wait() runs the remaining rounds; rounds only advance inside test() and wait().
+  template <element T, class Space>
+  [[nodiscard]] request ireduce_scatter_sum(std::type_identity_t<span_in<const T, Space>> send,
+                                            span_in<T, Space> recv) {
+    constexpr std::string_view function = "kfsdp::comm::mpi::ireduce_scatter_sum";
+    if (reads_directly<Space>()) return start_reduce_scatter<T, Space>(function, send.span(), recv.span());
+    detail::check_reduce_scatter(function, size_, send.span(), recv.span());
+    staged<T, Space> copy(recv.size(), recv);
+    copy.input = detail::owned_elements<T, staging_space>(send.size());
+    detail::transfer(copy.input.span(), send);
+    copy.on_host = start_reduce_scatter<T, staging_space>(function, copy.input.span().span(), copy.host().span());
+    return request(std::move(copy));
+  }
   template <element T>
   [[nodiscard]] request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send,
                                             std::span<T> recv) {
-    return start_reduce_scatter<T>("kfsdp::comm::mpi::ireduce_scatter_sum", send, recv);
+    return ireduce_scatter_sum<T, Kokkos::HostSpace>(host_span<const T>(send), host_span<T>(recv));
   }
 
   // Per-rank chunk size (bytes) from which reduce_scatter_sum uses the ring. Every rank must set
@@ -373,16 +423,34 @@ class mpi {
   static constexpr std::size_t default_reduce_scatter_ring_min_bytes = 64 * 1024;
 
   // Every rank's data becomes root's; 0 <= root < size().
+  template <element T, class Space>
+  [[nodiscard]] request ibroadcast(span_in<T, Space> data, int root) {
+    constexpr std::string_view function = "kfsdp::comm::mpi::ibroadcast";
+    if (reads_directly<Space>()) return start_broadcast(function, data.span(), root);
+    detail::check_root(function, root, size_);
+    staged<T, Space> copy(data.size(), rank_ == root ? span_in<T, Space>() : data);  // root keeps its data
+    if (rank_ == root) detail::transfer(copy.host(), span_in<const T, Space>(data));
+    copy.on_host = start_broadcast(function, copy.host().span(), root);
+    return request(std::move(copy));
+  }
   template <element T>
   [[nodiscard]] request ibroadcast(std::span<T> data, int root) {
-    return start_broadcast("kfsdp::comm::mpi::ibroadcast", data, root);
+    return ibroadcast<T, Kokkos::HostSpace>(host_span<T>(data), root);
   }
 
   // In place, element by element over ranks.
+  template <element T, class Space>
+  [[nodiscard]] request iall_reduce_sum(span_in<T, Space> data) {
+    constexpr std::string_view function = "kfsdp::comm::mpi::iall_reduce_sum";
+    if (reads_directly<Space>()) return start_all_reduce(data.span(), detail::collective_kind::all_reduce_sum, function);
+    staged<T, Space> copy(data.size(), data);
+    detail::transfer(copy.host(), span_in<const T, Space>(data));
+    copy.on_host = start_all_reduce(copy.host().span(), detail::collective_kind::all_reduce_sum, function);
+    return request(std::move(copy));
+  }
   template <element T>
   [[nodiscard]] request iall_reduce_sum(std::span<T> data) {
-    return start_all_reduce(data, detail::collective_kind::all_reduce_sum,
-                            "kfsdp::comm::mpi::iall_reduce_sum");
+    return iall_reduce_sum<T, Kokkos::HostSpace>(host_span<T>(data));
   }
   // Blocking (MPI_Allreduce): agreement checks make these, and wait for them at once.
   template <ordered_element T>
@@ -442,6 +510,44 @@ class mpi {
     return request(pending_mpi_request{handle, function, options_.timeout, rank_, size_});
   }
 
+  // Whether MPI gets the pointers of a buffer in Space itself, or host copies (mpi_options).
+  template <class Space>
+  [[nodiscard]] bool reads_directly() const {
+    using path = mpi_options::device_memory_path;
+    if (options_.device_memory == path::staged) return false;
+    if constexpr (host_accessible<Space>) return true;
+    else return options_.device_memory == path::direct || detail::mpi_reads_device_memory();
+  }
+
+  // A collective run on host copies (staging_space) of buffers in Space: the caller copies the
+  // inputs in and starts on_host; once that completes, the result is copied out to `target`
+  // (empty: nothing to copy, e.g. a broadcast's root). The copies outlive on_host, which is
+  // declared after them and so destroyed (waited on) first.
+  template <class T, class Space>
+  struct staged {
+    staged(std::size_t count, span_in<T, Space> result) : output(count), target(result) {}
+    [[nodiscard]] span_in<T, staging_space> host() const noexcept { return output.span(); }
+
+    bool test() {
+      if (!on_host.test()) return false;
+      copy_out();
+      return true;
+    }
+    void wait() {
+      on_host.wait();
+      copy_out();
+    }
+    void copy_out() {
+      if (target.data() != nullptr) detail::transfer(target, span_in<const T, staging_space>(output.span()));
+      target = {};
+    }
+
+    detail::owned_elements<T, staging_space> input;   // the send copy of a reduce-scatter
+    detail::owned_elements<T, staging_space> output;  // the result, gathered or reduced on the host
+    span_in<T, Space> target;
+    request on_host;
+  };
+
   // Polls operation.test() until it completes; throws mpi::timeout once `limit` has passed.
   template <class Operation>
   static void wait_polling(Operation& operation, std::string_view function,
@@ -499,7 +605,7 @@ class mpi {
   // the bucket size. Each call gets its own tag, so several reduce-scatters in flight never cross.
   static constexpr std::size_t ring_segment_bytes = 256 * 1024;
 
-  template <class T>
+  template <class T, class Space>
   class ring_reduce_scatter {
    public:
     ring_reduce_scatter(MPI_Comm comm, int rank, int size, int tag, std::span<const T> send,
@@ -520,10 +626,10 @@ class mpi {
           function_(function),
           limit_(limit) {
       if (size_ == 1) {
-        std::copy(send.begin(), send.end(), recv.begin());
+        detail::copy(span_in<const T, Space>(send), span_in<T, Space>(recv));
         return;
       }
-      incoming_.reset(new T[2 * std::min(segment_, count_)]);  // every element is received first
+      incoming_ = detail::owned_elements<T, Space>(2 * std::min(segment_, count_));  // received first
       post_ready_steps();
     }
 
@@ -561,7 +667,7 @@ class mpi {
       return send_ + static_cast<std::size_t>(block) * count_;
     }
     [[nodiscard]] T* scratch(std::size_t step) const {
-      return incoming_.get() + (step % 2) * std::min(segment_, count_);
+      return incoming_.span().data() + (step % 2) * std::min(segment_, count_);
     }
 
     void post_ready_steps() {
@@ -586,18 +692,12 @@ class mpi {
     void finish_step() {
       const step_range step = range_of(finished_);
       const int block = ((rank_ - step.round - 2) % size_ + size_) % size_;
-      const T* own = own_block(block) + step.offset;
-      const T* partial = scratch(finished_);
-      T* sum = recv_ + step.offset;
-      for (std::size_t i = 0; i < step.length; ++i) sum[i] = add(partial[i], own[i]);
+      // A kernel in Space's execution space, complete before the next send reads the sum.
+      detail::add(span_in<const T, Space>(scratch(finished_), step.length),
+                  span_in<const T, Space>(own_block(block) + step.offset, step.length),
+                  span_in<T, Space>(recv_ + step.offset, step.length));
       ++finished_;
       post_ready_steps();
-    }
-
-    // A 16-bit float adds in float and rounds once, as the MPI sum operation does.
-    static T add(T a, T b) {
-      if constexpr (half_element<T>) return detail::add_in_float(a, b);
-      else return a + b;
     }
 
     MPI_Comm comm_;
@@ -613,7 +713,7 @@ class mpi {
     std::size_t depth_;               // steps in flight at once
     std::string_view function_;
     std::chrono::duration<double> limit_;  // zero: no timeout
-    std::unique_ptr<T[]> incoming_;   // heap, so the posted receives survive moving the state
+    detail::owned_elements<T, Space> incoming_;  // owned, so the posted receives survive moving the state
     MPI_Request pending_[2][2] = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL},
                                   {MPI_REQUEST_NULL, MPI_REQUEST_NULL}};
     std::size_t posted_ = 0;
@@ -662,13 +762,13 @@ class mpi {
           function, "MPI_Iallgather");
     return pending(handle, function);
   }
-  template <class T>
+  template <class T, class Space>
   request start_reduce_scatter(std::string_view function, std::span<const T> send,
                                std::span<T> recv) {
     const int count = prepare_reduce_scatter<T>(function, send, recv);
     if (uses_ring(recv.size_bytes())) {
-      return request(ring_reduce_scatter<T>(comm_, rank_, size_, next_ring_tag(), send, recv,
-                                            function, options_.timeout));
+      return request(ring_reduce_scatter<T, Space>(comm_, rank_, size_, next_ring_tag(), send, recv,
+                                                   function, options_.timeout));
     }
     MPI_Request handle = MPI_REQUEST_NULL;
     check(MPI_Ireduce_scatter_block(send.data(), recv.data(), count, detail::mpi_datatype<T>(),
@@ -800,6 +900,7 @@ class mpi::environment {
 };
 
 static_assert(communicator<mpi>);
+static_assert(communicator_in<mpi, Kokkos::HostSpace>);
 
 // Runs program() on every rank of `world` and ends the job cleanly whichever ranks fail:
 // - no exception: every rank returns what program() returned;

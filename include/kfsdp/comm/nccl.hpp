@@ -2,8 +2,9 @@
 // kfsdp::comm::nccl — the NCCL communicator backend: one GPU per rank, bootstrapped over MPI.
 //
 // Opt-in, and free of CUDA flags: this header includes neither nccl.h nor a CUDA header (the NCCL
-// and CUDA calls live in the kfsdp_nccl library), so any C++ compiler can include it. Spans are
-// DEVICE memory. Collectives run on a dedicated communication stream; a blocking call returns
+// and CUDA calls live in the kfsdp_nccl library), so any C++ compiler can include it. Its
+// collectives move device memory (span_in<T, Kokkos::CudaSpace>, or span_in<T, nccl::device_memory>
+// for a cudaMalloc'd buffer); host memory goes over host(), its MPI communicator. Collectives run on a dedicated communication stream; a blocking call returns
 // once its result is in device memory (comm::all_gather(gpus, ...) waits on the request), a
 // non-blocking one returns a request that records a CUDA event on that stream.
 //
@@ -72,47 +73,68 @@ class nccl {
   // complete; the host does not block.
   void make_stream_wait(cuda_stream consumer);
 
-  // Device spans; requirements as in the communicator concept (communicator.hpp). The blocking
-  // forms are communicator.hpp's free functions: the request's wait() is cudaEventSynchronize.
-  // bf16 and f16 are ncclBfloat16 and ncclFloat16 (NCCL's own summation).
-  template <element T>
-  [[nodiscard]] request iall_gather(std::span<const std::type_identity_t<T>> send,
-                                    std::span<T> recv) {
+  // Memory that NCCL reads: a Kokkos space the CUDA execution space can access (CudaSpace,
+  // CudaUVMSpace, CudaHostPinnedSpace), or device_memory, the tag for a buffer from cudaMalloc
+  // outside Kokkos. Host memory (std::span) is host()'s, over MPI.
+  struct device_memory {};
+  template <class Space>
+  static constexpr bool reads() noexcept {
+    if constexpr (std::is_same_v<Space, device_memory>) return true;
+#if defined(KOKKOS_ENABLE_CUDA)
+    else return Kokkos::SpaceAccessibility<Kokkos::Cuda, Space>::accessible;
+#else
+    else return false;
+#endif
+  }
+
+  // Requirements as in the communicator concept (communicator.hpp). The blocking forms are
+  // communicator.hpp's free functions: the request's wait() is cudaEventSynchronize. bf16 and f16
+  // are ncclBfloat16 and ncclFloat16 (NCCL's own summation).
+  template <element T, class Space>
+    requires(reads<Space>())
+  [[nodiscard]] request iall_gather(std::type_identity_t<span_in<const T, Space>> send,
+                                    span_in<T, Space> recv) {
     constexpr std::string_view function = "kfsdp::comm::nccl::iall_gather";
-    detail::check_all_gather(function, rank(), size(), send, recv);
+    detail::check_all_gather(function, rank(), size(), send.span(), recv.span());
     issue_all_gather(send.data(), recv.data(), send.size(), kind_of<T>(), function);
     return record(function);
   }
-  template <element T>
-  [[nodiscard]] request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send,
-                                            std::span<T> recv) {
+  template <element T, class Space>
+    requires(reads<Space>())
+  [[nodiscard]] request ireduce_scatter_sum(std::type_identity_t<span_in<const T, Space>> send,
+                                            span_in<T, Space> recv) {
     constexpr std::string_view function = "kfsdp::comm::nccl::ireduce_scatter_sum";
-    detail::check_reduce_scatter(function, size(), send, recv);
+    detail::check_reduce_scatter(function, size(), send.span(), recv.span());
     issue_reduce_scatter_sum(send.data(), recv.data(), recv.size(), kind_of<T>(), function);
     return record(function);
   }
-  template <element T>
-  [[nodiscard]] request ibroadcast(std::span<T> data, int root) {
+  template <element T, class Space>
+    requires(reads<Space>())
+  [[nodiscard]] request ibroadcast(span_in<T, Space> data, int root) {
     constexpr std::string_view function = "kfsdp::comm::nccl::ibroadcast";
     detail::check_root(function, root, size());
     issue_broadcast(data.data(), data.size(), kind_of<T>(), root, function);
     return record(function);
   }
-  template <element T>
-  [[nodiscard]] request iall_reduce_sum(std::span<T> data) {
+  template <element T, class Space>
+    requires(reads<Space>())
+  [[nodiscard]] request iall_reduce_sum(span_in<T, Space> data) {
     constexpr std::string_view function = "kfsdp::comm::nccl::iall_reduce_sum";
     issue_all_reduce(data.data(), data.size(), kind_of<T>(), reduction::sum, function);
     return record(function);
   }
+
   // Blocking: the host waits for the communication stream.
-  template <ordered_element T>
-  void all_reduce_max(std::span<T> data) {
+  template <ordered_element T, class Space>
+    requires(reads<Space>())
+  void all_reduce_max(span_in<T, Space> data) {
     constexpr std::string_view function = "kfsdp::comm::nccl::all_reduce_max";
     issue_all_reduce(data.data(), data.size(), kind_of<T>(), reduction::max, function);
     synchronize(function);
   }
-  template <ordered_element T>
-  void all_reduce_min(std::span<T> data) {
+  template <ordered_element T, class Space>
+    requires(reads<Space>())
+  void all_reduce_min(span_in<T, Space> data) {
     constexpr std::string_view function = "kfsdp::comm::nccl::all_reduce_min";
     issue_all_reduce(data.data(), data.size(), kind_of<T>(), reduction::min, function);
     synchronize(function);
@@ -160,7 +182,7 @@ class nccl {
   std::unique_ptr<device_state> state_;
 };
 
-static_assert(communicator<nccl>);
+static_assert(communicator_in<nccl, nccl::device_memory>);
 static_assert(has_host_channel<nccl>);
 
 }  // namespace kfsdp::comm

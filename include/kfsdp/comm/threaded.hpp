@@ -51,7 +51,36 @@ class threaded {
   void barrier() { submit([this] { backend_.barrier(); }).wait(); }
 
   // Arguments are checked here, on the caller's thread, not later on the worker. The worker runs
-  // the backend's blocking form (comm::all_gather etc.); a bf16 or f16 sum is the backend's.
+  // the backend's blocking form (comm::all_gather etc.) on the same memory space; a bf16 or f16 sum
+  // is the backend's.
+  template <element T, class Space>
+    requires moves_elements_in<C, T, Space>
+  [[nodiscard]] request iall_gather(std::type_identity_t<span_in<const T, Space>> send,
+                                    span_in<T, Space> recv) {
+    detail::check_all_gather<T>("kfsdp::comm::threaded::iall_gather", rank(), size(), send.span(), recv.span());
+    return submit([this, send, recv] { comm::all_gather<C, T, Space>(backend_, send, recv); });
+  }
+  template <element T, class Space>
+    requires moves_elements_in<C, T, Space>
+  [[nodiscard]] request ireduce_scatter_sum(std::type_identity_t<span_in<const T, Space>> send,
+                                            span_in<T, Space> recv) {
+    detail::check_reduce_scatter<T>("kfsdp::comm::threaded::ireduce_scatter_sum", size(), send.span(),
+                                    recv.span());
+    return submit([this, send, recv] { comm::reduce_scatter_sum<C, T, Space>(backend_, send, recv); });
+  }
+  template <element T, class Space>
+    requires moves_elements_in<C, T, Space>
+  [[nodiscard]] request ibroadcast(span_in<T, Space> data, int root) {
+    detail::check_root("kfsdp::comm::threaded::ibroadcast", root, size());
+    return submit([this, data, root] { comm::broadcast<C, T, Space>(backend_, data, root); });
+  }
+  template <element T, class Space>
+    requires moves_elements_in<C, T, Space>
+  [[nodiscard]] request iall_reduce_sum(span_in<T, Space> data) {
+    return submit([this, data] { comm::all_reduce_sum<C, T, Space>(backend_, data); });
+  }
+
+  // Host memory (std::span), as the backend takes it (a backend may have only these forms).
   template <element T>
   [[nodiscard]] request iall_gather(std::span<const std::type_identity_t<T>> send,
                                     std::span<T> recv) {
@@ -61,8 +90,7 @@ class threaded {
   template <element T>
   [[nodiscard]] request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send,
                                             std::span<T> recv) {
-    detail::check_reduce_scatter<T>("kfsdp::comm::threaded::ireduce_scatter_sum", size(), send,
-                                    recv);
+    detail::check_reduce_scatter<T>("kfsdp::comm::threaded::ireduce_scatter_sum", size(), send, recv);
     return submit([this, send, recv] { comm::reduce_scatter_sum<C, T>(backend_, send, recv); });
   }
   template <element T>

@@ -13,17 +13,20 @@
 #include <utility>
 #include <Kokkos_Core.hpp>
 
+#include <kfsdp/comm/communicator.hpp>
 #include <kfsdp/plan/shard_mapping.hpp>
 
 namespace kfsdp {
 
-// A flat view's elements as a span, as the communicators take them.
+// A flat view's elements as the communicators take them: a span tagged with the view's memory space.
 template <class T, class... Properties>
-std::span<T> span_of(const Kokkos::View<T*, Properties...>& v) {
+comm::span_in<T, typename Kokkos::View<T*, Properties...>::memory_space> span_of(
+    const Kokkos::View<T*, Properties...>& v) {
   return {v.data(), v.extent(0)};
 }
 template <class T, class... Properties>
-std::span<const T> const_span_of(const Kokkos::View<T*, Properties...>& v) {
+comm::span_in<const T, typename Kokkos::View<T*, Properties...>::memory_space> const_span_of(
+    const Kokkos::View<T*, Properties...>& v) {
   return {v.data(), v.extent(0)};
 }
 
