@@ -399,7 +399,8 @@ class mpi {
   [[nodiscard]] request ireduce_scatter_sum(std::type_identity_t<span_in<const T, Space>> send,
                                             span_in<T, Space> recv) {
     constexpr std::string_view function = "kfsdp::comm::mpi::ireduce_scatter_sum";
-    if (reads_directly<Space>()) return start_reduce_scatter<T, Space>(function, send.span(), recv.span());
+    if (sums_directly<T, Space>(recv.size_bytes()))
+      return start_reduce_scatter<T, Space>(function, send.span(), recv.span());
     detail::check_reduce_scatter(function, size_, send.span(), recv.span());
     staged<T, Space> copy(recv.size(), recv);
     copy.input = detail::owned_elements<T, staging_space>(send.size());
@@ -442,7 +443,8 @@ class mpi {
   template <element T, class Space>
   [[nodiscard]] request iall_reduce_sum(span_in<T, Space> data) {
     constexpr std::string_view function = "kfsdp::comm::mpi::iall_reduce_sum";
-    if (reads_directly<Space>()) return start_all_reduce(data.span(), detail::collective_kind::all_reduce_sum, function);
+    if (sums_directly<T, Space>(0))
+      return start_all_reduce(data.span(), detail::collective_kind::all_reduce_sum, function);
     staged<T, Space> copy(data.size(), data);
     detail::transfer(copy.host(), span_in<const T, Space>(data));
     copy.on_host = start_all_reduce(copy.host().span(), detail::collective_kind::all_reduce_sum, function);
@@ -517,6 +519,15 @@ class mpi {
     if (options_.device_memory == path::staged) return false;
     if constexpr (host_accessible<Space>) return true;
     else return options_.device_memory == path::direct || detail::mpi_reads_device_memory();
+  }
+
+  // A sum on buffers in Space without host copies: reads_directly, except that MPI's own 16-bit sum
+  // (a user operation, run by the host) must not see device memory; the ring adds in Space.
+  template <class T, class Space>
+  [[nodiscard]] bool sums_directly(std::size_t chunk_bytes) const {
+    if (!reads_directly<Space>()) return false;
+    if constexpr (half_element<T> && !host_accessible<Space>) return uses_ring(chunk_bytes);
+    else return true;
   }
 
   // A collective run on host copies (staging_space) of buffers in Space: the caller copies the
