@@ -28,6 +28,13 @@ static_assert(comm::communicator_in<comm::self, host>);
 static_assert(comm::communicator_in<comm::any_communicator, host>);
 static_assert(comm::communicator_in<comm::threaded<comm::mpi>, host>);
 static_assert(comm::host_accessible<host>);
+// The default execution space's memory (Kokkos::CudaSpace on a CUDA build): every backend but nccl
+// moves it, and any_communicator carries it.
+using device = comm::any_communicator::device_space;
+static_assert(comm::communicator_in<comm::mpi, device>);
+static_assert(comm::communicator_in<comm::self, device>);
+static_assert(comm::communicator_in<comm::threaded<comm::mpi>, device>);
+static_assert(comm::communicator_in<comm::any_communicator, device>);
 // A span keeps its memory space: no conversion to another space, nor from a bare std::span.
 struct other_space {};
 static_assert(std::is_convertible_v<comm::span_in<float, host>, comm::span_in<const float, host>>);
@@ -152,6 +159,43 @@ TEST_CASE("memory spaces: threaded, self and any_communicator carry span_in (the
   comm::self one;
   comm::self reference_one;
   check_every_collective<kfsdp::bf16>(one, reference_one, 5);
+}
+
+// Every collective of `c` on views of the default execution space (device memory on a CUDA build,
+// where this instantiates each one with device views): all-gather, reduce-scatter, broadcast and
+// all-reduce of ones, checked on a host mirror.
+template <class C>
+void collectives_on_default_space(C& c) {
+  const auto ranks = static_cast<std::size_t>(c.size());
+  constexpr std::size_t count = 40000;  // 160 KB chunks of float: the mpi ring
+  Kokkos::View<float*> ones("ones", count * ranks), gathered("gathered", count * ranks), reduced("reduced", count);
+  Kokkos::deep_copy(ones, 1.0f);
+  c.iall_gather(comm::span_in(ones).subspan(0, count), comm::span_in(gathered)).wait();
+  c.ireduce_scatter_sum(comm::span_in(ones), comm::span_in(reduced)).wait();
+  c.ibroadcast(comm::span_in(gathered), 0).wait();
+  c.iall_reduce_sum(comm::span_in(reduced)).wait();
+  const auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gathered);
+  const auto r = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), reduced);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < g.extent(0); ++i) wrong += g(i) != 1.0f;
+  for (std::size_t i = 0; i < r.extent(0); ++i) wrong += r(i) != static_cast<float>(ranks * ranks);
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("memory spaces: every backend on views of the default execution space") {
+  for (const path device_memory : {path::automatic, path::staged}) {
+    comm::mpi world(MPI_COMM_WORLD, {.device_memory = device_memory});
+    collectives_on_default_space(world);
+    comm::any_communicator erased(world);
+    collectives_on_default_space(erased);
+  }
+  comm::mpi world;
+  {
+    comm::threaded overlapped(world);
+    collectives_on_default_space(overlapped);
+  }
+  comm::self one;
+  collectives_on_default_space(one);
 }
 
 TEST_CASE("memory spaces: bad arguments are named the same on the staged path, before any copy") {
