@@ -19,7 +19,10 @@
 #include <kfsdp/comm/self.hpp>
 #include <kfsdp/comm/threaded.hpp>
 
+#include "../support/rank_values.hpp"
+
 namespace comm = kfsdp::comm;
+using kfsdp::test::contributions;
 using host = Kokkos::HostSpace;
 using path = comm::mpi_options::device_memory_path;
 
@@ -43,12 +46,7 @@ static_assert(!std::is_convertible_v<std::span<float>, comm::span_in<float, host
 
 namespace {
 
-// Distinct for every (rank, index); small integers for the 16-bit types, so every sum is exact.
-template <class T>
-T contribution(int rank, std::size_t index) {
-  if constexpr (comm::half_element<T>) return T(static_cast<float>(16 * rank + static_cast<int>(index % 16) + 1));
-  else return static_cast<T>(0.25 * rank + 1e-3 * static_cast<double>(index) + 1);
-}
+using kfsdp::test::values_of;  // for vectors; views below
 
 template <class T>
 Kokkos::View<T*, host> view_of(const std::vector<T>& values, const char* label) {
@@ -62,20 +60,6 @@ std::vector<double> values_of(const Kokkos::View<T*, host>& v) {
   for (std::size_t i = 0; i < v.extent(0); ++i) values.push_back(static_cast<double>(v(i)));
   return values;
 }
-template <class T>
-std::vector<double> values_of(const std::vector<T>& v) {
-  std::vector<double> values;
-  for (const T& x : v) values.push_back(static_cast<double>(x));
-  return values;
-}
-
-template <class T>
-std::vector<T> contributions(int rank, std::size_t count) {
-  std::vector<T> values(count);
-  for (std::size_t i = 0; i < count; ++i) values[i] = contribution<T>(rank, i);
-  return values;
-}
-
 // Every collective through span_in on `c`, compared with the same collective through std::span on
 // `reference` (the same ranks).
 template <class T, class C, class Reference>
