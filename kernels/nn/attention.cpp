@@ -41,10 +41,11 @@ void copy_heads(const char* label, const attention_shape& shape, const Rows& row
         const int row = index / (parts * nheads), part = (index / nheads) % parts, h = index % nheads;
         const int b = row / seq, t = row % seq, first_col = part * dim + h * head_dim;
         Scalar* head_row = &heads(first_part + part, b * nheads + h, t, 0);
+        auto* run = &rows(row, first_col);  // (taken outside the if constexpr, which nvcc's device lambdas require)
         if constexpr (to_heads)
-          for (int c = 0; c < head_dim; ++c) head_row[c] = rows(row, first_col + c);
+          for (int c = 0; c < head_dim; ++c) head_row[c] = run[c];
         else
-          for (int c = 0; c < head_dim; ++c) rows(row, first_col + c) = head_row[c];
+          for (int c = 0; c < head_dim; ++c) run[c] = head_row[c];
       });
 }
 

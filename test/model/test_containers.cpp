@@ -17,10 +17,10 @@ static_assert(block<"", mlp>::kind == layer_kind::block);
 TEST_CASE("containers visit their children in order, repeat names copies by index") {
   std::vector<std::string> names;
   repeat<"h", 3, block<"", mlp>>{}.for_each_child(
-      [&](const auto&, std::string_view name) { names.emplace_back(name); });
+      [&]<class Child>(const Child&, std::string_view name) { names.emplace_back(name); });
   CHECK(names == std::vector<std::string>{"0", "1", "2"});
   names.clear();
-  mlp{}.for_each_child([&](const auto&, std::string_view name) { names.emplace_back(name); });
+  mlp{}.for_each_child([&]<class Child>(const Child&, std::string_view name) { names.emplace_back(name); });
   CHECK(names == std::vector<std::string>{"fc", "out"});
   CHECK_THROWS_WITH_AS((repeat<"h", dyn, block<"", mlp>>(0, {})),
                        "kfsdp: repeat 'h': count is 0, expected at least 1", std::invalid_argument);

@@ -19,43 +19,47 @@
 
 namespace {
 
-// The user's layer: y = x · factor, one learnable scalar (starts at 1).
+// The user's layer: y = x · factor, one learnable scalar (starts at 1). Its compute is a class of its own, not
+// nested in scale<Name>: nvcc cannot name a kernel inside a class whose template arguments hold a string.
+template <class S>
+struct scale_op {
+  template <class Layer>
+  explicit scale_op(const Layer&) {}
+  kfsdp::nn::const_matrix<S> input;
+
+  void forward(const kfsdp::layer_params<const S>& p, kfsdp::nn::const_matrix<S> x, kfsdp::nn::matrix<S> y) {
+    const auto factor = p.vector(0);
+    Kokkos::parallel_for("scale::forward", Kokkos::RangePolicy<>(0, int(x.extent(0))), KOKKOS_LAMBDA(int r) {
+      for (std::size_t c = 0; c < x.extent(1); ++c) y(r, c) = factor(0) * x(r, c);
+    });
+    input = x;
+  }
+  void backward(const kfsdp::layer_params<const S>& p, const kfsdp::layer_params<S>& g, kfsdp::nn::const_matrix<S> dy,
+                kfsdp::nn::matrix<S> dx) {
+    const auto factor = p.vector(0);
+    const auto dfactor = g.vector(0);
+    const auto x = input;
+    // One thread sums in row order: the same bits every run.
+    Kokkos::parallel_for("scale::backward_factor", Kokkos::RangePolicy<>(0, 1), KOKKOS_LAMBDA(int) {
+      S sum = 0;
+      for (std::size_t r = 0; r < x.extent(0); ++r)
+        for (std::size_t c = 0; c < x.extent(1); ++c) sum += dy(r, c) * x(r, c);
+      dfactor(0) += sum;
+    });
+    if (dx.data() == nullptr) return;  // no input gradient wanted
+    Kokkos::parallel_for("scale::backward_dx", Kokkos::RangePolicy<>(0, int(dy.extent(0))), KOKKOS_LAMBDA(int r) {
+      for (std::size_t c = 0; c < dy.extent(1); ++c) dx(r, c) = factor(0) * dy(r, c);
+    });
+  }
+};
+
 template <kfsdp::fixed_string Name>
 struct scale {
   static constexpr auto name = Name;
   static constexpr kfsdp::layer_kind kind = kfsdp::layer_kind::layer;
   constexpr auto params() const { return std::array{kfsdp::param_decl{"factor", {1}, {kfsdp::init_rule::ones}}}; }
-
   template <class S>
-  struct compute {
-    explicit compute(const scale&) {}
-    kfsdp::nn::const_matrix<S> input;
-
-    void forward(const kfsdp::layer_params<const S>& p, kfsdp::nn::const_matrix<S> x, kfsdp::nn::matrix<S> y) {
-      const auto factor = p.vector(0);
-      Kokkos::parallel_for("scale::forward", Kokkos::RangePolicy<>(0, int(x.extent(0))), KOKKOS_LAMBDA(int r) {
-        for (std::size_t c = 0; c < x.extent(1); ++c) y(r, c) = factor(0) * x(r, c);
-      });
-      input = x;
-    }
-    void backward(const kfsdp::layer_params<const S>& p, const kfsdp::layer_params<S>& g, kfsdp::nn::const_matrix<S> dy,
-                  kfsdp::nn::matrix<S> dx) {
-      const auto factor = p.vector(0);
-      const auto dfactor = g.vector(0);
-      const auto x = input;
-      // One thread sums in row order: the same bits every run.
-      Kokkos::parallel_for("scale::backward_factor", Kokkos::RangePolicy<>(0, 1), KOKKOS_LAMBDA(int) {
-        S sum = 0;
-        for (std::size_t r = 0; r < x.extent(0); ++r)
-          for (std::size_t c = 0; c < x.extent(1); ++c) sum += dy(r, c) * x(r, c);
-        dfactor(0) += sum;
-      });
-      if (dx.data() == nullptr) return;  // no input gradient wanted
-      Kokkos::parallel_for("scale::backward_dx", Kokkos::RangePolicy<>(0, int(dy.extent(0))), KOKKOS_LAMBDA(int r) {
-        for (std::size_t c = 0; c < dy.extent(1); ++c) dx(r, c) = factor(0) * dy(r, c);
-      });
-    }
-  };
+  using compute = scale_op<S>;
 };
 
 constexpr std::size_t width = 24;

@@ -62,17 +62,21 @@ void copy(span_in<const T, Space> from, span_in<T, Space> to) {
   Kokkos::deep_copy(view_of(to), view_of(from));  // blocking: complete on return
 }
 
-// sum[i] = partial[i] + own[i] (sum may be own or partial); a 16-bit float adds in float and rounds
-// once, as MPI's sum operation does.
+// a + b; a 16-bit float adds in float and rounds once, as MPI's sum operation does. (Outside the lambda
+// below: nvcc's device lambdas take no if constexpr that decides what they capture.)
+template <class T>
+KOKKOS_INLINE_FUNCTION T sum_of(T a, T b) {
+  if constexpr (half_element<T>) return T(a.to_float() + b.to_float());
+  else return a + b;
+}
+
+// sum[i] = partial[i] + own[i] (sum may be own or partial).
 template <class T, class Space>
 void add(span_in<const T, Space> partial, span_in<const T, Space> own, span_in<T, Space> sum) {
   const T* a = partial.data();
   const T* b = own.data();
   T* out = sum.data();
-  const auto one_add = KOKKOS_LAMBDA(std::size_t i) {
-    if constexpr (half_element<T>) out[i] = T(a[i].to_float() + b[i].to_float());
-    else out[i] = a[i] + b[i];
-  };
+  const auto one_add = KOKKOS_LAMBDA(std::size_t i) { out[i] = sum_of(a[i], b[i]); };
   if (runs_as_host_loop<Space>()) {
     for (std::size_t i = 0; i < sum.size(); ++i) one_add(i);
     return;

@@ -18,14 +18,15 @@
 // no bhalf_t, so these are kfsdp's own: trivially copyable, 2 bytes, no tables, callable in kernels.
 
 #include <cstdint>
-#include <type_traits>
-#if __has_include(<version>)
-#include <version>
-#endif
-#if defined(__cpp_lib_bit_cast)
-#include <bit>
-#else
 #include <cstring>
+#include <type_traits>
+
+// __builtin_bit_cast (GCC 11, clang 9, nvcc) makes the conversions constexpr and callable in device code, where
+// std::bit_cast is a host function to nvcc; without it memcpy is the defined way to reinterpret, not constexpr.
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_bit_cast)
+#define KFSDP_HALF_BIT_CAST 1
+#endif
 #endif
 
 // Kernel-callable where Kokkos (or a device compiler) is present, plain inline otherwise: the meta headers do not
@@ -38,8 +39,7 @@
 #define KFSDP_HALF_FUNCTION inline
 #endif
 
-// std::bit_cast makes the conversions constexpr; without it memcpy is the defined way to reinterpret, not constexpr.
-#if defined(__cpp_lib_bit_cast)
+#if defined(KFSDP_HALF_BIT_CAST)
 #define KFSDP_HALF_CONSTEXPR constexpr
 #else
 #define KFSDP_HALF_CONSTEXPR
@@ -50,8 +50,8 @@ namespace kfsdp {
 namespace half_detail {
 
 KFSDP_HALF_CONSTEXPR KFSDP_HALF_FUNCTION std::uint32_t float_bits(float f) {
-#if defined(__cpp_lib_bit_cast)
-  return std::bit_cast<std::uint32_t>(f);
+#if defined(KFSDP_HALF_BIT_CAST)
+  return __builtin_bit_cast(std::uint32_t, f);
 #else
   std::uint32_t u;
   std::memcpy(&u, &f, sizeof u);
@@ -60,8 +60,8 @@ KFSDP_HALF_CONSTEXPR KFSDP_HALF_FUNCTION std::uint32_t float_bits(float f) {
 }
 
 KFSDP_HALF_CONSTEXPR KFSDP_HALF_FUNCTION float bits_float(std::uint32_t u) {
-#if defined(__cpp_lib_bit_cast)
-  return std::bit_cast<float>(u);
+#if defined(KFSDP_HALF_BIT_CAST)
+  return __builtin_bit_cast(float, u);
 #else
   float f;
   std::memcpy(&f, &u, sizeof f);

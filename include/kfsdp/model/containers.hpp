@@ -45,7 +45,8 @@ struct container {
   using input = input_t<std::tuple_element_t<0, std::tuple<Children...>>>;
   using output = output_t<std::tuple_element_t<sizeof...(Children) - 1, std::tuple<Children...>>>;
 
-  std::tuple<Children...> children;
+  using children_type = std::tuple<Children...>;  // what code that picks by container matches on
+  children_type children;
 
   constexpr container() requires(std::is_default_constructible_v<Children> && ...) = default;
   constexpr explicit container(Children... c) : children(std::move(c)...) {}
@@ -57,11 +58,17 @@ struct container {
 };
 }  // namespace detail
 
+// Classes, not alias templates of detail::container: nvcc loses a fixed_string that an alias template
+// passes on (its host code names it __T0).
 template <fixed_string Name, descriptor... Children>
-using sequential = detail::container<layer_kind::container, Name, Children...>;
+struct sequential : detail::container<layer_kind::container, Name, Children...> {
+  using detail::container<layer_kind::container, Name, Children...>::container;
+};
 
 template <fixed_string Name, descriptor... Children>
-using block = detail::container<layer_kind::block, Name, Children...>;
+struct block : detail::container<layer_kind::block, Name, Children...> {
+  using detail::container<layer_kind::block, Name, Children...>::container;
+};
 
 // x + f(x), f = the children in order (nanoGPT's `x = x + attn(ln_1(x))`).
 template <fixed_string Name, descriptor... Children>

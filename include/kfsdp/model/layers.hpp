@@ -8,7 +8,8 @@
 //   causal_self_attention<"", 64, 4, 32>                             [rows, 192] -> [rows, 64]
 //   cross_entropy<"", 256>, mse<>                                    loss layers (targets)
 // A size may be kfsdp::dyn and given to the constructor: linear<"fc", dyn, dyn>(in, out).
-// Each layer's compute (forward, backward) is kfsdp::compute_t<Layer, Scalar> (train/ops.hpp).
+// Each layer's compute (forward, backward) is kfsdp::compute_t<Layer, Scalar> (train/ops.hpp), chosen by
+// Layer::anonymous, the layer with its name "": nvcc deduces no fixed_string in a partial specialization.
 
 #include <array>
 #include <cstddef>
@@ -27,6 +28,7 @@ struct linear {
   static_assert(Out != 0, "kfsdp::linear: Out (output features) must be at least 1");
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::layer;
+  using anonymous = linear<"", In, Out, Bias>;  // the same layer unnamed: what its compute is chosen by
   static constexpr bool has_bias = Bias;
 
   std::size_t in_features = In;
@@ -55,6 +57,7 @@ struct layer_norm {
   static_assert(Dim != 0, "kfsdp::layer_norm: Dim must be at least 1");
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::layer;
+  using anonymous = layer_norm<"", Dim>;  // the same layer unnamed: what its compute is chosen by
 
   std::size_t dim = Dim;
 
@@ -74,6 +77,7 @@ struct embedding {
   static_assert(Dim != 0, "kfsdp::embedding: Dim must be at least 1");
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::layer;
+  using anonymous = embedding<"", Num, Dim>;  // the same layer unnamed: what its compute is chosen by
 
   std::size_t num_embeddings = Num;
   std::size_t dim = Dim;
@@ -99,6 +103,7 @@ struct positional_embedding {
   static_assert(Dim != 0, "kfsdp::positional_embedding: Dim must be at least 1");
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::layer;
+  using anonymous = positional_embedding<"", Seq, Dim>;  // the same layer unnamed: what its compute is chosen by
 
   std::size_t seq = Seq;
   std::size_t dim = Dim;
@@ -146,20 +151,24 @@ template <fixed_string Name, activation_fn Fn>
 struct activation {
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::layer;
+  using anonymous = activation<"", Fn>;  // the same layer unnamed: what its compute is chosen by
   static constexpr activation_fn function = Fn;
   constexpr std::array<param_decl, 0> params() const { return {}; }
 };
 
+// Named activations are classes, not alias templates: nvcc loses a fixed_string that an alias template
+// passes on (its host code names it __T0). Final, so that std::tuple stores them as members: GCC 12 rejects
+// constant evaluation of a tuple whose empty base class derives from another empty class.
 template <fixed_string Name = "">
-using gelu = activation<Name, activation_fn::gelu>;  // exact: 0.5·x·(1 + erf(x/√2))
+struct gelu final : activation<Name, activation_fn::gelu> {};  // exact: 0.5·x·(1 + erf(x/√2))
 template <fixed_string Name = "">
-using gelu_tanh = activation<Name, activation_fn::gelu_tanh>;
+struct gelu_tanh final : activation<Name, activation_fn::gelu_tanh> {};
 template <fixed_string Name = "">
-using relu = activation<Name, activation_fn::relu>;
+struct relu final : activation<Name, activation_fn::relu> {};
 template <fixed_string Name = "">
-using silu = activation<Name, activation_fn::silu>;
+struct silu final : activation<Name, activation_fn::silu> {};
 template <fixed_string Name = "">
-using tanh_layer = activation<Name, activation_fn::tanh>;  // not `tanh`: that would hide std::tanh in kfsdp
+struct tanh_layer final : activation<Name, activation_fn::tanh> {};  // not `tanh`: that would hide std::tanh in kfsdp
 
 // Causal multi-head self-attention over windows of Seq rows: q, k, v = split(x [rows, 3·Dim]),
 // y [rows, Dim] (no parameters: the projections around it are linears).
@@ -167,6 +176,7 @@ template <fixed_string Name, std::size_t Dim = dyn, std::size_t Heads = dyn, std
 struct causal_self_attention {
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::layer;
+  using anonymous = causal_self_attention<"", Dim, Heads, Seq>;  // the same layer unnamed: what its compute is chosen by
 
   std::size_t dim = Dim;
   std::size_t heads = Heads;
@@ -192,6 +202,7 @@ template <fixed_string Name = "", std::size_t Classes = dyn>
 struct cross_entropy {
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::layer;
+  using anonymous = cross_entropy<"", Classes>;  // the same layer unnamed: what its compute is chosen by
   using output = loss;
   using target = class_ids;
 
@@ -210,6 +221,7 @@ template <fixed_string Name = "">
 struct mse {
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::layer;
+  using anonymous = mse<"">;  // the same layer unnamed: what its compute is chosen by
   using output = loss;
   using target = values;
   constexpr std::array<param_decl, 0> params() const { return {}; }

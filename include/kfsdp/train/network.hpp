@@ -453,21 +453,31 @@ class repeat_node : public node_base<repeat_node<D, S>, S, input_t<D>, output_t<
 };
 
 namespace detail {
+// Which node computes D, told by D's members (nvcc deduces no fixed_string in a partial specialization,
+// so none matches container<K, N, C...>): a residual adds its input, a repeat has one element type,
+// any other container its children's tuple, and everything else is a layer.
 template <class D, class S>
 struct node_of {
   using type = leaf_node<D, S>;
 };
-template <layer_kind K, fixed_string N, class... C, class S>
-struct node_of<container<K, N, C...>, S> {
-  using type = sequence_node<container<K, N, C...>, S, C...>;
+template <class D, class S, class Children>
+struct sequence_of;
+template <class D, class S, class... C>
+struct sequence_of<D, S, std::tuple<C...>> {
+  using type = sequence_node<D, S, C...>;
 };
-template <fixed_string N, class... C, class S>
-struct node_of<residual<N, C...>, S> {
-  using type = residual_node<residual<N, C...>, S>;
+template <class D, class S>
+  requires requires { typename D::children_type; } && (!requires { D::adds_input; })
+struct node_of<D, S> : sequence_of<D, S, typename D::children_type> {};
+template <class D, class S>
+  requires requires { typename D::children_type; } && requires { D::adds_input; }
+struct node_of<D, S> {
+  using type = residual_node<D, S>;
 };
-template <fixed_string N, std::size_t Count, class E, class S>
-struct node_of<repeat<N, Count, E>, S> {
-  using type = repeat_node<repeat<N, Count, E>, S>;
+template <class D, class S>
+  requires requires { typename D::element_type; }
+struct node_of<D, S> {
+  using type = repeat_node<D, S>;
 };
 }  // namespace detail
 

@@ -19,21 +19,24 @@
 // L::expected_in_features(), when L has it, is checked against the width it is given.
 // p.matrix(i) / p.vector(i) are the i-th parameter of L::params() in its declared shape.
 //
-// A user's layer, y = x · scale (test/train/test_trainer_mpi.cpp trains it inside an MLP):
+// A user's layer, y = x · scale (test/train/test_trainer_mpi.cpp trains it inside an MLP). Its compute is a
+// class of its own, not nested in scale<Name>: nvcc cannot name a kernel inside a class whose template
+// arguments hold a string.
 //
+//   template <class S>
+//   struct scale_op {
+//     template <class Layer> explicit scale_op(const Layer&) {}
+//     kfsdp::nn::const_matrix<S> input;                       // kept for backward
+//     void forward(const kfsdp::layer_params<const S>& p, kfsdp::nn::const_matrix<S> x, kfsdp::nn::matrix<S> y);
+//     void backward(const kfsdp::layer_params<const S>& p, const kfsdp::layer_params<S>& g,
+//                   kfsdp::nn::const_matrix<S> dy, kfsdp::nn::matrix<S> dx);
+//   };
 //   template <kfsdp::fixed_string Name>
 //   struct scale {
 //     static constexpr auto name = Name;
 //     static constexpr kfsdp::layer_kind kind = kfsdp::layer_kind::layer;
 //     constexpr auto params() const { return std::array{kfsdp::param_decl{"factor", {1}, {kfsdp::init_rule::ones}}}; }
-//     template <class S>
-//     struct compute {
-//       explicit compute(const scale&) {}
-//       kfsdp::nn::const_matrix<S> input;                     // kept for backward
-//       void forward(const kfsdp::layer_params<const S>& p, kfsdp::nn::const_matrix<S> x, kfsdp::nn::matrix<S> y);
-//       void backward(const kfsdp::layer_params<const S>& p, const kfsdp::layer_params<S>& g,
-//                     kfsdp::nn::const_matrix<S> dy, kfsdp::nn::matrix<S> dx);
-//     };
+//     template <class S> using compute = scale_op<S>;
 //   };
 
 #include <kfsdp/model/layers.hpp>
@@ -260,46 +263,50 @@ template <class Layer, class S>
 struct compute_of {
   using type = typename Layer::template compute<S>;  // a user's layer names its own
 };
+// kfsdp's layers are told by their anonymous type (the same layer named ""): nvcc's front end deduces
+// no fixed_string argument in a partial specialization, so none below names a layer's Name. A tied
+// layer inherits its layer's anonymous type, and so its compute.
+template <class Layer, class S>
+  requires requires { typename Layer::anonymous; } && (!std::is_same_v<Layer, typename Layer::anonymous>)
+struct compute_of<Layer, S> : compute_of<typename Layer::anonymous, S> {};
+
 // Static extents whose buffers cannot exist do not compile (dyn ones throw from the kernels).
-template <fixed_string N, std::size_t I, std::size_t O, bool B, class S>
-struct compute_of<linear<N, I, O, B>, S> {
+template <std::size_t I, std::size_t O, bool B, class S>
+struct compute_of<linear<"", I, O, B>, S> {
   static_assert(I == dyn || O == dyn || product_fits({O, I, sizeof(S)}),
                 "kfsdp::linear: the weight's bytes, Out · In · sizeof(Scalar), overflow 64 bits");
   using type = linear_op<S>;
 };
-template <fixed_string N, std::size_t D, class S>
-struct compute_of<layer_norm<N, D>, S> {
+template <std::size_t D, class S>
+struct compute_of<layer_norm<"", D>, S> {
   static_assert(D == dyn || product_fits({D, sizeof(S)}), "kfsdp::layer_norm: the weight's bytes, Dim · sizeof(Scalar), overflow 64 bits");
   using type = layer_norm_op<S>;
 };
-template <fixed_string N, std::size_t V, std::size_t D, class S>
-struct compute_of<embedding<N, V, D>, S> {
+template <std::size_t V, std::size_t D, class S>
+struct compute_of<embedding<"", V, D>, S> {
   static_assert(V == dyn || D == dyn || product_fits({V, D, sizeof(S)}),
                 "kfsdp::embedding: the weight's bytes, Num · Dim · sizeof(Scalar), overflow 64 bits");
   using type = embedding_op<S>;
 };
-template <fixed_string N, std::size_t T, std::size_t D, class S>
-struct compute_of<positional_embedding<N, T, D>, S> {
+template <std::size_t T, std::size_t D, class S>
+struct compute_of<positional_embedding<"", T, D>, S> {
   static_assert(T == dyn || D == dyn || product_fits({T, D, sizeof(S)}),
                 "kfsdp::positional_embedding: the weight's bytes, Seq · Dim · sizeof(Scalar), overflow 64 bits");
   using type = positional_embedding_op<S>;
 };
-template <fixed_string N, activation_fn F, class S>
-struct compute_of<activation<N, F>, S> { using type = activation_op<S>; };
-template <fixed_string N, std::size_t D, std::size_t H, std::size_t T, class S>
-struct compute_of<causal_self_attention<N, D, H, T>, S> {
+template <activation_fn F, class S>
+struct compute_of<activation<"", F>, S> { using type = activation_op<S>; };
+template <std::size_t D, std::size_t H, std::size_t T, class S>
+struct compute_of<causal_self_attention<"", D, H, T>, S> {
   static_assert(D == dyn || product_fits({3, D}), "kfsdp::causal_self_attention: its input features, 3 · Dim, overflow 64 bits");
   static_assert(H == dyn || T == dyn || product_fits({H, T, T, sizeof(S)}),
                 "kfsdp::causal_self_attention: a window's probabilities, Heads · Seq · Seq · sizeof(Scalar) bytes, overflow 64 bits");
   using type = attention_op<S>;
 };
-template <fixed_string N, std::size_t C, class S>
-struct compute_of<cross_entropy<N, C>, S> { using type = cross_entropy_op<S>; };
-template <fixed_string N, class S>
-struct compute_of<mse<N>, S> { using type = mse_op<S>; };
-
-template <fixed_string O, fixed_string P, class L, bool E, class S>
-struct compute_of<tied<O, P, L, E>, S> : compute_of<L, S> {};
+template <std::size_t C, class S>
+struct compute_of<cross_entropy<"", C>, S> { using type = cross_entropy_op<S>; };
+template <class S>
+struct compute_of<mse<"">, S> { using type = mse_op<S>; };
 
 template <class Layer, class S>
 using compute_t = typename compute_of<Layer, S>::type;

@@ -70,13 +70,17 @@ template <class D>
 struct target_of {
   using type = typename D::target;
 };
-template <layer_kind K, fixed_string N, class... C>
-struct target_of<container<K, N, C...>> {
-  using type = typename target_of<std::tuple_element_t<sizeof...(C) - 1, std::tuple<C...>>>::type;
+// (Told by members, as network's nodes are: nvcc deduces no fixed_string in a partial specialization.)
+template <class D>
+  requires requires { typename D::children_type; }
+struct target_of<D> {
+  using children = typename D::children_type;
+  using type = typename target_of<std::tuple_element_t<std::tuple_size_v<children> - 1, children>>::type;
 };
-template <fixed_string N, std::size_t Count, class E>
-struct target_of<repeat<N, Count, E>> {
-  using type = typename target_of<E>::type;
+template <class D>
+  requires requires { typename D::element_type; }
+struct target_of<D> {
+  using type = typename target_of<typename D::element_type>::type;
 };
 }  // namespace detail
 
