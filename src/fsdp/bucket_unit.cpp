@@ -142,7 +142,7 @@ typename bucket_unit<Scalar>::view bucket_unit<Scalar>::grad(unit_context<Scalar
 }
 
 template <class Scalar>
-void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before) {
+void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before, Scalar after) {
   if (grads_ == grad_phase::reducing) wrong_phase("begin its reduce-scatter", to_string(grads_), "none or accumulating");
   if (grads_ == grad_phase::none) (void)grad(ctx, first_param_);  // no gradient reached it: zeros
   const std::size_t shard = ctx.map.bucket(bucket_).count, numel = ctx.map.gathered_numel(bucket_);
@@ -150,14 +150,20 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before)
   const auto chunk = [&](std::size_t p) { return ctx.map.bucket_chunk(p); };
   const auto reduce_scatter = [&](auto send, auto recv) { return ctx.comm.ireduce_scatter_sum(send, recv); };
   reduced_as_ = ctx.reduce_dtype;
-  // A zero gradient shard receives the sums itself: the add would only copy them.
+  after_ = after;
+  // A zero gradient shard receives the sums itself: the add would only copy them. Without replicas
+  // to sum over next, the reduce-scatters multiply by `after` too (mpi's ring in its last addition).
   reduces_in_place_ = shard_grads_zero_ && reduced_as_ == wire_precision::scalar;
+  folds_after_ = reduces_in_place_ && (ctx.replicas == nullptr || ctx.replicas->size() <= 1);
   reduced_grads_ = reduces_in_place_ ? ctx.grads.bucket(bucket_) : acquire_wire(ctx, "kfsdp::reduced_grads", shard, reduced_as_);
   if (reduced_as_ == wire_precision::scalar) {
     if (before != Scalar(1)) KokkosBlas::scal(full_grads_, before, full_grads_);
     Kokkos::fence();
     if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
-    reduce_pending_ = per_param(full_grads_, reduced_grads_, reduce_scatter, padded, chunk);
+    const auto reduce_scatter_scaled = [&](auto send, auto recv) {
+      return folds_after_ ? ctx.comm.ireduce_scatter_sum(send, recv, after) : ctx.comm.ireduce_scatter_sum(send, recv);
+    };
+    reduce_pending_ = per_param(full_grads_, reduced_grads_, reduce_scatter_scaled, padded, chunk);
   } else {
     with_wire(reduced_as_, [&]<class Wire>(Wire) {
       // Divided in Scalar, then rounded once: the wire copy replaces the Scalar one.
@@ -176,7 +182,7 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before)
 }
 
 template <class Scalar>
-void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx, Scalar after) {
+void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx) {
   if (grads_ != grad_phase::reducing) wrong_phase("finish its reduce-scatter", to_string(grads_), "reducing");
   reduce_pending_.wait();
   grads_ = grad_phase::none;
@@ -196,13 +202,13 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx, Scalar after)
     ctx.bytes_communicated += shard.extent(0) * wire_bytes(reduced_as_, sizeof(Scalar));
   }
   if (reduces_in_place_) {
-    if (after != Scalar(1)) KokkosBlas::scal(shard, after, shard);
+    if (!folds_after_ && after_ != Scalar(1)) KokkosBlas::scal(shard, after_, shard);
     reduced_grads_ = view();  // the storage's, not the pool's
   } else if (reduced_as_ == wire_precision::scalar) {
-    kernels::accumulate_scaled<Scalar>(shard, reduced_grads_, after);
+    kernels::accumulate_scaled<Scalar>(shard, reduced_grads_, after_);
   } else {
     with_wire(reduced_as_, [&]<class Wire>(Wire) {
-      kernels::accumulate_wire_scaled<Scalar, Wire>(shard, wire_view<Wire>(reduced_grads_, shard.extent(0)), after);
+      kernels::accumulate_wire_scaled<Scalar, Wire>(shard, wire_view<Wire>(reduced_grads_, shard.extent(0)), after_);
     });
   }
   Kokkos::fence();

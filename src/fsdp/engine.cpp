@@ -177,14 +177,15 @@ typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_grad(std::size
 template <class Scalar>
 void fsdp_engine<Scalar>::begin_reduce_gradients(std::size_t b) {
   check_bucket(b, "begin_reduce_gradients");
-  if (units_[b].grads() != grad_phase::reducing) units_[b].begin_reduce(context_, Scalar(division_.before));
+  // The average over ranks: as if one process had seen the global batch with a mean loss.
+  if (units_[b].grads() != grad_phase::reducing)
+    units_[b].begin_reduce(context_, Scalar(division_.before), Scalar(division_.after));
 }
 
 template <class Scalar>
 void fsdp_engine<Scalar>::finish_reduce_gradients(std::size_t b) {
   check_bucket(b, "finish_reduce_gradients");
-  // The average over ranks: as if one process had seen the global batch with a mean loss.
-  if (units_[b].grads() == grad_phase::reducing) units_[b].finish_reduce(context_, Scalar(division_.after));
+  if (units_[b].grads() == grad_phase::reducing) units_[b].finish_reduce(context_);
 }
 
 template <class Scalar>

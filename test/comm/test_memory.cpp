@@ -92,6 +92,23 @@ void check_every_collective(C& c, Reference& reference, std::size_t count) {
   }
   CHECK(values_of(reduced) == values_of(reduced_expected));
 
+  // Scaled: the sums · factor, folded into the ring's last addition or one pass after MPI's; the bits
+  // of a multiply after the sum (a power of two for bf16, whose fold rounds once, in float).
+  const std::vector<comm::scale_type<T>> factors =
+      kfsdp::comm::half_element<T> ? std::vector<comm::scale_type<T>>{0.25f}
+                                   : std::vector<comm::scale_type<T>>{comm::scale_type<T>(0.25), comm::scale_type<T>(1) / 3};
+  for (const comm::scale_type<T> factor : factors) {
+    CAPTURE(static_cast<double>(factor));
+    Kokkos::View<T*, host> scaled("scaled", count);
+    comm::request scaling = comm::ireduce_scatter_sum<T, host>(c, comm::span_in<const T, host>(to_reduce),
+                                                              comm::span_in(scaled), factor);
+    while (!scaling.test()) {
+    }
+    std::vector<double> scaled_expected;
+    for (const T sum : reduced_expected) scaled_expected.push_back(static_cast<double>(comm::detail::product_of(sum, factor)));
+    CHECK(values_of(scaled) == scaled_expected);
+  }
+
   for (int root = 0; root < reference.size(); ++root) {
     auto data = view_of(contributions<T>(rank, count), "broadcast");
     comm::broadcast(c, comm::span_in(data), root);

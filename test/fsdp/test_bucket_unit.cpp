@@ -68,21 +68,21 @@ TEST_CASE("the gradients go none → accumulating → reducing → none; no grad
   bucket_unit<double> unit(1, f.map);
   Kokkos::deep_copy(unit.grad(f.context, 2), 3.0);
   CHECK(unit.grads() == grad_phase::accumulating);
-  unit.begin_reduce(f.context);
+  unit.begin_reduce(f.context, 1.0, 0.5);
   CHECK(unit.grads() == grad_phase::reducing);
   CHECK(message_of([&] { (void)unit.grad(f.context, 2); }) ==
         "kfsdp::fsdp: bucket 1 cannot hand out a gradient: it is reducing, expected none or accumulating");
   CHECK(message_of([&] { unit.begin_reduce(f.context); }) ==
         "kfsdp::fsdp: bucket 1 cannot begin its reduce-scatter: it is reducing, expected none or accumulating");
-  unit.finish_reduce(f.context, 0.5);
+  unit.finish_reduce(f.context);
   CHECK(unit.grads() == grad_phase::none);
   const auto reduced = testing::to_host(f.grads.bucket(1));
   CHECK(reduced.front() == 1.5);  // 3 · 0.5
   CHECK(reduced.back() == 0.0);   // 1.bias: no gradient
-  CHECK(message_of([&] { unit.finish_reduce(f.context, 1.0); }) ==
+  CHECK(message_of([&] { unit.finish_reduce(f.context); }) ==
         "kfsdp::fsdp: bucket 1 cannot finish its reduce-scatter: it is none, expected reducing");
   unit.begin_reduce(f.context);  // nothing accumulated: the bucket reduces zeros
-  unit.finish_reduce(f.context, 1.0);
+  unit.finish_reduce(f.context);
   CHECK(testing::to_host(f.grads.bucket(1)).front() == 1.5);
   CHECK(f.pool.live_bytes() == 0);
 }
@@ -93,14 +93,14 @@ TEST_CASE("a zero gradient shard receives the sums itself; otherwise they are ad
   Kokkos::deep_copy(f.grads.bucket(1), 7.0);
   unit.set_shard_grads_zero(true);  // as zero_grad says: the 7s are not read
   Kokkos::deep_copy(unit.grad(f.context, 2), 3.0);
-  unit.begin_reduce(f.context);
+  unit.begin_reduce(f.context, 1.0, 0.5);
   CHECK(f.pool.live_bytes() == f.map.gathered_numel(1) * sizeof(double));  // the full gradients only
-  unit.finish_reduce(f.context, 0.5);
+  unit.finish_reduce(f.context);
   CHECK(testing::to_host(f.grads.bucket(1)).front() == 1.5);  // written: 3 · 0.5
   Kokkos::deep_copy(unit.grad(f.context, 2), 3.0);            // a second micro-batch adds
-  unit.begin_reduce(f.context);
+  unit.begin_reduce(f.context, 1.0, 0.5);
   CHECK(f.pool.live_bytes() == (f.map.gathered_numel(1) + f.map.bucket(1).count) * sizeof(double));
-  unit.finish_reduce(f.context, 0.5);
+  unit.finish_reduce(f.context);
   CHECK(testing::to_host(f.grads.bucket(1)).front() == 3.0);  // 1.5 + 3 · 0.5
   CHECK(f.pool.live_bytes() == 0);
 }

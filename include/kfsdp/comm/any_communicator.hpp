@@ -23,6 +23,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/comm/communicator.hpp>
+#include <kfsdp/comm/memory.hpp>
 
 namespace kfsdp::comm {
 
@@ -50,6 +51,12 @@ class any_communicator {
   [[nodiscard]] request ireduce_scatter_sum(std::type_identity_t<span_in<const T, Space>> send,
                                             span_in<T, Space> recv) {
     return calls<T, Space>().reduce_scatter_sum(backend_, send, recv);
+  }
+  // sums · factor, folded in by the backend where it can (comm::ireduce_scatter_sum with a factor).
+  template <class T, class Space>
+  [[nodiscard]] request ireduce_scatter_sum(std::type_identity_t<span_in<const T, Space>> send,
+                                            span_in<T, Space> recv, std::type_identity_t<scale_type<T>> factor) {
+    return calls<T, Space>().reduce_scatter_scaled(backend_, send, recv, factor);
   }
   template <class T, class Space>
   [[nodiscard]] request ibroadcast(span_in<T, Space> data, int root) {
@@ -83,11 +90,12 @@ class any_communicator {
   [[nodiscard]] value_range range_over_ranks(std::uint64_t value) { return table_->range(backend_, value); }
 
  private:
-  // The four collectives of one element type in one memory space.
+  // The collectives of one element type in one memory space.
   template <class T, class Space>
   struct collective_calls {
     request (*all_gather)(void*, span_in<const T, Space>, span_in<T, Space>);
     request (*reduce_scatter_sum)(void*, span_in<const T, Space>, span_in<T, Space>);
+    request (*reduce_scatter_scaled)(void*, span_in<const T, Space>, span_in<T, Space>, scale_type<T>);
     request (*broadcast)(void*, span_in<T, Space>, int);
     request (*all_reduce_sum)(void*, span_in<T, Space>);
   };
@@ -130,6 +138,9 @@ class any_communicator {
         },
         [](void* c, span_in<const T, Space> s, span_in<T, Space> r) {
           return mover<T, Space>(*static_cast<C*>(c)).template ireduce_scatter_sum<T, Space>(s, r);
+        },
+        [](void* c, span_in<const T, Space> s, span_in<T, Space> r, scale_type<T> factor) {
+          return comm::ireduce_scatter_sum<T, Space>(mover<T, Space>(*static_cast<C*>(c)), s, r, factor);
         },
         [](void* c, span_in<T, Space> d, int root) {
           return mover<T, Space>(*static_cast<C*>(c)).template ibroadcast<T, Space>(d, root);

@@ -260,7 +260,9 @@ inline void wait_all(std::span<request> requests) {
 //     rank()*send.size().
 //  3. c.ireduce_scatter_sum(send, recv) needs send.size() == size()*recv.size(); once its request
 //     completes, rank r's recv[i] = sum over ranks of send[r*recv.size() + i]. send and recv must
-//     not overlap.
+//     not overlap. A backend may also take a factor, c.ireduce_scatter_sum(send, recv, factor):
+//     recv[i] = that sum · factor (comm::scales_reduce_scatter in memory.hpp, whose free
+//     ireduce_scatter_sum(c, send, recv, factor) multiplies after any other backend's).
 //  4. c.ibroadcast(data, root) needs 0 <= root < size(); once its request completes, every rank's
 //     data equals root's.
 //  5. c.iall_reduce_sum(data) sums data in place over ranks, element by element, once its request

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include <Kokkos_Core.hpp>
@@ -34,6 +35,10 @@ using staging_space = Kokkos::CudaHostPinnedSpace;
 #else
 using staging_space = Kokkos::HostSpace;
 #endif
+
+// What a scaled reduce-scatter multiplies its sums by: float for the 16-bit types, which add in float.
+template <class T>
+using scale_type = std::conditional_t<half_element<T>, float, T>;
 
 namespace detail {
 
@@ -62,30 +67,53 @@ void copy(span_in<const T, Space> from, span_in<T, Space> to) {
   Kokkos::deep_copy(view_of(to), view_of(from));  // blocking: complete on return
 }
 
-// a + b; a 16-bit float adds in float and rounds once, as MPI's sum operation does. (Outside the lambda
-// below: nvcc's device lambdas take no if constexpr that decides what they capture.)
+// (a + b) · factor; a 16-bit float adds and multiplies in float and rounds once, as MPI's sum
+// operation adds. For float and double the sum is rounded before the product, as two passes would:
+// a factor of 1 changes no bit. (Outside the lambda below: nvcc's device lambdas take no if
+// constexpr that decides what they capture.)
 template <class T>
-KOKKOS_INLINE_FUNCTION T sum_of(T a, T b) {
-  if constexpr (half_element<T>) return T(a.to_float() + b.to_float());
-  else return a + b;
+KOKKOS_INLINE_FUNCTION T scaled_sum_of(T a, T b, scale_type<T> factor) {
+  if constexpr (half_element<T>) return T((a.to_float() + b.to_float()) * factor);
+  else return (a + b) * factor;
+}
+template <class T>
+KOKKOS_INLINE_FUNCTION T product_of(T a, scale_type<T> factor) {
+  if constexpr (half_element<T>) return T(a.to_float() * factor);
+  else return a * factor;
 }
 
-// sum[i] = partial[i] + own[i] (sum may be own or partial).
-template <class T, class Space>
-void add(span_in<const T, Space> partial, span_in<const T, Space> own, span_in<T, Space> sum) {
-  const T* a = partial.data();
-  const T* b = own.data();
-  T* out = sum.data();
-  const auto one_add = KOKKOS_LAMBDA(std::size_t i) { out[i] = sum_of(a[i], b[i]); };
+// One pass over n elements in Space's execution space (a plain loop on the host without Kokkos),
+// complete on return.
+template <class Space, class Body>
+void for_each_index(const char* label, std::size_t n, const Body& body) {
   if (runs_as_host_loop<Space>()) {
-    for (std::size_t i = 0; i < sum.size(); ++i) one_add(i);
+    for (std::size_t i = 0; i < n; ++i) body(i);
     return;
   }
   using execution_space = typename Space::execution_space;
-  Kokkos::parallel_for("kfsdp::comm::add",
-                       Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::size_t>>(0, sum.size()),
-                       one_add);
-  execution_space().fence();  // the caller sends the sum next
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::size_t>>(0, n), body);
+  execution_space().fence();  // the caller sends or hands out the result next
+}
+
+// sum[i] = (partial[i] + own[i]) · factor (sum may be own or partial): the ring's step, whose last
+// round folds in a scaled reduce-scatter's factor.
+template <class T, class Space>
+void add(span_in<const T, Space> partial, span_in<const T, Space> own, span_in<T, Space> sum,
+         scale_type<T> factor = scale_type<T>(1)) {
+  const T* a = partial.data();
+  const T* b = own.data();
+  T* out = sum.data();
+  for_each_index<Space>("kfsdp::comm::add", sum.size(),
+                        KOKKOS_LAMBDA(std::size_t i) { out[i] = scaled_sum_of(a[i], b[i], factor); });
+}
+
+// data[i] = data[i] · factor; nothing to do for a factor of 1.
+template <class T, class Space>
+void multiply(span_in<T, Space> data, scale_type<T> factor) {
+  if (factor == scale_type<T>(1)) return;
+  T* out = data.data();
+  for_each_index<Space>("kfsdp::comm::multiply", data.size(),
+                        KOKKOS_LAMBDA(std::size_t i) { out[i] = product_of(out[i], factor); });
 }
 
 // Elements owned in Space, e.g. a ring's receive segments: a Kokkos view, or (host memory without
@@ -120,5 +148,56 @@ void transfer(span_in<T, ToSpace> to, span_in<const T, FromSpace> from) {
   Kokkos::deep_copy(view_of(to), view_of(from));
 }
 
+// A reduce-scatter's request that multiplies recv by the factor once the sums are in: for a backend
+// (or a path of one) that cannot fold the factor into its last addition. Same bits as the fold for
+// float and double.
+template <class T, class Space>
+struct multiplied_on_completion {
+  request sums;
+  span_in<T, Space> recv;
+  scale_type<T> factor;
+  bool test() {
+    if (!sums.test()) return false;
+    multiply(recv, factor);
+    return true;
+  }
+  void wait() {
+    sums.wait();
+    multiply(recv, factor);
+  }
+};
+template <class T, class Space>
+[[nodiscard]] request multiplied_once_complete(request sums, span_in<T, Space> recv, scale_type<T> factor) {
+  if (factor == scale_type<T>(1)) return sums;
+  return request(multiplied_on_completion<T, Space>{std::move(sums), recv, factor});
+}
+
 }  // namespace detail
+
+// A backend that folds a factor into its reduce-scatter: c.ireduce_scatter_sum(send, recv, factor)
+// completes with recv = (the sums) · factor, the product rounded after the sum (mpi's ring does it
+// in its last round's addition).
+template <class C, class T, class Space>
+concept scales_reduce_scatter =
+    requires(C& c, span_in<const T, Space> send, span_in<T, Space> recv, scale_type<T> factor) {
+      { c.template ireduce_scatter_sum<T, Space>(send, recv, factor) } -> std::same_as<request>;
+    };
+
+// recv = (the reduce-scatter's sums) · factor on any communicator, e.g. the average over ranks
+// without a pass of its own where the backend folds it in, else one pass over recv once the sums
+// are in. Arguments as ireduce_scatter_sum's.
+//
+//   comm::ireduce_scatter_sum<float, Kokkos::HostSpace>(world, send, recv, 1.0f / world.size()).wait();
+template <class T, class Space, class C>
+[[nodiscard]] request ireduce_scatter_sum(C& c, std::type_identity_t<span_in<const T, Space>> send,
+                                          std::type_identity_t<span_in<T, Space>> recv,
+                                          std::type_identity_t<scale_type<T>> factor) {
+  if constexpr (scales_reduce_scatter<C, T, Space>) {
+    return c.template ireduce_scatter_sum<T, Space>(send, recv, factor);
+  } else {
+    return detail::multiplied_once_complete<T, Space>(c.template ireduce_scatter_sum<T, Space>(send, recv), recv,
+                                                      factor);
+  }
+}
+
 }  // namespace kfsdp::comm

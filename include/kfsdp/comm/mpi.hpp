@@ -395,18 +395,28 @@ class mpi {
   //
   // The ring's request advances a round each time test() finds the previous one complete, and
   // wait() runs the remaining rounds; rounds only advance inside test() and wait().
+  //
+  // With a factor, recv = sums · factor (comm::scales_reduce_scatter): the ring multiplies in its
+  // last round's addition, MPI's path in one pass once the sums are in; the same bits either way.
   template <element T, class Space>
   [[nodiscard]] request ireduce_scatter_sum(std::type_identity_t<span_in<const T, Space>> send,
-                                            span_in<T, Space> recv) {
+                                            span_in<T, Space> recv,
+                                            std::type_identity_t<scale_type<T>> factor) {
     constexpr std::string_view function = "kfsdp::comm::mpi::ireduce_scatter_sum";
     if (sums_directly<T, Space>(recv.size_bytes()))
-      return start_reduce_scatter<T, Space>(function, send.span(), recv.span());
+      return start_reduce_scatter<T, Space>(function, send.span(), recv.span(), factor);
     detail::check_reduce_scatter(function, size_, send.span(), recv.span());
     staged<T, Space> copy(recv.size(), recv);
     copy.input = detail::owned_elements<T, staging_space>(send.size());
     detail::transfer(copy.input.span(), send);
-    copy.on_host = start_reduce_scatter<T, staging_space>(function, copy.input.span().span(), copy.host().span());
+    copy.on_host =
+        start_reduce_scatter<T, staging_space>(function, copy.input.span().span(), copy.host().span(), factor);
     return request(std::move(copy));
+  }
+  template <element T, class Space>
+  [[nodiscard]] request ireduce_scatter_sum(std::type_identity_t<span_in<const T, Space>> send,
+                                            span_in<T, Space> recv) {
+    return ireduce_scatter_sum<T, Space>(send, recv, scale_type<T>(1));
   }
   template <element T>
   [[nodiscard]] request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send,
@@ -620,7 +630,7 @@ class mpi {
   class ring_reduce_scatter {
    public:
     ring_reduce_scatter(MPI_Comm comm, int rank, int size, int tag, std::span<const T> send,
-                        std::span<T> recv, std::string_view function,
+                        std::span<T> recv, scale_type<T> factor, std::string_view function,
                         std::chrono::duration<double> limit)
         : comm_(comm),
           rank_(rank),
@@ -634,10 +644,12 @@ class mpi {
           steps_(static_cast<std::size_t>(size_ - 1) * segments_per_round_),
           // A round's first segment may only leave once the last round computed it.
           depth_(segments_per_round_ >= 2 ? 2 : 1),
+          factor_(factor),
           function_(function),
           limit_(limit) {
       if (size_ == 1) {
         detail::copy(span_in<const T, Space>(send), span_in<T, Space>(recv));
+        detail::multiply(span_in<T, Space>(recv), factor_);
         return;
       }
       incoming_ = detail::owned_elements<T, Space>(2 * std::min(segment_, count_));  // received first
@@ -703,10 +715,12 @@ class mpi {
     void finish_step() {
       const step_range step = range_of(finished_);
       const int block = ((rank_ - step.round - 2) % size_ + size_) % size_;
-      // A kernel in Space's execution space, complete before the next send reads the sum.
+      // A kernel in Space's execution space, complete before the next send reads the sum; the last
+      // round's addition multiplies by the factor (no pass of its own).
+      const bool last_round = step.round == size_ - 2;
       detail::add(span_in<const T, Space>(scratch(finished_), step.length),
                   span_in<const T, Space>(own_block(block) + step.offset, step.length),
-                  span_in<T, Space>(recv_ + step.offset, step.length));
+                  span_in<T, Space>(recv_ + step.offset, step.length), last_round ? factor_ : scale_type<T>(1));
       ++finished_;
       post_ready_steps();
     }
@@ -722,6 +736,7 @@ class mpi {
     std::size_t segments_per_round_;
     std::size_t steps_;               // (size - 1) rounds of segments_per_round_ messages
     std::size_t depth_;               // steps in flight at once
+    scale_type<T> factor_;            // multiplies the sums (1: a plain reduce-scatter)
     std::string_view function_;
     std::chrono::duration<double> limit_;  // zero: no timeout
     detail::owned_elements<T, Space> incoming_;  // owned, so the posted receives survive moving the state
@@ -774,18 +789,18 @@ class mpi {
     return pending(handle, function);
   }
   template <class T, class Space>
-  request start_reduce_scatter(std::string_view function, std::span<const T> send,
-                               std::span<T> recv) {
+  request start_reduce_scatter(std::string_view function, std::span<const T> send, std::span<T> recv,
+                               scale_type<T> factor) {
     const int count = prepare_reduce_scatter<T>(function, send, recv);
     if (uses_ring(recv.size_bytes())) {
-      return request(ring_reduce_scatter<T, Space>(comm_, rank_, size_, next_ring_tag(), send, recv,
+      return request(ring_reduce_scatter<T, Space>(comm_, rank_, size_, next_ring_tag(), send, recv, factor,
                                                    function, options_.timeout));
     }
     MPI_Request handle = MPI_REQUEST_NULL;
     check(MPI_Ireduce_scatter_block(send.data(), recv.data(), count, detail::mpi_datatype<T>(),
                                     detail::sum_operation<T>(), comm_, &handle),
           function, "MPI_Ireduce_scatter_block");
-    return pending(handle, function);
+    return detail::multiplied_once_complete<T, Space>(pending(handle, function), span_in<T, Space>(recv), factor);
   }
   template <class T>
   request start_broadcast(std::string_view function, std::span<T> data, int root) {

@@ -26,6 +26,7 @@
 
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
+#include <kfsdp/comm/memory.hpp>
 
 namespace kfsdp::comm {
 
@@ -67,6 +68,17 @@ class threaded {
     detail::check_reduce_scatter<T>("kfsdp::comm::threaded::ireduce_scatter_sum", size(), send.span(),
                                     recv.span());
     return submit([this, send, recv] { comm::reduce_scatter_sum<C, T, Space>(backend_, send, recv); });
+  }
+  // sums · factor, folded in by the backend where it can (comm::ireduce_scatter_sum with a factor).
+  template <element T, class Space>
+    requires moves_elements_in<C, T, Space>
+  [[nodiscard]] request ireduce_scatter_sum(std::type_identity_t<span_in<const T, Space>> send,
+                                            span_in<T, Space> recv, std::type_identity_t<scale_type<T>> factor) {
+    detail::check_reduce_scatter<T>("kfsdp::comm::threaded::ireduce_scatter_sum", size(), send.span(),
+                                    recv.span());
+    return submit([this, send, recv, factor] {
+      comm::ireduce_scatter_sum<T, Space>(backend_, send, recv, factor).wait();
+    });
   }
   template <element T, class Space>
     requires moves_elements_in<C, T, Space>

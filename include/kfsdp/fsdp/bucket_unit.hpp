@@ -8,7 +8,7 @@
 //                (grad hands out the full gradient, zero at first; begin_reduce issues the
 //                reduce-scatters; finish_reduce waits and adds the averaged shard to the gradients;
 //                while the bucket's gradient shard is known to be zero, the reduce-scatters write
-//                it directly and finish_reduce only scales it: no buffer and no add)
+//                it directly and average it too: no buffer, no add and no pass of its own)
 //
 // A transition from any other state throws std::logic_error naming the bucket, the state it is in
 // and the one expected.
@@ -89,10 +89,11 @@ class bucket_unit {
   // reduce-scatter may still read the buffer).
   [[nodiscard]] view grad(unit_context<Scalar>& ctx, std::size_t p);
   // none | accumulating → reducing (no gradient: zeros); the packed gradients are multiplied by
-  // `before` first (1: not at all).
-  void begin_reduce(unit_context<Scalar>& ctx, Scalar before = 1);
-  // reducing → none: grads += reduced shard · after (before · after = 1 / world size: the average).
-  void finish_reduce(unit_context<Scalar>& ctx, Scalar after);
+  // `before` first, the reduced shard by `after` (1: not at all; before · after = 1 / world size:
+  // the average). Where the shard receives the sums itself, the reduce-scatters multiply by `after`.
+  void begin_reduce(unit_context<Scalar>& ctx, Scalar before = 1, Scalar after = 1);
+  // reducing → none: grads += reduced shard · after.
+  void finish_reduce(unit_context<Scalar>& ctx);
   // Whether this bucket's gradient shard holds zeros that nothing else will write before its next
   // reduction (the engine's zero_grad says so; any other write access, and each reduction, not).
   void set_shard_grads_zero(bool zero) noexcept { shard_grads_zero_ = zero; }
@@ -115,6 +116,8 @@ class bucket_unit {
   grad_phase grads_ = grad_phase::none;
   bool shard_grads_zero_ = true;  // the storage starts at zero
   bool reduces_in_place_ = false;  // the reduction in flight writes the gradient shard itself
+  bool folds_after_ = false;       // ... and its reduce-scatters multiply by after_
+  Scalar after_ = 1;               // the reduction in flight's factor on the reduced shard
   wire_precision gathered_as_ = wire_precision::scalar;  // what gathered_ holds
   wire_precision reduced_as_ = wire_precision::scalar;   // what packed_grads_ (once issued) and reduced_grads_ hold
   view send_;           // the shard converted to the wire type (mixed precision only)
