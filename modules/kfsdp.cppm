@@ -129,6 +129,9 @@ using kfsdp::comm::when_all;
 // <kfsdp/comm/memory.hpp>
 export namespace kfsdp::comm {
 using kfsdp::comm::host_accessible;
+using kfsdp::comm::ireduce_scatter_sum;
+using kfsdp::comm::scale_type;
+using kfsdp::comm::scales_reduce_scatter;
 using kfsdp::comm::staging_space;
 }
 #ifdef KFSDP_MODULE_MPI
