@@ -154,14 +154,14 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
   // A zero gradient shard receives the sums itself: the add would only copy them. Without replicas
   // to sum over next, the reduce-scatters multiply by `after` too (mpi's ring in its last addition).
   reduces_in_place_ = shard_grads_zero_ && reduced_as_ == wire_precision::scalar;
-  folds_after_ = reduces_in_place_ && (ctx.replicas == nullptr || ctx.replicas->size() <= 1);
+  const bool folds_after = reduces_in_place_ && !ctx.replicated();
   reduced_grads_ = reduces_in_place_ ? ctx.grads.bucket(bucket_) : acquire_wire(ctx, "kfsdp::reduced_grads", shard, reduced_as_);
   if (reduced_as_ == wire_precision::scalar) {
     if (before != Scalar(1)) KokkosBlas::scal(full_grads_, before, full_grads_);
     Kokkos::fence();
     if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
     const auto reduce_scatter_scaled = [&](auto send, auto recv) {
-      return folds_after_ ? ctx.comm.ireduce_scatter_sum(send, recv, after) : ctx.comm.ireduce_scatter_sum(send, recv);
+      return folds_after ? ctx.comm.ireduce_scatter_sum(send, recv, after) : ctx.comm.ireduce_scatter_sum(send, recv);
     };
     reduce_pending_ = per_param(full_grads_, reduced_grads_, reduce_scatter_scaled, padded, chunk);
   } else {
@@ -190,7 +190,7 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx) {
     ctx.trace->complete("reduce_scatter", "comm", trace_recorder::comm_lane, reduce_issued_at_, std::int64_t(bucket_),
                         reduce_bytes_);
   const view shard = ctx.grads.bucket(bucket_);
-  if (ctx.replicas != nullptr && ctx.replicas->size() > 1) {
+  if (ctx.replicated()) {
     // HSDP: the group's sums, summed over the replicas on the shard (Ψ / group bytes a rank).
     if (reduced_as_ == wire_precision::scalar) {
       ctx.replicas->iall_reduce_sum(span_of(reduced_grads_)).wait();
@@ -202,7 +202,8 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx) {
     ctx.bytes_communicated += shard.extent(0) * wire_bytes(reduced_as_, sizeof(Scalar));
   }
   if (reduces_in_place_) {
-    if (!folds_after_ && after_ != Scalar(1)) KokkosBlas::scal(shard, after_, shard);
+    // Replicated, the factor waits for the replicas' sum; otherwise the reduce-scatters applied it.
+    if (ctx.replicated() && after_ != Scalar(1)) KokkosBlas::scal(shard, after_, shard);
     reduced_grads_ = view();  // the storage's, not the pool's
   } else if (reduced_as_ == wire_precision::scalar) {
     kernels::accumulate_scaled<Scalar>(shard, reduced_grads_, after_);

@@ -66,6 +66,8 @@ struct unit_context {
   wire_precision param_dtype = wire_precision::scalar;   // what the all-gathers carry
   wire_precision reduce_dtype = wire_precision::scalar;  // what the reduce-scatters carry
   comm::any_communicator* replicas = nullptr;             // HSDP: the shard's replicas in other groups
+  // Whether a reduced shard is summed over replicas next (HSDP with more than one group).
+  [[nodiscard]] bool replicated() const { return replicas != nullptr && replicas->size() > 1; }
 };
 
 template <class Scalar>
@@ -115,8 +117,8 @@ class bucket_unit {
   param_phase params_ = param_phase::sharded;
   grad_phase grads_ = grad_phase::none;
   bool shard_grads_zero_ = true;  // the storage starts at zero
-  bool reduces_in_place_ = false;  // the reduction in flight writes the gradient shard itself
-  bool folds_after_ = false;       // ... and its reduce-scatters multiply by after_
+  bool reduces_in_place_ = false;  // the reduction in flight writes the gradient shard itself (and,
+                                   // unless replicated, its reduce-scatters multiply by after_)
   Scalar after_ = 1;               // the reduction in flight's factor on the reduced shard
   wire_precision gathered_as_ = wire_precision::scalar;  // what gathered_ holds
   wire_precision reduced_as_ = wire_precision::scalar;   // what packed_grads_ (once issued) and reduced_grads_ hold
