@@ -103,14 +103,14 @@ TEST_CASE("rank slices of world sizes 1, 2, 3 concatenate to the world-size-1 sl
     CHECK(xs == host(x1));
     CHECK(ys == host(y1));
   }
-  CHECK_THROWS_WITH_AS(d.rank_slice<double>(batch, 0, 4),
+  CHECK_THROWS_WITH_AS((void)d.rank_slice<double>(batch, 0, 4),
                        "kfsdp::array_dataset::rank_slice: global_batch 6 does not split evenly over world_size 4, "
                        "expected a multiple of world_size",
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(d.rank_slice<double>(batch, 2, 2),
+  CHECK_THROWS_WITH_AS((void)d.rank_slice<double>(batch, 2, 2),
                        "kfsdp::array_dataset::rank_slice: rank is 2, expected less than world_size = 2",
                        std::invalid_argument);
-  CHECK_THROWS_AS(d.rank_slice<double>({0, 20}, 0, 1), std::out_of_range);
+  CHECK_THROWS_AS((void)d.rank_slice<double>({0, 20}, 0, 1), std::out_of_range);
 }
 
 TEST_CASE("rows gives samples [first, first + count) in order") {
@@ -119,7 +119,7 @@ TEST_CASE("rows gives samples [first, first + count) in order") {
   CHECK(host(x) == std::vector<double>{30, 31, 32, 40, 41, 42});
   CHECK(host(y) == std::vector<double>{-30, -31, -40, -41});
   CHECK(d.rows<double>(5, 0).first.extent(0) == 0);
-  CHECK_THROWS_WITH_AS(d.rows<double>(4, 2),
+  CHECK_THROWS_WITH_AS((void)d.rows<double>(4, 2),
                        "kfsdp::array_dataset::rows: first + count is 4 + 2, expected at most the 5 samples",
                        std::out_of_range);
 }
@@ -174,6 +174,6 @@ TEST_CASE("bad sizes are clear errors naming the array") {
   CHECK_THROWS_WITH_AS(array_dataset({}, 2, {}, 1),
                        "kfsdp::array_dataset: features has 0 values, expected at least one sample",
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(example().micro_batch(0, 0, 0),
+  CHECK_THROWS_WITH_AS((void)example().micro_batch(0, 0, 0),
                        "kfsdp::array_dataset::micro_batch: global_batch is 0, expected at least 1", std::invalid_argument);
 }
