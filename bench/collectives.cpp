@@ -11,7 +11,8 @@
 //                   alone (the ring above its threshold), raw MPI_Reduce_scatter_block and raw
 //                   MPI_Ireduce_scatter_block + MPI_Wait.
 // The two raw columns show what a blocking MPI call would save over kfsdp's non-blocking one.
-// Each repeat starts after a barrier and counts the slowest rank; the table shows medians.
+// Each repeat starts after a barrier and counts the slowest rank; the table shows medians. Within a
+// repeat the raw, comm and engine forms run in turn, so that load from elsewhere falls on them alike.
 // Bus bandwidth follows nccl-tests: busbw = (n-1)/n * (n*S) / time.
 //
 //   mpirun -np 2 build/bench/bench_collectives --bucket-params 4
@@ -99,23 +100,37 @@ std::size_t repeats_for(const bench_options& options, std::size_t shard_bytes) {
                   options.repeats * full_repeats_up_to / shard_bytes);
 }
 
-// Median over repeats of the slowest rank's time; `prepare` runs untimed before each repeat.
-double median_seconds(kfsdp::comm::mpi& world, std::size_t repeats,
-                      const std::function<void()>& prepare, const std::function<void()>& timed) {
-  prepare();
-  timed();  // warm-up: first touch of the buffers, MPI's connection setup
-  std::vector<double> slowest(repeats);
-  for (double& seconds : slowest) {
-    prepare();
-    world.barrier();
-    const double start = MPI_Wtime();
-    timed();
-    double mine = MPI_Wtime() - start;
-    MPI_Allreduce(&mine, &seconds, 1, MPI_DOUBLE, MPI_MAX, world.native());
+// One operation to time: `prepare` runs untimed before each repeat, `timed` is measured.
+struct timed_operation {
+  std::function<void()> prepare, timed;
+};
+
+// For each operation, the median over repeats of the slowest rank's time. Every repeat runs the
+// operations in turn, so that a burst of load on the machine falls on all of them alike and their
+// ratios compare like with like.
+std::vector<double> interleaved_medians(kfsdp::comm::mpi& world, std::size_t repeats,
+                                        const std::vector<timed_operation>& operations) {
+  for (const timed_operation& operation : operations) {  // warm-up: first touch, MPI's connection setup
+    operation.prepare();
+    operation.timed();
   }
-  std::nth_element(slowest.begin(), slowest.begin() + static_cast<std::ptrdiff_t>(repeats / 2),
-                   slowest.end());
-  return slowest[repeats / 2];
+  std::vector<std::vector<double>> slowest(operations.size(), std::vector<double>(repeats));
+  for (std::size_t repeat = 0; repeat < repeats; ++repeat) {
+    for (std::size_t op = 0; op < operations.size(); ++op) {
+      operations[op].prepare();
+      world.barrier();
+      const double start = MPI_Wtime();
+      operations[op].timed();
+      double mine = MPI_Wtime() - start;
+      MPI_Allreduce(&mine, &slowest[op][repeat], 1, MPI_DOUBLE, MPI_MAX, world.native());
+    }
+  }
+  std::vector<double> medians;
+  for (std::vector<double>& times : slowest) {
+    std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(repeats / 2), times.end());
+    medians.push_back(times[repeats / 2]);
+  }
+  return medians;
 }
 
 // k one-dimensional parameters of one layer (one bucket under layer bucketing) whose chunks add
@@ -172,52 +187,52 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
   const auto nothing = [] {};
   timings gather, scatter;
 
-  {  // raw MPI and kfsdp::comm on the same two buffers: shard (S) and gathered (n*S)
-    std::vector<float> shard(shard_numel, 1.0F), gathered(shard_numel * world_size, 1.0F);
-    const int count = static_cast<int>(shard_numel);
-    gather.raw = median_seconds(world, repeats, nothing, [&] {
-      MPI_Allgather(shard.data(), count, MPI_FLOAT, gathered.data(), count, MPI_FLOAT,
-                    world.native());
-    });
-    gather.raw_nonblocking = median_seconds(world, repeats, nothing, [&] {
-      MPI_Request pending = MPI_REQUEST_NULL;
-      MPI_Iallgather(shard.data(), count, MPI_FLOAT, gathered.data(), count, MPI_FLOAT,
-                     world.native(), &pending);
-      MPI_Wait(&pending, MPI_STATUS_IGNORE);
-    });
-    gather.comm = median_seconds(world, repeats, nothing, [&] {
-      kfsdp::comm::all_gather(world, std::span<const float>(shard), std::span(gathered));
-    });
-    scatter.raw = median_seconds(world, repeats, nothing, [&] {
-      MPI_Reduce_scatter_block(gathered.data(), shard.data(), count, MPI_FLOAT, MPI_SUM,
-                               world.native());
-    });
-    scatter.raw_nonblocking = median_seconds(world, repeats, nothing, [&] {
-      MPI_Request pending = MPI_REQUEST_NULL;
-      MPI_Ireduce_scatter_block(gathered.data(), shard.data(), count, MPI_FLOAT, MPI_SUM,
-                                world.native(), &pending);
-      MPI_Wait(&pending, MPI_STATUS_IGNORE);
-    });
-    scatter.comm = median_seconds(world, repeats, nothing, [&] {
-      kfsdp::comm::reduce_scatter_sum(world, std::span<const float>(gathered), std::span(shard));
-    });
-  }
-  {  // the engine, with one bucket of bucket_params parameters
-    const kfsdp::fsdp_options fsdp{.bucketing_strategy = kfsdp::bucketing::layer};
-    kfsdp::fsdp_engine<float> engine(bucket_table(shard_numel, options.bucket_params, world_size),
-                                     world, fsdp);
-    Kokkos::deep_copy(engine.shards().flat(), 1.0F);
-    gather.engine = median_seconds(world, repeats, [&] { engine.reshard(0); },
-                                   [&] { engine.unshard(0); });
+  // raw MPI and kfsdp::comm on the same two buffers: shard (S) and gathered (n*S); the engine with
+  // one bucket of bucket_params parameters
+  std::vector<float> shard(shard_numel, 1.0F), gathered(shard_numel * world_size, 1.0F);
+  const int count = static_cast<int>(shard_numel);
+  const kfsdp::fsdp_options fsdp{.bucketing_strategy = kfsdp::bucketing::layer};
+  kfsdp::fsdp_engine<float> engine(bucket_table(shard_numel, options.bucket_params, world_size), world,
+                                   fsdp);
+  Kokkos::deep_copy(engine.shards().flat(), 1.0F);
+  const auto fill_full_grads = [&] {  // a step's backward: zero_grad, then the gradients
     engine.reshard(0);
-    const auto fill_full_grads = [&] {  // a step's backward: zero_grad, then the gradients
-      engine.zero_grad();
-      for (std::size_t p = 0; p < options.bucket_params; ++p)
-        Kokkos::deep_copy(engine.full_grad(p), 1.0F);
-    };
-    scatter.engine = median_seconds(world, repeats, fill_full_grads,
-                                    [&] { engine.reduce_gradients(0); });
-  }
+    engine.zero_grad();
+    for (std::size_t p = 0; p < options.bucket_params; ++p) Kokkos::deep_copy(engine.full_grad(p), 1.0F);
+  };
+
+  const std::vector<double> gathers = interleaved_medians(world, repeats, {
+      {nothing, [&] {
+         MPI_Allgather(shard.data(), count, MPI_FLOAT, gathered.data(), count, MPI_FLOAT, world.native());
+       }},
+      {nothing, [&] {
+         MPI_Request pending = MPI_REQUEST_NULL;
+         MPI_Iallgather(shard.data(), count, MPI_FLOAT, gathered.data(), count, MPI_FLOAT, world.native(),
+                        &pending);
+         MPI_Wait(&pending, MPI_STATUS_IGNORE);
+       }},
+      {nothing, [&] { kfsdp::comm::all_gather(world, std::span<const float>(shard), std::span(gathered)); }},
+      {[&] { engine.reshard(0); }, [&] { engine.unshard(0); }},
+  });
+  gather = {.engine = gathers[3], .comm = gathers[2], .raw = gathers[0], .raw_nonblocking = gathers[1]};
+  engine.reshard(0);
+
+  const std::vector<double> scatters = interleaved_medians(world, repeats, {
+      {nothing, [&] {
+         MPI_Reduce_scatter_block(gathered.data(), shard.data(), count, MPI_FLOAT, MPI_SUM, world.native());
+       }},
+      {nothing, [&] {
+         MPI_Request pending = MPI_REQUEST_NULL;
+         MPI_Ireduce_scatter_block(gathered.data(), shard.data(), count, MPI_FLOAT, MPI_SUM, world.native(),
+                                   &pending);
+         MPI_Wait(&pending, MPI_STATUS_IGNORE);
+       }},
+      {nothing, [&] {
+         kfsdp::comm::reduce_scatter_sum(world, std::span<const float>(gathered), std::span(shard));
+       }},
+      {fill_full_grads, [&] { engine.reduce_gradients(0); }},
+  });
+  scatter = {.engine = scatters[3], .comm = scatters[2], .raw = scatters[0], .raw_nonblocking = scatters[1]};
   if (world.rank() == 0) {
     print_row("all-gather", shard_bytes, ranks, gather);
     print_row("reduce-scatter", shard_bytes, ranks, scatter);
