@@ -170,6 +170,13 @@ struct timings {
   double raw_nonblocking = 0;  // MPI_Iallgather or MPI_Ireduce_scatter_block, then MPI_Wait
 };
 
+// The four forms of one collective (the columns of a row), timed interleaved.
+timings time_forms(kfsdp::comm::mpi& world, std::size_t repeats, timed_operation raw,
+                   timed_operation raw_nonblocking, timed_operation comm, timed_operation engine) {
+  const std::vector<double> medians = interleaved_medians(world, repeats, {raw, raw_nonblocking, comm, engine});
+  return {.engine = medians[3], .comm = medians[2], .raw = medians[0], .raw_nonblocking = medians[1]};
+}
+
 void print_row(std::string_view operation, std::size_t shard_bytes, int ranks, const timings& t) {
   fmt::print("{:<15} {:>11} {:>11.4f} {:>11.4f} {:>11.4f} {:>11.4f} {:>9.2f} {:>9.2f} {:>10.2f} "
              "{:>10.2f}\n",
@@ -185,7 +192,6 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
   const std::size_t shard_numel = shard_bytes / sizeof(float);
   const std::size_t repeats = repeats_for(options, shard_bytes);
   const auto nothing = [] {};
-  timings gather, scatter;
 
   // raw MPI and kfsdp::comm on the same two buffers: shard (S) and gathered (n*S); the engine with
   // one bucket of bucket_params parameters
@@ -201,7 +207,7 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
     for (std::size_t p = 0; p < options.bucket_params; ++p) Kokkos::deep_copy(engine.full_grad(p), 1.0F);
   };
 
-  const std::vector<double> gathers = interleaved_medians(world, repeats, {
+  const timings gather = time_forms(world, repeats,
       {nothing, [&] {
          MPI_Allgather(shard.data(), count, MPI_FLOAT, gathered.data(), count, MPI_FLOAT, world.native());
        }},
@@ -212,12 +218,9 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
          MPI_Wait(&pending, MPI_STATUS_IGNORE);
        }},
       {nothing, [&] { kfsdp::comm::all_gather(world, std::span<const float>(shard), std::span(gathered)); }},
-      {[&] { engine.reshard(0); }, [&] { engine.unshard(0); }},
-  });
-  gather = {.engine = gathers[3], .comm = gathers[2], .raw = gathers[0], .raw_nonblocking = gathers[1]};
-  engine.reshard(0);
+      {[&] { engine.reshard(0); }, [&] { engine.unshard(0); }});
 
-  const std::vector<double> scatters = interleaved_medians(world, repeats, {
+  const timings scatter = time_forms(world, repeats,
       {nothing, [&] {
          MPI_Reduce_scatter_block(gathered.data(), shard.data(), count, MPI_FLOAT, MPI_SUM, world.native());
        }},
@@ -230,9 +233,7 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
       {nothing, [&] {
          kfsdp::comm::reduce_scatter_sum(world, std::span<const float>(gathered), std::span(shard));
        }},
-      {fill_full_grads, [&] { engine.reduce_gradients(0); }},
-  });
-  scatter = {.engine = scatters[3], .comm = scatters[2], .raw = scatters[0], .raw_nonblocking = scatters[1]};
+      {fill_full_grads, [&] { engine.reduce_gradients(0); }});
   if (world.rank() == 0) {
     print_row("all-gather", shard_bytes, ranks, gather);
     print_row("reduce-scatter", shard_bytes, ranks, scatter);
