@@ -128,7 +128,10 @@ using kfsdp::comm::when_all;
 }
 // <kfsdp/comm/memory.hpp>
 export namespace kfsdp::comm {
+using kfsdp::comm::gather_part;
+using kfsdp::comm::gathers_parts;
 using kfsdp::comm::host_accessible;
+using kfsdp::comm::iall_gather_parts;
 using kfsdp::comm::ireduce_scatter_sum;
 using kfsdp::comm::scale_type;
 using kfsdp::comm::scales_reduce_scatter;

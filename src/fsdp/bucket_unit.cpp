@@ -65,18 +65,28 @@ comm::request bucket_unit<Scalar>::per_param(const Kokkos::View<T*>& from, const
 }
 
 template <class Scalar>
+template <class T>
+comm::request bucket_unit<Scalar>::gather_params(unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
+                                                 const Kokkos::View<T*>& to) const {
+  using space = typename Kokkos::View<T*>::memory_space;
+  std::vector<comm::gather_part<T, space>> parts;
+  parts.reserve(param_count_);
+  for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p)
+    parts.push_back({const_span_of(Kokkos::subview(from, ctx.map.bucket_chunk(p).pair())),
+                     span_of(Kokkos::subview(to, ctx.map.padded(p).pair()))});
+  return ctx.comm.template iall_gather_parts<T, space>(parts);
+}
+
+template <class Scalar>
 void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
   if (params_ != param_phase::sharded) wrong_phase("begin its all-gather", to_string(params_), "sharded");
   const view local = ctx.shards.bucket(bucket_);
   const std::size_t numel = ctx.map.gathered_numel(bucket_);
   gathered_as_ = ctx.param_dtype;
   gathered_ = acquire_wire(ctx, "kfsdp::gathered", numel, gathered_as_);
-  const auto chunk = [&](std::size_t p) { return ctx.map.bucket_chunk(p); };
-  const auto padded = [&](std::size_t p) { return ctx.map.padded(p); };
-  const auto all_gather = [&](auto send, auto recv) { return ctx.comm.iall_gather(send, recv); };
   if (gathered_as_ == wire_precision::scalar) {
     if (ctx.trace) gather_issued_at_ = ctx.trace->now();
-    gather_pending_ = per_param(local, gathered_, all_gather, chunk, padded);
+    gather_pending_ = gather_params(ctx, local, gathered_);
   } else {
     with_wire(gathered_as_, [&]<class Wire>(Wire) {
       send_ = acquire_wire(ctx, "kfsdp::gather_send", local.extent(0), gathered_as_);
@@ -84,7 +94,7 @@ void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
       kernels::to_wire<Scalar, Wire>(local, Scalar(1), send);
       Kokkos::fence();
       if (ctx.trace) gather_issued_at_ = ctx.trace->now();
-      gather_pending_ = per_param(send, wire_view<Wire>(gathered_, numel), all_gather, chunk, padded);
+      gather_pending_ = gather_params(ctx, send, wire_view<Wire>(gathered_, numel));
     });
   }
   gather_bytes_ = numel * wire_bytes(gathered_as_, sizeof(Scalar));

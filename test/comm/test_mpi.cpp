@@ -18,9 +18,11 @@
 
 #include <fmt/format.h>
 
+#include <kfsdp/comm/any_communicator.hpp>
 #include <kfsdp/comm/communicator.hpp>
 #include <kfsdp/comm/mpi.hpp>
 
+#include "../support/gather_parts.hpp"
 #include "../support/rank_values.hpp"
 
 namespace comm = kfsdp::comm;
@@ -459,6 +461,76 @@ TEST_CASE("mpi: bad arguments throw std::invalid_argument on every rank, before 
   world.barrier();  // every rank got here without communicating: no collective was left half-made
 }
 
+TEST_CASE_TEMPLATE("mpi: iall_gather_parts lands every part as its own all_gather would", T, float, double,
+                   kfsdp::bf16, kfsdp::f16) {
+  using path = comm::mpi_options::device_memory_path;
+  // One message a peer; checked and timed; staged (part by part).
+  for (const comm::mpi_options options :
+       {comm::mpi_options{}, comm::mpi_options{.check_collectives = true, .timeout = std::chrono::seconds(60)},
+        comm::mpi_options{.device_memory = path::staged}}) {
+    comm::mpi world(MPI_COMM_WORLD, options);
+    comm::any_communicator erased(world);
+    kfsdp::test::gather_parts_case<T> direct(world.rank(), world.size()), free(world.rank(), world.size()),
+        through_any(world.rank(), world.size());
+    comm::request pending = world.iall_gather_parts<T>(direct.parts);
+    while (!pending.test()) {}
+    direct.check();
+    comm::iall_gather_parts<T, Kokkos::HostSpace>(world, free.parts).wait();
+    free.check();
+    erased.iall_gather_parts<T, Kokkos::HostSpace>(through_any.parts).wait();
+    through_any.check();
+  }
+}
+
+TEST_CASE("mpi: gather batches in flight with ring reduce-scatters never cross") {
+  comm::mpi world;
+  world.set_reduce_scatter_ring_min_bytes(0);  // every reduce-scatter point-to-point, as the batches
+  const auto n = static_cast<std::size_t>(world.size());
+  kfsdp::test::gather_parts_case<double> first(world.rank(), world.size()), second(world.rank(), world.size());
+  const auto send = contributions<double>(world.rank(), 6 * n);
+  std::vector<double> summed(6);
+  std::vector<comm::request> pending;
+  pending.push_back(world.iall_gather_parts<double>(first.parts));
+  pending.push_back(world.ireduce_scatter_sum(std::span<const double>(send), std::span(summed)));
+  pending.push_back(world.iall_gather_parts<double>(second.parts));
+  for (std::size_t i = pending.size(); i-- > 0;) pending[i].wait();  // the last first
+  first.check();
+  second.check();
+  CHECK(summed == scattered_sum<double>(world.rank(), world.size(), 6));
+}
+
+TEST_CASE("mpi: bad gather parts throw std::invalid_argument naming the part, before communicating") {
+  comm::mpi world;
+  const int n = world.size();
+  std::vector<float> shard(4), buffer(static_cast<std::size_t>(8 * n + 1));
+  const auto all = std::span(buffer);
+  using part = comm::gather_part<float, Kokkos::HostSpace>;
+  const auto host = [](auto elements) { return comm::host_span<typename decltype(elements)::element_type>(elements); };
+  const std::span<const float> two = std::span<const float>(shard).subspan(0, 2), other_two = std::span<const float>(shard).subspan(2, 2);
+  // parts[1]'s recv one element long.
+  std::vector<part> parts = {{host(two), host(all.subspan(0, 2 * n))}, {host(other_two), host(all.subspan(2 * n, 2 * n + 1))}};
+  const std::string wrong_size = fmt::format("kfsdp::comm::mpi::iall_gather_parts: recv has {} elements, expected "
+                                             "size()*send.size() = {}*2 = {} (parts[1])", 2 * n + 1, n, 2 * n);
+  CHECK_THROWS_WITH_AS((void)world.iall_gather_parts<float>(parts), wrong_size.c_str(), std::invalid_argument);
+  // parts[1]'s recv starts inside parts[0]'s.
+  parts[1].recv = host(all.subspan(2 * n - 1, 2 * n));
+  CHECK_THROWS_WITH_AS((void)world.iall_gather_parts<float>(parts),
+                       "kfsdp::comm::mpi::iall_gather_parts: parts[1].recv overlaps parts[0].recv; each part "
+                       "needs a recv of its own",
+                       std::invalid_argument);
+  // parts[1]'s send lies in parts[0]'s recv.
+  parts[1] = {host(std::span<const float>(all.subspan(1, 2))), host(all.subspan(4 * n, 2 * n))};
+  CHECK_THROWS_WITH_AS((void)world.iall_gather_parts<float>(parts),
+                       "kfsdp::comm::mpi::iall_gather_parts: parts[1].send overlaps parts[0].recv; each part "
+                       "needs a recv of its own",
+                       std::invalid_argument);
+  // The same checks on the part-by-part path.
+  comm::mpi staged(MPI_COMM_WORLD, {.device_memory = comm::mpi_options::device_memory_path::staged});
+  CHECK_THROWS_WITH_AS((void)staged.iall_gather_parts<float>(parts),
+                       doctest::Contains("parts[1].send overlaps parts[0].recv"), std::invalid_argument);
+  world.barrier();  // every rank got here without communicating
+}
+
 TEST_CASE("mpi: a count above INT_MAX is an error, not a silent overflow") {
   comm::mpi world;
   std::vector<float> small(1);
@@ -598,6 +670,17 @@ TEST_CASE("mpi: ranks calling different collectives throw collective_mismatch on
   CHECK_THROWS_WITH_AS(mixed_halves(),
       doctest::Contains(fmt::format("all_reduce_sum(2 elements of 2 bytes (bf16)) on rank 0; "
                                     "all_reduce_sum(2 elements of 2 bytes (f16)) on {}", others).c_str()),
+      comm::mpi::collective_mismatch);
+  // A gather batch against one all-gather of the same elements.
+  kfsdp::test::gather_parts_case<float> batch(world.rank(), world.size());
+  std::vector<float> nine(9), all_nine(9 * static_cast<std::size_t>(world.size()));
+  const auto batch_or_one = [&] {
+    if (world.rank() == 0) (void)world.iall_gather_parts<float>(batch.parts);
+    else comm::all_gather(world, std::span<const float>(nine), std::span(all_nine));
+  };
+  CHECK_THROWS_WITH_AS(batch_or_one(),
+      doctest::Contains(fmt::format("all_gather_parts(9 elements of 4 bytes per rank in 4 parts) on rank 0; "
+                                    "all_gather(9 elements of 4 bytes per rank) on {}", others).c_str()),
       comm::mpi::collective_mismatch);
   // Nothing was left in flight: the communicator goes on.
   CHECK_NOTHROW(world.barrier());

@@ -12,6 +12,8 @@
 #include <kfsdp/comm/communicator.hpp>
 #include <kfsdp/comm/self.hpp>
 
+#include "../support/gather_parts.hpp"
+
 namespace comm = kfsdp::comm;
 
 static_assert(comm::communicator<comm::self>);
@@ -165,6 +167,27 @@ TEST_CASE("self: overlapping send and recv are rejected unless in place") {
       std::invalid_argument);
   // Adjacent but disjoint is fine.
   comm::reduce_scatter_sum(one, std::span<const float>(whole.first(4)), whole.subspan(4, 4));
+}
+
+TEST_CASE_TEMPLATE("self: iall_gather_parts gathers part by part", T, float, double, kfsdp::bf16, kfsdp::f16) {
+  comm::self one;
+  static_assert(!comm::gathers_parts<comm::self, T, Kokkos::HostSpace>);  // the free function's loop
+  kfsdp::test::gather_parts_case<T> batch(0, 1);
+  comm::iall_gather_parts<T, Kokkos::HostSpace>(one, batch.parts).wait();
+  batch.check();
+}
+
+TEST_CASE("self: iall_gather_parts rejects overlapping parts before gathering any") {
+  comm::self one;
+  kfsdp::test::gather_parts_case<float> batch(0, 1);
+  const std::vector<float> before = batch.gathered;
+  batch.parts[2] = {batch.parts[2].send.subspan(0, 1), batch.parts[0].recv.subspan(1, 1)};  // inside parts[0]'s
+  const auto gather = [&] { return comm::iall_gather_parts<float, Kokkos::HostSpace>(one, batch.parts); };
+  CHECK_THROWS_WITH_AS((void)gather(),
+                       "kfsdp::comm::iall_gather_parts: parts[2].recv overlaps parts[0].recv; each part "
+                       "needs a recv of its own",
+                       std::invalid_argument);
+  CHECK(batch.gathered == before);  // parts[0] was not gathered either
 }
 
 TEST_CASE("argument checks: sizes at a pretended size() = 3, in-place slot of rank 1") {

@@ -12,6 +12,8 @@
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/comm/threaded.hpp>
 
+#include "../support/gather_parts.hpp"
+
 using kfsdp::comm::mpi;
 using kfsdp::comm::threaded;
 namespace comm = kfsdp::comm;
@@ -121,4 +123,18 @@ TEST_CASE("an all-gather in flight completes while the caller does something els
   while (!pending.test() && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
   CHECK(!pending.in_flight());
   CHECK(full.back() == 1.0f);
+}
+
+TEST_CASE_TEMPLATE("a gather batch runs on the worker as the backend's batch", T, float, kfsdp::bf16) {
+  mpi world;
+  threaded overlapped(world);
+  kfsdp::test::gather_parts_case<T> batch(overlapped.rank(), overlapped.size());
+  static_assert(comm::gathers_parts<threaded<mpi>, T, Kokkos::HostSpace>);
+  comm::iall_gather_parts<T, Kokkos::HostSpace>(overlapped, batch.parts).wait();
+  batch.check();
+  // Checked on the caller's thread: parts[3]'s recv moved onto parts[2]'s.
+  batch.parts[3].recv = batch.parts[2].recv.subspan(0, batch.parts[3].recv.size());
+  const auto gather = [&] { return overlapped.template iall_gather_parts<T, Kokkos::HostSpace>(batch.parts); };
+  CHECK_THROWS_WITH_AS((void)gather(),
+                       doctest::Contains("kfsdp::comm::threaded::iall_gather_parts: parts["), std::invalid_argument);
 }

@@ -47,6 +47,11 @@ class any_communicator {
   [[nodiscard]] request iall_gather(std::type_identity_t<span_in<const T, Space>> send, span_in<T, Space> recv) {
     return calls<T, Space>().all_gather(backend_, send, recv);
   }
+  // A batch of all-gathers, as the backend issues it (comm::iall_gather_parts).
+  template <class T, class Space>
+  [[nodiscard]] request iall_gather_parts(std::span<const gather_part<T, Space>> parts) {
+    return calls<T, Space>().all_gather_parts(backend_, parts);
+  }
   template <class T, class Space>
   [[nodiscard]] request ireduce_scatter_sum(std::type_identity_t<span_in<const T, Space>> send,
                                             span_in<T, Space> recv) {
@@ -94,6 +99,7 @@ class any_communicator {
   template <class T, class Space>
   struct collective_calls {
     request (*all_gather)(void*, span_in<const T, Space>, span_in<T, Space>);
+    request (*all_gather_parts)(void*, std::span<const gather_part<T, Space>>);
     request (*reduce_scatter_sum)(void*, span_in<const T, Space>, span_in<T, Space>);
     request (*reduce_scatter_scaled)(void*, span_in<const T, Space>, span_in<T, Space>, scale_type<T>);
     request (*broadcast)(void*, span_in<T, Space>, int);
@@ -135,6 +141,9 @@ class any_communicator {
     return {
         [](void* c, span_in<const T, Space> s, span_in<T, Space> r) {
           return mover<T, Space>(*static_cast<C*>(c)).template iall_gather<T, Space>(s, r);
+        },
+        [](void* c, std::span<const gather_part<T, Space>> parts) {
+          return comm::iall_gather_parts<T, Space>(mover<T, Space>(*static_cast<C*>(c)), parts);
         },
         [](void* c, span_in<const T, Space> s, span_in<T, Space> r) {
           return mover<T, Space>(*static_cast<C*>(c)).template ireduce_scatter_sum<T, Space>(s, r);

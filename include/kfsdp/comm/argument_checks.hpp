@@ -7,12 +7,15 @@
 //
 // `function` is the fully qualified name the user called, e.g. "kfsdp::comm::mpi::iall_gather".
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
 #include <stdexcept>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -74,6 +77,39 @@ void check_all_gather(std::string_view function, int rank, int size, std::span<c
                       std::span<T> recv) {
   check_all_gather_arguments(function, rank, size, send.size(), byte_range::of(send), recv.size(),
                              byte_range::of(recv), sizeof(T));
+}
+
+// A batch of all-gathers (iall_gather_parts): each part as iall_gather(send, recv), the message
+// naming the part; no recv overlapping another part's recv, and no send another part's recv.
+template <class Parts>
+void check_all_gather_parts(std::string_view function, int rank, int size, const Parts& parts) {
+  std::vector<std::pair<byte_range, std::size_t>> recvs;  // by address, the empty ones left out
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    try {
+      check_all_gather(function, rank, size, parts[i].send.span(), parts[i].recv.span());
+    } catch (const std::invalid_argument& error) {
+      throw std::invalid_argument(fmt::format("{} (parts[{}])", error.what(), i));
+    }
+    if (!parts[i].recv.empty()) recvs.emplace_back(byte_range::of(parts[i].recv.span()), i);
+  }
+  std::sort(recvs.begin(), recvs.end(), [](const auto& a, const auto& b) { return a.first.first < b.first.first; });
+  const auto overlap = [&](std::string_view what, std::size_t i, std::size_t j) {
+    return std::invalid_argument(fmt::format("{}: parts[{}].{} overlaps parts[{}].recv; each part needs a recv of its own",
+                                             function, i, what, j));
+  };
+  for (std::size_t k = 1; k < recvs.size(); ++k)  // sorted: an overlap shows between neighbours
+    if (recvs[k - 1].first.overlaps(recvs[k].first)) throw overlap("recv", recvs[k].second, recvs[k - 1].second);
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const byte_range send = byte_range::of(parts[i].send.span());
+    if (send.bytes == 0) continue;
+    // Only the last recv starting before the send's end and the one before it can reach it.
+    auto after = std::partition_point(recvs.begin(), recvs.end(),
+                                      [&](const auto& r) { return r.first.first < send.first + send.bytes; });
+    for (int back = 0; back < 2 && after != recvs.begin(); ++back) {
+      --after;
+      if (after->second != i && after->first.overlaps(send)) throw overlap("send", i, after->second);
+    }
+  }
 }
 
 // reduce_scatter_sum(send, recv): sizes (requirement 3) and overlap.

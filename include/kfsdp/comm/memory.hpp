@@ -16,9 +16,11 @@
 #include <memory>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <Kokkos_Core.hpp>
 
+#include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
 
 namespace kfsdp::comm {
@@ -183,6 +185,41 @@ concept scales_reduce_scatter =
     requires(C& c, span_in<const T, Space> send, span_in<T, Space> recv, scale_type<T> factor) {
       { c.template ireduce_scatter_sum<T, Space>(send, recv, factor) } -> std::same_as<request>;
     };
+
+// One part of a batch of all-gathers: once the batch completes, recv = [rank 0's send | rank 1's |
+// ...], as iall_gather(send, recv) would leave it.
+template <class T, class Space>
+struct gather_part {
+  span_in<const T, Space> send;
+  span_in<T, Space> recv;
+};
+
+// A backend that issues a batch of all-gathers as one collective: c.iall_gather_parts(parts)
+// (mpi: one message a peer, received straight into every part's place).
+template <class C, class T, class Space>
+concept gathers_parts = requires(C& c, std::span<const gather_part<T, Space>> parts) {
+  { c.template iall_gather_parts<T, Space>(parts) } -> std::same_as<request>;
+};
+
+// Every part all-gathered, as one request, on any communicator: the backend's batch where it has
+// one, else one iall_gather a part (comm::when_all). Each part's sizes and overlap as
+// iall_gather's; the recvs must not overlap one another. E.g. one bucket's parameters, each
+// gathered from its chunk of the local shard into its own place of the gathered buffer:
+//
+//   std::vector<kfsdp::comm::gather_part<float, Kokkos::HostSpace>> parts = {{s0, r0}, {s1, r1}};
+//   kfsdp::comm::iall_gather_parts<float, Kokkos::HostSpace>(world, parts).wait();
+template <class T, class Space, class C>
+[[nodiscard]] request iall_gather_parts(C& c, std::span<const gather_part<T, Space>> parts) {
+  if constexpr (gathers_parts<C, T, Space>) {
+    return c.template iall_gather_parts<T, Space>(parts);
+  } else {
+    detail::check_all_gather_parts("kfsdp::comm::iall_gather_parts", c.rank(), c.size(), parts);
+    std::vector<request> each;
+    each.reserve(parts.size());
+    for (const gather_part<T, Space>& part : parts) each.push_back(c.template iall_gather<T, Space>(part.send, part.recv));
+    return when_all(std::move(each));
+  }
+}
 
 // recv = (the reduce-scatter's sums) · factor on any communicator, e.g. the average over ranks
 // without a pass of its own where the backend folds it in, else one pass over recv once the sums

@@ -3,8 +3,9 @@
 //
 // It wraps MPI_COMM_WORLD, or any MPI_Comm you pass, duplicated with MPI_Comm_dup so kfsdp's
 // messages never match yours; the duplicate is freed in the destructor (kfsdp's ring
-// reduce-scatter sends point-to-point messages on it, tags 0-32767: send none of your own there). Errors come back as
-// exceptions (MPI_ERRORS_RETURN is set on the duplicate), never as an abort. Two guards against a
+// reduce-scatter and gather batches send point-to-point messages on it, tags 0-32767: send none
+// of your own there). Errors come back as exceptions (MPI_ERRORS_RETURN is set on the
+// duplicate), never as an abort. Two guards against a
 // user's mismatched collectives (mpi_options): the ranks compare each call before making it, and a
 // call that waits longer than a timeout throws. run_or_abort ends a job in which one rank failed.
 //
@@ -116,8 +117,10 @@ MPI_Op sum_operation() {
 
 // What the ranks compare before a checked collective: the same on every rank, or a user's bug.
 enum class collective_kind : std::uint64_t {
-  all_gather, reduce_scatter_sum, broadcast, all_reduce_sum, all_reduce_max, all_reduce_min, barrier
+  all_gather, reduce_scatter_sum, broadcast, all_reduce_sum, all_reduce_max, all_reduce_min, barrier,
+  all_gather_parts
 };
+constexpr collective_kind collective_kind_last = collective_kind::all_gather_parts;  // a kind read beyond it reads as it
 // What the ranks compare of an element type: its bytes, and for the two 2-byte floating-point
 // formats a tag, so that bf16 on one rank against f16 on another is a mismatch too.
 constexpr std::uint64_t half_tag_bf16 = 0x100, half_tag_f16 = 0x200;
@@ -131,13 +134,13 @@ struct collective_call {
   collective_kind kind;
   std::uint64_t element_bytes;  // element_code<T>(); 0 for a barrier
   std::uint64_t count;          // per rank for all_gather (send) and reduce_scatter_sum (recv)
-  std::uint64_t root;           // broadcast only
+  std::uint64_t root;           // broadcast: the root; all_gather_parts: the number of parts
   friend bool operator==(const collective_call&, const collective_call&) = default;
 };
 inline std::string describe(const collective_call& call) {
   constexpr std::string_view names[] = {"all_gather", "reduce_scatter_sum", "broadcast",
                                         "all_reduce_sum", "all_reduce_max", "all_reduce_min",
-                                        "barrier"};
+                                        "barrier", "all_gather_parts"};
   const std::string_view name = names[static_cast<std::size_t>(call.kind)];
   if (call.kind == collective_kind::barrier) return fmt::format("{}()", name);
   const std::uint64_t tag = call.element_bytes & (half_tag_bf16 | half_tag_f16);
@@ -145,6 +148,8 @@ inline std::string describe(const collective_call& call) {
                                            tag == half_tag_bf16 ? " (bf16)" : tag == half_tag_f16 ? " (f16)" : "");
   if (call.kind == collective_kind::broadcast)
     return fmt::format("{}({}, root {})", name, elements, call.root);
+  if (call.kind == collective_kind::all_gather_parts)
+    return fmt::format("{}({} per rank in {} parts)", name, elements, call.root);
   const bool per_rank = call.kind == collective_kind::all_gather ||
                         call.kind == collective_kind::reduce_scatter_sum;
   return fmt::format("{}({}{})", name, elements, per_rank ? " per rank" : "");
@@ -295,7 +300,7 @@ class mpi {
         rank_(other.rank_),
         size_(other.size_),
         ring_min_bytes_(other.ring_min_bytes_),
-        ring_calls_(other.ring_calls_),
+        tagged_calls_(other.tagged_calls_),
         options_(other.options_),
         checked_calls_(other.checked_calls_) {}
   mpi& operator=(mpi&& other) noexcept {
@@ -305,7 +310,7 @@ class mpi {
       rank_ = other.rank_;
       size_ = other.size_;
       ring_min_bytes_ = other.ring_min_bytes_;
-      ring_calls_ = other.ring_calls_;
+      tagged_calls_ = other.tagged_calls_;
       options_ = other.options_;
       checked_calls_ = other.checked_calls_;
     }
@@ -382,6 +387,64 @@ class mpi {
   template <element T>
   [[nodiscard]] request iall_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
     return iall_gather<T, Kokkos::HostSpace>(host_span<const T>(send), host_span<T>(recv));
+  }
+
+  // A batch of all-gathers as one exchange (comm::iall_gather_parts): each rank sends its parts'
+  // sends to every other rank as one message, and receives each rank's message straight into the
+  // parts' places through a derived datatype; its own parts it copies in. One message a peer
+  // instead of one collective a part: for a bucket of small parameters the per-call latency was
+  // the cost. E.g. two parts of 2 and 3 elements at 2 ranks, rank 1's message to rank 0:
+  //
+  //   sent from:      parts[0].send[0..2) parts[1].send[0..3)   (rank 1's, where they lie)
+  //   received into:  parts[0].recv[2..4) parts[1].recv[3..6)   (rank 0's recv type for rank 1)
+  //
+  // Memory the host cannot reach, or staged (mpi_options::device_memory), goes part by part.
+  template <element T, class Space>
+  [[nodiscard]] request iall_gather_parts(std::span<const gather_part<T, Space>> parts) {
+    constexpr std::string_view function = "kfsdp::comm::mpi::iall_gather_parts";
+    detail::check_all_gather_parts(function, rank_, size_, parts);
+    if (!host_accessible<Space> || !reads_directly<Space>() || parts.size() == 1) {
+      std::vector<request> each;
+      for (const gather_part<T, Space>& part : parts) each.push_back(iall_gather<T, Space>(part.send, part.recv));
+      return when_all(std::move(each));
+    }
+    std::size_t total = 0;
+    for (const gather_part<T, Space>& part : parts) total += part.send.size();
+    verify_call(function, {detail::collective_kind::all_gather_parts, detail::element_code<T>(), total,
+                           static_cast<std::uint64_t>(parts.size())});
+    const int count = detail::checked_int_count(function, "parts", parts.size());
+    std::vector<int> lengths(parts.size());
+    std::vector<MPI_Aint> sent_from(parts.size()), received_into(parts.size());
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      lengths[i] = detail::checked_int_count(function, "send", parts[i].send.size());
+      sent_from[i] = address_of(parts[i].send.data());
+    }
+    const int tag = next_tag();
+    pending_mpi_requests batch{{}, function, options_.timeout, rank_, size_};
+    batch.handles.reserve(2 * static_cast<std::size_t>(size_ - 1));
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      for (std::size_t i = 0; i < parts.size(); ++i)
+        received_into[i] = address_of(parts[i].recv.data() + static_cast<std::size_t>(peer) * parts[i].send.size());
+      const hindexed<T> layout(function, count, lengths, received_into);
+      check(MPI_Irecv(MPI_BOTTOM, 1, layout.type, peer, tag, comm_, &batch.handles.emplace_back()), function,
+            "MPI_Irecv");
+    }
+    const hindexed<T> sends(function, count, lengths, sent_from);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      check(MPI_Isend(MPI_BOTTOM, 1, sends.type, peer, tag, comm_, &batch.handles.emplace_back()), function,
+            "MPI_Isend");
+    }
+    for (const gather_part<T, Space>& part : parts) {  // while the messages travel
+      const span_in<T, Space> own = part.recv.subspan(static_cast<std::size_t>(rank_) * part.send.size(), part.send.size());
+      if (own.data() != part.send.data()) detail::copy(part.send, own);
+    }
+    return request(std::move(batch));
+  }
+  template <element T>
+  [[nodiscard]] request iall_gather_parts(std::span<const gather_part<T, Kokkos::HostSpace>> parts) {
+    return iall_gather_parts<T, Kokkos::HostSpace>(parts);
   }
 
   // Rank r's recv[i] = sum over ranks of send[r*recv.size() + i];
@@ -518,6 +581,48 @@ class mpi {
       check(MPI_Wait(&handle, MPI_STATUS_IGNORE), function, "MPI_Wait");
     }
   };
+  // Several MPI requests that complete together (iall_gather_parts' messages).
+  struct pending_mpi_requests {
+    std::vector<MPI_Request> handles;
+    std::string_view function;
+    std::chrono::duration<double> limit;  // zero: no timeout
+    int rank;
+    int size;
+
+    bool test() {
+      int complete = 0;
+      check(MPI_Testall(static_cast<int>(handles.size()), handles.data(), &complete, MPI_STATUSES_IGNORE), function,
+            "MPI_Testall");
+      return complete != 0;
+    }
+    void wait() {
+      if (limit.count() > 0) return wait_polling(*this, function, limit, rank, size);
+      check(MPI_Waitall(static_cast<int>(handles.size()), handles.data(), MPI_STATUSES_IGNORE), function,
+            "MPI_Waitall");
+    }
+  };
+  // A committed MPI_Type_create_hindexed of T at absolute addresses (used with MPI_BOTTOM), freed
+  // at the end of the scope: MPI lets the operations already posted with it complete.
+  template <class T>
+  struct hindexed {
+    hindexed(std::string_view function, int count, const std::vector<int>& lengths,
+             const std::vector<MPI_Aint>& addresses) {
+      check(MPI_Type_create_hindexed(count, lengths.data(), addresses.data(), detail::mpi_datatype<T>(), &type),
+            function, "MPI_Type_create_hindexed");
+      const int committed = MPI_Type_commit(&type);
+      if (committed != MPI_SUCCESS) MPI_Type_free(&type);
+      check(committed, function, "MPI_Type_commit");
+    }
+    hindexed(const hindexed&) = delete;
+    hindexed& operator=(const hindexed&) = delete;
+    ~hindexed() { MPI_Type_free(&type); }
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+  };
+  static MPI_Aint address_of(const void* where) {
+    MPI_Aint address = 0;
+    MPI_Get_address(where, &address);
+    return address;
+  }
   [[nodiscard]] request pending(MPI_Request handle, std::string_view function) const {
     return request(pending_mpi_request{handle, function, options_.timeout, rank_, size_});
   }
@@ -603,7 +708,7 @@ class mpi {
     std::vector<detail::collective_call> calls;
     for (std::size_t r = 0; r < all.size(); r += 4)
       calls.push_back({static_cast<detail::collective_kind>(
-                           std::min<std::uint64_t>(all[r], std::uint64_t{6})),
+                           std::min(all[r], static_cast<std::uint64_t>(detail::collective_kind_last))),
                        all[r + 1], all[r + 2], all[r + 3]});
     if (std::all_of(calls.begin(), calls.end(), [&](const auto& other) { return other == call; }))
       return;
@@ -750,8 +855,8 @@ class mpi {
     return size_ > 1 && chunk_bytes > 0 && chunk_bytes >= ring_min_bytes_;
   }
   // Every rank makes the same calls in the same order, so the counters agree without talking.
-  int next_ring_tag() noexcept { return static_cast<int>(ring_calls_++ % ring_tag_count); }
-  static constexpr std::uint64_t ring_tag_count = 32768;  // MPI guarantees MPI_TAG_UB >= 32767
+  int next_tag() noexcept { return static_cast<int>(tagged_calls_++ % tag_count); }
+  static constexpr std::uint64_t tag_count = 32768;  // MPI guarantees MPI_TAG_UB >= 32767
 
   // Each collective's argument checks, then the ranks' comparison of the call; the MPI count.
   template <class T>
@@ -793,7 +898,7 @@ class mpi {
                                scale_type<T> factor) {
     const int count = prepare_reduce_scatter<T>(function, send, recv);
     if (uses_ring(recv.size_bytes())) {
-      return request(ring_reduce_scatter<T, Space>(comm_, rank_, size_, next_ring_tag(), send, recv, factor,
+      return request(ring_reduce_scatter<T, Space>(comm_, rank_, size_, next_tag(), send, recv, factor,
                                                    function, options_.timeout));
     }
     MPI_Request handle = MPI_REQUEST_NULL;
@@ -858,7 +963,7 @@ class mpi {
   int rank_ = 0;
   int size_ = 1;
   std::size_t ring_min_bytes_ = default_reduce_scatter_ring_min_bytes;
-  std::uint64_t ring_calls_ = 0;  // ring reduce-scatters started: the next one's tag
+  std::uint64_t tagged_calls_ = 0;  // ring reduce-scatters and gather batches started: the next one's tag
   mpi_options options_;
   std::uint64_t checked_calls_ = 0;  // collectives compared across ranks, for the messages
 };

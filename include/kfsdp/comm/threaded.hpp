@@ -23,6 +23,7 @@
 #include <span>
 #include <thread>
 #include <type_traits>
+#include <vector>
 
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
@@ -60,6 +61,15 @@ class threaded {
                                     span_in<T, Space> recv) {
     detail::check_all_gather<T>("kfsdp::comm::threaded::iall_gather", rank(), size(), send.span(), recv.span());
     return submit([this, send, recv] { comm::all_gather<C, T, Space>(backend_, send, recv); });
+  }
+  // A batch of all-gathers as one task: the backend's batch where it has one (iall_gather_parts).
+  template <element T, class Space>
+    requires moves_elements_in<C, T, Space>
+  [[nodiscard]] request iall_gather_parts(std::span<const gather_part<T, Space>> parts) {
+    detail::check_all_gather_parts("kfsdp::comm::threaded::iall_gather_parts", rank(), size(), parts);
+    return submit([this, batch = std::vector<gather_part<T, Space>>(parts.begin(), parts.end())] {
+      comm::iall_gather_parts<T, Space>(backend_, std::span<const gather_part<T, Space>>(batch)).wait();
+    });
   }
   template <element T, class Space>
     requires moves_elements_in<C, T, Space>

@@ -13,11 +13,12 @@
 // A transition from any other state throws std::logic_error naming the bucket, the state it is in
 // and the one expected.
 //
-// No copy around the collectives: each parameter of the bucket has its own all-gather, from its
-// chunk of the local shard straight into its padded place of the unpacked buffer (shard_mapping's
-// parameter-major layout), where the layers read it; its gradient lives in the same layout and
-// is reduce-scattered from there straight into its chunk of the reduced shard. The bucket's
-// collectives are issued together and complete as one request (comm::when_all). With a wire type
+// No copy around the collectives: the bucket's parameters are all-gathered as one batch, each from
+// its chunk of the local shard straight into its padded place of the unpacked buffer
+// (shard_mapping's parameter-major layout), where the layers read it (comm::iall_gather_parts:
+// over MPI one message a peer); each gradient lives in the same layout and is reduce-scattered
+// from there straight into its chunk of the reduced shard, the bucket's reduce-scatters issued
+// together and complete as one request (comm::when_all). With a wire type
 // (mixed precision) the shard is converted before and the gathered buffer after, flat.
 
 #include <cstddef>
@@ -103,6 +104,11 @@ class bucket_unit {
  private:
   // A wire type to convert from: the gathered buffer is not the parameters.
   [[nodiscard]] bool unpacks() const noexcept { return gathered_as_ != wire_precision::scalar; }
+  // The bucket's parameters all-gathered as one batch: each from its chunk of `from` (the shard)
+  // into its padded place in `to` (comm::iall_gather_parts).
+  template <class T>
+  [[nodiscard]] comm::request gather_params(unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
+                                            const Kokkos::View<T*>& to) const;
   // One collective per parameter: from[from_range(p)] to[to_range(p)], as one request.
   template <class T, class Issue, class From, class To>
   [[nodiscard]] comm::request per_param(const Kokkos::View<T*>& from, const Kokkos::View<T*>& to, Issue issue,

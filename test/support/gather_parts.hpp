@@ -1,0 +1,73 @@
+#pragma once
+// A batch of all-gathers as one bucket makes it (comm::iall_gather_parts), checked against what
+// one all_gather a part would give, on any communicator:
+//
+//   shard (send):    [part 0: 3 | part 1: 0 | part 2: 5]            this rank's chunks, adjacent
+//   gathered (recv): [part 0: 3n] gap [part 2: 5n] gap [part 3: n] gap   gaps untouched
+//
+// Part 3's send is this rank's slot of its own recv (in place).
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include <Kokkos_Core.hpp>
+#include <doctest/doctest.h>
+
+#include <kfsdp/comm/memory.hpp>
+
+#include "rank_values.hpp"
+
+namespace kfsdp::test {
+
+template <class T>
+struct gather_parts_case {
+  static constexpr std::size_t counts[] = {3, 0, 5, 1};
+  static constexpr std::size_t gap = 2;
+  static T untouched() { return T(-7.0f); }
+
+  int rank, ranks;
+  std::vector<T> shard;     // parts 0-2's sends
+  std::vector<T> gathered;  // every part's recv, gaps between
+  std::vector<comm::gather_part<T, Kokkos::HostSpace>> parts;
+
+  gather_parts_case(int rank_, int ranks_) : rank(rank_), ranks(ranks_) {
+    const auto n = static_cast<std::size_t>(ranks);
+    shard = contributions<T>(rank, counts[0] + counts[1] + counts[2]);
+    gathered.assign(n * (counts[0] + counts[1] + counts[2] + counts[3]) + 3 * gap, untouched());
+    std::size_t sent = 0, received = 0;
+    for (std::size_t i = 0; i < 4; ++i) {
+      const std::span<T> recv = std::span(gathered).subspan(received, n * counts[i]);
+      std::span<const T> send = std::span<const T>(shard).subspan(std::min(sent, shard.size()), i < 3 ? counts[i] : 0);
+      if (i == 3) {  // in place: this rank's slot, filled with what it contributes
+        const std::span<T> slot = recv.subspan(static_cast<std::size_t>(rank) * counts[i], counts[i]);
+        for (std::size_t j = 0; j < counts[i]; ++j) slot[j] = contribution<T>(rank, sent + j);
+        send = slot;
+      }
+      parts.push_back({comm::span_in<const T, Kokkos::HostSpace>(send), comm::span_in<T, Kokkos::HostSpace>(recv)});
+      sent += counts[i];
+      received += recv.size() + (counts[i] > 0 ? gap : 0);
+    }
+  }
+
+  // Every part's recv as all_gather leaves it; the gaps as they were.
+  void check() const {
+    std::size_t sent = 0, received = 0;
+    for (std::size_t i = 0; i < 4; ++i) {
+      CAPTURE(i);
+      for (int q = 0; q < ranks; ++q)
+        for (std::size_t j = 0; j < counts[i]; ++j)
+          CHECK(double(gathered[received + static_cast<std::size_t>(q) * counts[i] + j]) ==
+                double(contribution<T>(q, sent + j)));
+      sent += counts[i];
+      received += static_cast<std::size_t>(ranks) * counts[i];
+      if (counts[i] > 0) {
+        for (std::size_t j = 0; j < gap; ++j) CHECK(double(gathered[received + j]) == double(untouched()));
+        received += gap;
+      }
+    }
+  }
+};
+
+}  // namespace kfsdp::test
