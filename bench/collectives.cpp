@@ -1,8 +1,8 @@
 // bench/collectives — one bucket's collectives in kfsdp against raw MPI on the same bytes.
 //
 // For each shard size S (bytes per rank, float, powers of 4 from --min-bytes to --max-bytes):
-//   all-gather:     kfsdp fsdp_engine::unshard (one all-gather per parameter of the bucket, each
-//                   into its place: no unpack; the buffer from the engine's pool),
+//   all-gather:     kfsdp fsdp_engine::unshard (the bucket's parameters as one batch, each into
+//                   its place: no unpack; the buffer from the engine's pool),
 //                   kfsdp::comm::all_gather over mpi alone (= iall_gather + wait), raw
 //                   MPI_Allgather and raw MPI_Iallgather + MPI_Wait;
 //   reduce-scatter: kfsdp fsdp_engine::reduce_gradients after zero_grad, as in every step (one
