@@ -24,6 +24,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
@@ -420,7 +421,7 @@ class mpi {
       sent_from[i] = address_of(parts[i].send.data());
     }
     const int tag = next_tag();
-    pending_mpi_requests batch{{}, function, options_.timeout, rank_, size_};
+    pending_mpi<std::vector<MPI_Request>> batch{{}, function, options_.timeout, rank_, size_};
     batch.handles.reserve(2 * static_cast<std::size_t>(size_ - 1));
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
@@ -564,28 +565,12 @@ class mpi {
     }
   }
 
-  // What an mpi request waits on; `function` names the call that started it, for errors.
+  // What an mpi request waits on: one MPI request, or several that complete together
+  // (iall_gather_parts' messages); `function` names the call that started it, for errors.
   // With a timeout, wait() polls test() until the deadline.
-  struct pending_mpi_request {
-    MPI_Request handle;
-    std::string_view function;
-    std::chrono::duration<double> limit;  // zero: no timeout
-    int rank;
-    int size;
-
-    bool test() {
-      int complete = 0;
-      check(MPI_Test(&handle, &complete, MPI_STATUS_IGNORE), function, "MPI_Test");
-      return complete != 0;
-    }
-    void wait() {
-      if (limit.count() > 0) return wait_polling(*this, function, limit, rank, size);
-      check(MPI_Wait(&handle, MPI_STATUS_IGNORE), function, "MPI_Wait");
-    }
-  };
-  // Several MPI requests that complete together (iall_gather_parts' messages).
-  struct pending_mpi_requests {
-    std::vector<MPI_Request> handles;
+  template <class Handles>
+  struct pending_mpi {
+    Handles handles;  // std::array<MPI_Request, 1> or std::vector<MPI_Request>
     std::string_view function;
     std::chrono::duration<double> limit;  // zero: no timeout
     int rank;
@@ -626,7 +611,7 @@ class mpi {
     return address;
   }
   [[nodiscard]] request pending(MPI_Request handle, std::string_view function) const {
-    return request(pending_mpi_request{handle, function, options_.timeout, rank_, size_});
+    return request(pending_mpi<std::array<MPI_Request, 1>>{{handle}, function, options_.timeout, rank_, size_});
   }
 
   // Whether MPI gets the pointers of a buffer in Space itself, or host copies (mpi_options).
