@@ -5,9 +5,9 @@
 // messages never match yours; the duplicate is freed in the destructor (kfsdp's ring
 // reduce-scatter and gather batches send point-to-point messages on it, tags 0-32767: send none
 // of your own there). Errors come back as exceptions (MPI_ERRORS_RETURN is set on the
-// duplicate), never as an abort. Two guards against a
-// user's mismatched collectives (mpi_options): the ranks compare each call before making it, and a
-// call that waits longer than a timeout throws. run_or_abort ends a job in which one rank failed.
+// duplicate), never as an abort. Two guards against a user's mismatched collectives
+// (mpi_options): the ranks compare each call before making it, and a call that waits longer than
+// a timeout throws. run_or_abort ends a job in which one rank failed.
 //
 //   int main(int argc, char** argv) {
 //     kfsdp::comm::mpi::environment mpi_up(argc, argv);    // MPI_Init_thread(FUNNELED), finalize
@@ -121,7 +121,8 @@ enum class collective_kind : std::uint64_t {
   all_gather, reduce_scatter_sum, broadcast, all_reduce_sum, all_reduce_max, all_reduce_min, barrier,
   all_gather_parts
 };
-constexpr collective_kind collective_kind_last = collective_kind::all_gather_parts;  // a kind read beyond it reads as it
+// The last kind: a larger value read from another rank (another kfsdp version) reads as this one.
+constexpr collective_kind collective_kind_last = collective_kind::all_gather_parts;
 // What the ranks compare of an element type: its bytes, and for the two 2-byte floating-point
 // formats a tag, so that bf16 on one rank against f16 on another is a mismatch too.
 constexpr std::uint64_t half_tag_bf16 = 0x100, half_tag_f16 = 0x200;
