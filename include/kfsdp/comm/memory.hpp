@@ -208,16 +208,25 @@ concept gathers_parts = requires(C& c, std::span<const gather_part<T, Space>> pa
 //
 //   std::vector<kfsdp::comm::gather_part<float, Kokkos::HostSpace>> parts = {{s0, r0}, {s1, r1}};
 //   kfsdp::comm::iall_gather_parts<float, Kokkos::HostSpace>(world, parts).wait();
+namespace detail {
+// One iall_gather a part, as one request: the batch of a backend without one of its own (and
+// mpi's for memory it does not batch). The caller has checked the parts.
+template <class T, class Space, class C>
+[[nodiscard]] request gather_part_by_part(C& c, std::span<const gather_part<T, Space>> parts) {
+  std::vector<request> each;
+  each.reserve(parts.size());
+  for (const gather_part<T, Space>& part : parts) each.push_back(c.template iall_gather<T, Space>(part.send, part.recv));
+  return when_all(std::move(each));
+}
+}  // namespace detail
+
 template <class T, class Space, class C>
 [[nodiscard]] request iall_gather_parts(C& c, std::span<const gather_part<T, Space>> parts) {
   if constexpr (gathers_parts<C, T, Space>) {
     return c.template iall_gather_parts<T, Space>(parts);
   } else {
     detail::check_all_gather_parts("kfsdp::comm::iall_gather_parts", c.rank(), c.size(), parts);
-    std::vector<request> each;
-    each.reserve(parts.size());
-    for (const gather_part<T, Space>& part : parts) each.push_back(c.template iall_gather<T, Space>(part.send, part.recv));
-    return when_all(std::move(each));
+    return detail::gather_part_by_part<T, Space>(c, parts);
   }
 }
 

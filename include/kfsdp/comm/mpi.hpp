@@ -405,11 +405,8 @@ class mpi {
   [[nodiscard]] request iall_gather_parts(std::span<const gather_part<T, Space>> parts) {
     constexpr std::string_view function = "kfsdp::comm::mpi::iall_gather_parts";
     detail::check_all_gather_parts(function, rank_, size_, parts);
-    if (!host_accessible<Space> || !reads_directly<Space>() || parts.size() == 1) {
-      std::vector<request> each;
-      for (const gather_part<T, Space>& part : parts) each.push_back(iall_gather<T, Space>(part.send, part.recv));
-      return when_all(std::move(each));
-    }
+    if (!host_accessible<Space> || !reads_directly<Space>() || parts.size() == 1)
+      return detail::gather_part_by_part<T, Space>(*this, parts);
     std::size_t total = 0;
     for (const gather_part<T, Space>& part : parts) total += part.send.size();
     verify_call(function, {detail::collective_kind::all_gather_parts, detail::element_code<T>(), total,
