@@ -11,6 +11,7 @@ using Kokkos::cos;
 using Kokkos::erf;
 using Kokkos::exp;
 using Kokkos::log;
+using Kokkos::pow;
 using Kokkos::sqrt;
 using Kokkos::tanh;
 #else
@@ -18,6 +19,7 @@ using Kokkos::Experimental::cos;
 using Kokkos::Experimental::erf;
 using Kokkos::Experimental::exp;
 using Kokkos::Experimental::log;
+using Kokkos::Experimental::pow;
 using Kokkos::Experimental::sqrt;
 using Kokkos::Experimental::tanh;
 #endif

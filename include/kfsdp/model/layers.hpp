@@ -19,6 +19,7 @@
 #include <utility>
 
 #include <kfsdp/model/descriptor.hpp>
+#include <kfsdp/model/rowwise.hpp>
 
 namespace kfsdp {
 

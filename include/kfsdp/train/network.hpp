@@ -237,14 +237,33 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
           throw std::invalid_argument("kfsdp::network: layer '" + name_ + "' takes " + std::to_string(want) +
                                       " features, " + b.previous + " gives " + std::to_string(b.width));
         b.width = want;
-      } else if (b.width == 0) {
-        throw std::invalid_argument("kfsdp::network: layer '" + name_ +
-                                    "' comes first but does not say how many features it takes");
+      } else {
+        if (b.width == 0)
+          throw std::invalid_argument("kfsdp::network: layer '" + name_ +
+                                      "' comes first but does not say how many features it takes");
+        // A hand-written compute that reads per-feature parameters must say its width, or it could read past them.
+        if constexpr (!requires { op_.bind_width(std::size_t{}); })
+          for (const param_decl& decl : decls)
+            if (decl.rank != 1 || decl.shape[0] != 1)
+              throw std::invalid_argument("kfsdp::network: layer '" + name_ + "' has parameter '" + std::string(decl.name) +
+                                          "' " + shape_string(std::span<const std::size_t>(decl.shape.data(), decl.rank)) +
+                                          " but does not say how many features it takes: give it expected_in_features()"
+                                          " (or write it as a kfsdp::rowwise expression, whose widths are derived)");
       }
     }
     in_ = b.width;
-    if constexpr (requires { d.out_features_for(in_); }) out_ = d.out_features_for(in_);
-    else out_ = in_;
+    if constexpr (requires { op_.bind_width(in_); }) {  // a row-wise expression: its widths checked and derived
+      try {
+        out_ = op_.bind_width(in_);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument("kfsdp::network: layer '" + name_ + "' cannot take the " + std::to_string(in_) +
+                                    " features " + b.previous + " gives: " + e.what());
+      }
+    } else if constexpr (requires { d.out_features_for(in_); }) {
+      out_ = d.out_features_for(in_);
+    } else {
+      out_ = in_;
+    }
     b.width = out_;
     b.previous = "'" + name_ + "' before it";
   }

@@ -48,6 +48,8 @@
 #include <kfsdp/nn/layer_norm.hpp>
 #include <kfsdp/nn/linear.hpp>
 #include <kfsdp/nn/mse.hpp>
+#include <kfsdp/train/layer_params.hpp>
+#include <kfsdp/train/rowwise.hpp>
 
 #include <array>
 #include <cstddef>
@@ -56,45 +58,6 @@
 #include <type_traits>
 
 namespace kfsdp {
-
-// One layer's parameters (layer_params<const S>) or gradients (layer_params<S>), in the order
-// of its params(), as views of the engine's unsharded buffers.
-template <class Element>
-class layer_params {
- public:
-  static constexpr std::size_t capacity = 8;
-
-  void push(Kokkos::View<Element*> flat, const param_info& info) {
-    if (size_ == capacity)
-      throw std::length_error("kfsdp::layer_params: a layer has more than " + std::to_string(capacity) + " parameters");
-    flat_[size_] = flat;
-    info_[size_++] = &info;
-  }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  [[nodiscard]] const param_info& info(std::size_t i) const { return *info_[checked(i, 0)]; }
-  [[nodiscard]] Kokkos::View<Element*> flat(std::size_t i) const { return flat_[checked(i, 0)]; }
-  // The i-th parameter as a vector (rank 1) or a matrix (rank 2), in its declared shape.
-  [[nodiscard]] nn::vector_of<Element> vector(std::size_t i) const {
-    return nn::vector_of<Element>(flat_[checked(i, 1)].data(), info_[i]->shape[0]);
-  }
-  [[nodiscard]] nn::matrix_of<Element> matrix(std::size_t i) const {
-    return nn::matrix_of<Element>(flat_[checked(i, 2)].data(), info_[i]->shape[0], info_[i]->shape[1]);
-  }
-
- private:
-  std::size_t checked(std::size_t i, std::size_t rank) const {
-    if (i >= size_)
-      throw std::out_of_range("kfsdp::layer_params: parameter " + std::to_string(i) + " asked for, the layer has " +
-                              std::to_string(size_));
-    if (rank != 0 && info_[i]->rank != rank)
-      throw std::invalid_argument("kfsdp::layer_params: '" + std::string(info_[i]->name.view()) + "' has rank " +
-                                  std::to_string(info_[i]->rank) + ", asked for as rank " + std::to_string(rank));
-    return i;
-  }
-  std::array<Kokkos::View<Element*>, capacity> flat_{};
-  std::array<const param_info*, capacity> info_{};
-  std::size_t size_ = 0;
-};
 
 // --- the built-in layers' compute ---
 
@@ -269,6 +232,11 @@ struct compute_of {
 template <class Layer, class S>
   requires requires { typename Layer::anonymous; } && (!std::is_same_v<Layer, typename Layer::anonymous>)
 struct compute_of<Layer, S> : compute_of<typename Layer::anonymous, S> {};
+
+// A row-wise layer's compute is derived from its expression (train/rowwise.hpp).
+template <class Layer, class S>
+  requires rowwise_descriptor<Layer>
+struct compute_of<Layer, S> : detail::rowwise_compute<Layer, S> {};
 
 // Static extents whose buffers cannot exist do not compile (dyn ones throw from the kernels).
 template <std::size_t I, std::size_t O, bool B, class S>
