@@ -244,6 +244,7 @@ using kfsdp::trace_recorder;
 }
 // <kfsdp/fsdp/units.hpp>
 export namespace kfsdp {
+using kfsdp::applied_policy;
 using kfsdp::fsdp_unit;
 using kfsdp::make_units;
 using kfsdp::parse_wrap_policy;
