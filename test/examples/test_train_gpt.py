@@ -8,9 +8,9 @@ small = ['--data', data, '--layers', '2', '--dim', '32', '--heads', '2', '--seq'
          '--dtype', 'f64', '--sample', '0']
 failures = []
 
-def run(ranks, *flags, expect=0):
+def run(ranks, *flags, expect=0, env=None):
     cmd = mpirun + ['-np', str(ranks), train_gpt] + small + list(flags)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=None if env is None else {**os.environ, **env})
     if p.returncode != expect:
         sys.exit(f'{" ".join(cmd)} exited {p.returncode}, expected {expect}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}')
     return p.stdout + p.stderr
@@ -139,6 +139,13 @@ with tempfile.TemporaryDirectory() as tmp:
                            (['--metrics', tmp], f"--metrics '{tmp}' cannot be opened for writing: Is a directory")):
         out = run(2, *flags, expect=2)
         check(message in out, f'{" ".join(flags)}: "{message}"')
+    # A bad KFSDP_* variable is a bad input too: every rank stops with exit 2 and names it (was an abort, rc 134).
+    for variable, value, message in (('KFSDP_COLLECTIVE_TIMEOUT', 'abc',
+                                      "error: KFSDP_COLLECTIVE_TIMEOUT is 'abc', expected a number of seconds >= 0 (0: no timeout)"),
+                                     ('KFSDP_CHECK_COLLECTIVES', 'yes',
+                                      "error: KFSDP_CHECK_COLLECTIVES is 'yes', expected 1, on, 0 or off")):
+        out = run(2, '--steps', '1', expect=2, env={variable: value})
+        check(message in out and out.count('error:') == 1, f'{variable}={value}: "{message}", once')
     # A model that cannot fit stops before allocating, with its figures and the flags that set them.
     for flags in (['--dim', '1000000', '--heads', '1'], ['--layers', '1000000000000000000'], ['--batch', '100000000']):
         out = run(2, *flags, expect=2)
