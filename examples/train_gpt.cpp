@@ -353,8 +353,14 @@ int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics
       const std::size_t bytes_before = engine.bytes_communicated();
       engine.reset_peak_memory();
       const auto start = std::chrono::steady_clock::now();
-      const kfsdp::step_result r =
-          std::visit([&](auto& opt) { return trainer.step(std::span<const batch>(batches), opt, s.clip, s.accumulation); }, optimizer);
+      kfsdp::step_result r;
+      try {
+        r = std::visit([&](auto& opt) { return trainer.step(std::span<const batch>(batches), opt, s.clip, s.accumulation); },
+                       optimizer);
+      } catch (const kfsdp::non_finite_loss& diverged) {  // every rank alike; nothing more is saved
+        throw std::runtime_error(fmt::format("train_gpt: step {}/{}: {} (--lr {}, --clip {})", step + 1, s.steps,
+                                             diverged.what(), s.lr, s.clip));
+      }
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (metrics)
         metrics.write_step({.step = step + 1, .loss = r.loss, .grad_norm = r.grad_norm, .lr = s.lr,

@@ -566,6 +566,7 @@ using kfsdp::scratch_if_empty;
 // <kfsdp/train/trainer.hpp>
 export namespace kfsdp {
 using kfsdp::grad_accumulation;
+using kfsdp::non_finite_loss;
 using kfsdp::parse_grad_accumulation;
 using kfsdp::step_result;
 using kfsdp::trainer;

@@ -82,6 +82,13 @@ with tempfile.TemporaryDirectory() as tmp:
     check(meta.get('layers') == '2' and meta.get('dim') == '32' and meta.get('seq') == '16', 'model sizes in __metadata__')
     check('transformer.h.1.mlp.c_proj.bias' in header, 'every block is saved')
 
+    # A diverged run stops at its first non-finite step with an error naming it, exits non-zero and saves nothing.
+    out = run(2, '--steps', '20', '--clip', '0', '--lr', '1e6', '--save', f('diverged.st'), expect=2)
+    stopped = [line for line in out.splitlines() if line.startswith('error: train_gpt: step ')]
+    check(len(stopped) == 1 and 'kfsdp::trainer::step: the loss is ' in stopped[0] and 'expected finite values' in stopped[0]
+          and 'nan |' not in out and not os.path.exists(f('diverged.st')),
+          f'--clip 0 --lr 1e6 diverges: stopped with "{stopped[0] if stopped else out[-500:]}", no checkpoint')
+
     # --trace: valid JSON with the compute regions and the collectives (bucket, bytes).
     run(2, '--steps', '2', '--sharding', 'zero3', '--trace', f('trace'))
     for r in (0, 1):

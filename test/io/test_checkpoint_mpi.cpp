@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -743,4 +744,30 @@ TEST_CASE("bad arguments to the writer raise std::invalid_argument on every rank
   CHECK(!fs::exists(file));
   if (world.rank() == 0)
     for (const auto& entry : fs::directory_iterator(scratch.path)) CHECK(entry.path().string() == "");
+}
+
+TEST_CASE("a model holding NaN or an infinity is not saved: the writer names the tensor, the previous file stays") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  fsdp_engine<float> engine(make_param_table(tiny_gpt{}), world, {});
+  engine.initialize(1, gpt_like_init);
+  const fs::path file = scratch.path / "model.safetensors";
+  io::save_model(file, engine, world);
+  const std::vector<char> good = world.rank() == 0 ? file_bytes(file) : std::vector<char>();
+  // A NaN in the last rank's first row of lm_head.weight (every rank holds rows of it).
+  const std::size_t head = engine.params().size() - 1;
+  REQUIRE(engine.params()[head].name.view() == "lm_head.weight");
+  if (world.rank() == world.size() - 1)
+    Kokkos::deep_copy(Kokkos::subview(engine.shards().flat(), engine.mapping().chunk(head).first),
+                      std::numeric_limits<float>::quiet_NaN());
+  const std::string expected = fmt::format(
+      "tensor 'lm_head.weight' holds nan, expected finite values (a diverged model); '{}' is left as it was", file.string());
+  CHECK_THROWS_WITH_AS(io::save_model(file, engine, world), doctest::Contains(expected.c_str()), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(io::save_checkpoint(file, engine, world, {}), doctest::Contains(expected.c_str()),
+                       std::invalid_argument);
+  const state_dict full = engine.original_state_dict(/*rank0_only=*/true);
+  if (world.rank() == 0)
+    CHECK_THROWS_WITH_AS(io::save_state_dict_file(file, full), doctest::Contains(expected.c_str()), std::invalid_argument);
+  world.barrier();
+  if (world.rank() == 0) CHECK(file_bytes(file) == good);
 }

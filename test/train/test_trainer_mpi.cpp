@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -210,6 +211,32 @@ TEST_CASE("a model without blocks: a unit per layer by default, so ZeRO3 frees i
   }
   CHECK(losses[0] == losses[1]);
   CHECK(peaks[0] < peaks[1]);  // one layer gathered at a time (and the next prefetched), not the whole model
+}
+
+TEST_CASE("a step whose loss is not finite throws non_finite_loss on every rank, the weights left as they were") {
+  kfsdp::comm::mpi world;
+  const auto data = samples();
+  const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
+  auto [x, y] = data.rank_slice<double>(data.micro_batch(/*seed=*/1, 0, global_batch), rank, ws);
+  kfsdp::nn::matrix<double> diverged("diverged", y.extent(0), 1);
+  Kokkos::deep_copy(diverged, world.rank() == 0 ? std::numeric_limits<double>::infinity() : 0.5);  // one rank's rows
+  kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::layer_bucketing> t(surrogate{}, world);
+  t.initialize(42);
+  kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
+  (void)t.step({{x, y}}, adam, 1.0);
+  const kfsdp::state_dict before = t.engine().original_state_dict();
+  CHECK_THROWS_WITH_AS((void)t.step({{x, diverged}}, adam, 1.0),
+                       doctest::Contains("kfsdp::trainer::step: the loss is inf, the gradient norm "),
+                       kfsdp::non_finite_loss);
+  const kfsdp::state_dict after = t.engine().original_state_dict();
+  for (const kfsdp::tensor& p : before) {
+    CAPTURE(p.name);
+    CHECK(after.at(p.name).bytes == p.bytes);
+  }
+  // Asked not to stop, it steps unclipped (clipping refuses a NaN norm itself), and the weights take the NaNs.
+  t.options().stop_on_non_finite = false;
+  CHECK_FALSE(std::isfinite(t.step({{x, diverged}}, adam).loss));
+  CHECK_FALSE(std::isfinite(t.step({{x, y}}, adam).loss));
 }
 
 TEST_CASE("the MLP's gradients, the user's layer's included, match central differences") {
