@@ -274,6 +274,7 @@ using kfsdp::io::load_state_dict_file;
 using kfsdp::io::named_shard;
 using kfsdp::io::numel_key;
 using kfsdp::io::parameters_key;
+using kfsdp::io::read_metadata;
 using kfsdp::io::save_checkpoint;
 using kfsdp::io::save_model;
 using kfsdp::io::save_state_dict_file;

@@ -10,6 +10,21 @@ namespace {
 
 // ------------------------------------------------------------------ the parallel reader
 
+// Rank 0 reads the header; every rank parses the same bytes, so all reach the same verdict.
+inline std::vector<std::byte> header_on_every_rank(std::string_view function, const std::filesystem::path& path,
+                                                   comm::mpi& comm, std::uint64_t& file_size) {
+  std::vector<std::byte> prefix;
+  together(comm, [&] {
+    if (comm.rank() == 0) prefix = read_header_bytes(path, file_size, function);
+  });
+  std::uint64_t sizes[2] = {file_size, prefix.size()};
+  MPI_Bcast(sizes, 2, MPI_UINT64_T, 0, comm.native());
+  file_size = sizes[0];
+  prefix.resize(sizes[1]);
+  MPI_Bcast(prefix.data(), static_cast<int>(prefix.size()), MPI_BYTE, 0, comm.native());
+  return prefix;
+}
+
 // With `lenient`, tensors missing from the file are skipped and named there, with the file's
 // tensors the model lacks, instead of being an error.
 template <class Scalar>
@@ -25,17 +40,8 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
     tensors = sharded_tensors(engine, shards, function);
   });
 
-  // Rank 0 reads the header; every rank parses the same bytes, so all reach the same verdict.
-  std::vector<std::byte> prefix;
   std::uint64_t file_size = 0;
-  together(comm, [&] {
-    if (rank == 0) prefix = read_header_bytes(path, file_size, function);
-  });
-  std::uint64_t sizes[2] = {file_size, prefix.size()};
-  MPI_Bcast(sizes, 2, MPI_UINT64_T, 0, native);
-  file_size = sizes[0];
-  prefix.resize(sizes[1]);
-  MPI_Bcast(prefix.data(), static_cast<int>(prefix.size()), MPI_BYTE, 0, native);
+  std::vector<std::byte> prefix = header_on_every_rank(function, path, comm, file_size);
 
   header_table table;
   std::vector<file_piece> pieces;
@@ -147,6 +153,18 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
 }
 
 }  // namespace
+
+metadata_map read_metadata(const std::filesystem::path& path, comm::mpi& comm) {
+  constexpr std::string_view function = "kfsdp::io::read_metadata";
+  std::uint64_t file_size = 0;
+  const std::vector<std::byte> prefix = header_on_every_rank(function, path, comm, file_size);
+  header_table table;
+  together(comm, [&] {
+    table = parse_header(prefix, file_size, path.string());
+    verify_header_checksum(table, function);
+  });
+  return table.metadata;
+}
 
 template <class Scalar>
 metadata_map load_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,

@@ -82,6 +82,20 @@ with tempfile.TemporaryDirectory() as tmp:
     check(meta.get('layers') == '2' and meta.get('dim') == '32' and meta.get('seq') == '16', 'model sizes in __metadata__')
     check('transformer.h.1.mlp.c_proj.bias' in header, 'every block is saved')
 
+    # The checkpoint records the model's configuration; resuming or loading it into another is refused, naming the field
+    # (--heads changes no shape: the weights alone would load).
+    run(2, '--steps', '1', '--heads', '4', '--save', f('heads4.st'))
+    meta = safetensors(f('heads4.st'))[0]['__metadata__']
+    check(all(meta.get(k) == v for k, v in (('layers', '2'), ('dim', '32'), ('heads', '4'), ('seq', '16'), ('vocab', '256'),
+                                            ('tie_weights', 'off'))), f'the configuration in __metadata__: {meta}')
+    for flags, flag in ((('--steps', '2', '--resume', f('heads4.st')), '--resume'), (('--load', f('heads4.st'), '--eval', '4'), '--load')):
+        out = run(2, *flags, expect=2)
+        message = f"error: train_gpt: checkpoint {f('heads4.st')} ({flag}) was saved with heads = 4, this model has heads = 2"
+        check(message in out, f'{flag} into another --heads: "{message}"')
+    run(2, '--steps', '1', '--tie-weights', 'on', '--save', f('tied.st'))
+    out = run(2, '--steps', '2', '--resume', f('tied.st'), expect=2)
+    check('was saved with tie_weights = on, this model has tie_weights = off' in out, '--resume into another --tie-weights is refused')
+
     # A diverged run stops at its first non-finite step with an error naming it, exits non-zero and saves nothing.
     out = run(2, '--steps', '20', '--clip', '0', '--lr', '1e6', '--save', f('diverged.st'), expect=2)
     stopped = [line for line in out.splitlines() if line.startswith('error: train_gpt: step ')]

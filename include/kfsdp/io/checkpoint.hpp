@@ -115,6 +115,13 @@ template <class Scalar>
 metadata_map load_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
                         comm::mpi& comm);
 
+/// The `__metadata__` of `path` alone, to check a file before loading it (collective over `comm`:
+/// rank 0 reads the header, every rank parses it). Throws format_error on every rank for a header
+/// that does not parse or verify, naming the file.
+///
+///   const auto metadata = kfsdp::io::read_metadata("ckpt.safetensors", world);
+[[nodiscard]] metadata_map read_metadata(const std::filesystem::path& path, comm::mpi& comm);
+
 /// What import_weights did, by tensor name: what it loaded, what the model has and the file lacks
 /// (left as they were, e.g. freshly initialised), what the file has and the model lacks (ignored).
 struct import_report {
