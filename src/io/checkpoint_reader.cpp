@@ -25,6 +25,29 @@ inline std::vector<std::byte> header_on_every_rank(std::string_view function, co
   return prefix;
 }
 
+// The tensors a load refuses (strict): a standard safetensors file (no kfsdp keys) holds weights
+// only, so each tensor of it that the model does not have is one; a kfsdp file's weights are
+// counted by parameters_key instead, and its other tensors are a checkpoint's optimizer state.
+template <class Scalar>
+void refuse_unexpected(std::string_view function, const std::filesystem::path& path, const header_table& table,
+                       std::span<const sharded_tensor<Scalar>> tensors) {
+  if (table.metadata.contains(std::string(parameters_key))) return;
+  std::set<std::string_view> known;
+  for (const sharded_tensor<Scalar>& tensor : tensors) known.insert(tensor.name);
+  std::vector<std::string> unexpected;
+  for (const tensor_info& in_file : table.tensors)
+    if (!known.contains(in_file.name)) unexpected.push_back(fmt::format("'{}'", in_file.name));
+  if (unexpected.empty()) return;
+  constexpr std::size_t named = 8;  // enough to see which layers; the count says the rest
+  const std::size_t shown = std::min(unexpected.size(), named);
+  throw format_error(fmt::format(
+      "{}: file {}: holds {} tensor{} that the model does not have: {}{}; expected the model's tensors only "
+      "(kfsdp::io::import_weights loads those it has and reports the others)",
+      function, quoted(path), unexpected.size(), unexpected.size() == 1 ? "" : "s",
+      fmt::join(unexpected.begin(), unexpected.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+      unexpected.size() > shown ? fmt::format(" and {} more", unexpected.size() - shown) : std::string()));
+}
+
 // With `lenient`, tensors missing from the file are skipped and named there, with the file's
 // tensors the model lacks, instead of being an error.
 template <class Scalar>
@@ -90,6 +113,7 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
         if (!known.contains(in_file.name)) lenient->unexpected.push_back(in_file.name);
       for (const sharded_tensor<Scalar>& tensor : present) lenient->loaded.push_back(tensor.name);
     }
+    if (lenient == nullptr) refuse_unexpected<Scalar>(function, path, table, tensors);
     tensors = std::move(present);
     const auto count = table.metadata.find(parameters_key);
     if (lenient == nullptr && count != table.metadata.end() &&

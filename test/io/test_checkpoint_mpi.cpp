@@ -252,6 +252,35 @@ TEST_CASE("a standard safetensors file (no kfsdp checksums) loads after the layo
   CHECK_THROWS_AS((void)io::load_model(file, other, world), format_error);
 }
 
+TEST_CASE("a load is strict: a standard file's tensors that the model lacks are refused, naming them") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  const fs::path file = scratch.path / "three_blocks.safetensors";
+  fsdp_engine<double> source(make_param_table(gpt<3, 8, 5>{}), world, {});
+  source.initialize(3, all_normal);
+  const state_dict full = source.original_state_dict();
+  if (world.rank() == 0) write_standard_safetensors(file, full);
+  world.barrier();
+
+  fsdp_engine<double> shallower(make_param_table(gpt<2, 8, 5>{}), world, {});
+  shallower.initialize(5, all_normal);
+  const state_dict before = shallower.original_state_dict();
+  const std::string error = load_error(file, shallower, world);
+  CAPTURE(error);
+  CHECK(error.starts_with(fmt::format("format_error: kfsdp::io::load_model: file '{}': holds 12 tensors that the model "
+                                      "does not have: 'transformer.h.2.",
+                                      file.string())));
+  CHECK(error.ends_with(" and 4 more; expected the model's tensors only (kfsdp::io::import_weights loads those it has "
+                        "and reports the others)"));
+  CHECK(same_on_every_rank(world, error));
+  CHECK(same_tensors(shallower.original_state_dict(), before));
+  // The lenient load is the explicit one: it loads what matches and names the rest.
+  const io::import_report report = io::import_weights(file, shallower, world);
+  CHECK(report.missing.empty());
+  REQUIRE(report.unexpected.size() == 12);
+  for (const std::string& name : report.unexpected) CHECK(name.starts_with("transformer.h.2."));
+}
+
 TEST_CASE("import_weights loads by name for fine-tuning and names what is missing and unexpected") {
   comm::mpi world;
   scratch_directory scratch(world);

@@ -104,9 +104,12 @@ void save_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& eng
                      comm::mpi& comm, const checkpoint_state<Scalar>& state);
 
 /// Loads the weights of `path` into the engine's shards: each rank reads only its rows, at any
-/// world size; padding rows are set to zero; checksums are verified. Tensors of the file that the
-/// model does not have (optimizer state) are ignored. Returns the file's `__metadata__`.
-/// Throws format_error on every rank for a malformed file, a missing tensor, a dtype or shape that
+/// world size; padding rows are set to zero; checksums are verified. Strict, as PyTorch's
+/// load_state_dict(strict=True): the file's weights must be the model's (a kfsdp file's count of
+/// them, every tensor of a standard safetensors file); a checkpoint's optimizer state beside them
+/// is ignored. Returns the file's `__metadata__`.
+/// Throws format_error on every rank for a malformed file, a missing tensor, a tensor the model
+/// does not have (import_weights is the lenient load that reports them), a dtype or shape that
 /// is not the model's, or a checksum mismatch (the message names the file and the tensor); the
 /// shards are then unchanged.
 ///
