@@ -86,8 +86,9 @@ with tempfile.TemporaryDirectory() as tmp:
     # (--heads changes no shape: the weights alone would load).
     run(2, '--steps', '1', '--heads', '4', '--save', f('heads4.st'))
     meta = safetensors(f('heads4.st'))[0]['__metadata__']
-    check(all(meta.get(k) == v for k, v in (('layers', '2'), ('dim', '32'), ('heads', '4'), ('seq', '16'), ('vocab', '256'),
-                                            ('tie_weights', 'off'))), f'the configuration in __metadata__: {meta}')
+    config = {k: meta.get(k) for k in ('layers', 'dim', 'heads', 'seq', 'vocab', 'tie_weights')}
+    check(config == {'layers': '2', 'dim': '32', 'heads': '4', 'seq': '16', 'vocab': '256', 'tie_weights': 'off'},
+          f'the configuration in __metadata__: {config}')
     for flags, flag in ((('--steps', '2', '--resume', f('heads4.st')), '--resume'), (('--load', f('heads4.st'), '--eval', '4'), '--load')):
         out = run(2, *flags, expect=2)
         message = f"error: train_gpt: checkpoint {f('heads4.st')} ({flag}) was saved with heads = 4, this model has heads = 2"
