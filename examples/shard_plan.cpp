@@ -27,7 +27,7 @@ int main(int argc, char** argv) try {
       .flag("dim", "128", "embedding width")
       .flag("seq", "64", "context length (rows of wpe)")
       .flag("dtype", "f32", "f32 | f64 (bytes per element)")
-      .flag("wrap", "blocks", "blocks (each block a unit) | layers (each layer a unit)")
+      .flag("wrap", "auto", "auto (blocks; layers for a model without blocks) | blocks (each block a unit) | layers (each layer a unit)")
       .flag("tie-weights", "off", "on: lm_head.weight is transformer.wte.weight | off");
   if (!cli.parse(argc, argv)) return 0;
 

@@ -17,7 +17,9 @@
 #include <optional>
 #include <type_traits>
 #include <string>
+#include <utility>
 #include <variant>
+#include <vector>
 
 #include <Kokkos_Core.hpp>
 #include <fmt/format.h>
@@ -206,6 +208,34 @@ kfsdp::memory_need check_fits(const settings& s, kfsdp::comm::mpi& world) {
   return need;
 }
 
+// The model's configuration as a checkpoint's metadata records it: a file holds weights for one
+// configuration only (heads, say, change no shape, but every attention's meaning).
+std::vector<std::pair<std::string, std::string>> model_config(const kfsdp::gpt_config& model) {
+  return {{"layers", std::to_string(model.layers)}, {"dim", std::to_string(model.dim)},
+          {"heads", std::to_string(model.heads)},   {"seq", std::to_string(model.seq)},
+          {"vocab", std::to_string(model.vocab)},   {"tie_weights", model.tie_weights ? "on" : "off"}};
+}
+
+// Refuses a file saved for another configuration, naming the field, before its weights are read.
+// A file that records no configuration (a plain safetensors file) passes unless it is `required`.
+void check_model_config(const std::string& flag, const std::string& path, const settings& s, kfsdp::comm::mpi& world,
+                        bool required) {
+  const kfsdp::io::metadata_map metadata = kfsdp::io::read_metadata(path, world);
+  for (const auto& [field, value] : model_config(s.model)) {
+    auto saved = metadata.find(field);
+    std::string found = saved != metadata.end() ? saved->second : std::string();
+    if (field == "tie_weights" && saved == metadata.end() && metadata.contains("layers"))  // saved before the key
+      found = metadata.contains("tied") ? "on" : "off";
+    if (found.empty() && !required) continue;
+    if (found.empty())
+      throw std::invalid_argument(fmt::format("train_gpt: {} {}: no '{}' in its metadata (not written by train_gpt --save)",
+                                              flag, path, field));
+    if (found != value)
+      throw std::invalid_argument(fmt::format("train_gpt: checkpoint {} ({}) was saved with {} = {}, this model has {} = {}",
+                                              path, flag, field, found, field, value));
+  }
+}
+
 template <class Scalar>
 int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics_file& metrics) {
   settings s = given;
@@ -217,6 +247,8 @@ int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics
   const bool root = world.rank() == 0;
   const auto data = kfsdp::io::text_windows::from_file(s.data, s.model.seq);
   const auto model = kfsdp::make_gpt(s.model);
+  if (!s.resume.empty()) check_model_config("--resume", s.resume, s, world, /*required=*/true);
+  if (!s.load.empty()) check_model_config("--load", s.load, s, world, /*required=*/false);
   const std::size_t ws = std::size_t(world.size());
 
   // HSDP: shard groups of consecutive ranks, or the ranks of each node; across them, the ranks
@@ -295,15 +327,11 @@ int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics
     };
     auto save = [&](std::size_t steps_done) {
       kfsdp::io::checkpoint_state<Scalar> state{.metadata = {{"format", "pt"},
-                                                             {"layers", std::to_string(s.model.layers)},
-                                                             {"dim", std::to_string(s.model.dim)},
-                                                             {"heads", std::to_string(s.model.heads)},
-                                                             {"seq", std::to_string(s.model.seq)},
-                                                             {"vocab", std::to_string(s.model.vocab)},
                                                              {"step", std::to_string(steps_done)},
                                                              {"optimizer", s.optimizer},
                                                              {"seed", std::to_string(s.seed)}},
                                                 .shards = optimizer_state()};
+      for (const auto& [field, value] : model_config(s.model)) state.metadata[field] = value;  // checked on --resume, --load
       // A tied parameter is stored once, under its owner's name; the metadata says which.
       if (s.model.tie_weights) state.metadata["tied"] = "lm_head.weight=transformer.wte.weight";
       // Under HSDP the first shard group writes the (flat) file; every group resumes from it.
@@ -353,8 +381,14 @@ int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics
       const std::size_t bytes_before = engine.bytes_communicated();
       engine.reset_peak_memory();
       const auto start = std::chrono::steady_clock::now();
-      const kfsdp::step_result r =
-          std::visit([&](auto& opt) { return trainer.step(std::span<const batch>(batches), opt, s.clip, s.accumulation); }, optimizer);
+      kfsdp::step_result r;
+      try {
+        r = std::visit([&](auto& opt) { return trainer.step(std::span<const batch>(batches), opt, s.clip, s.accumulation); },
+                       optimizer);
+      } catch (const kfsdp::non_finite_loss& diverged) {  // every rank alike; nothing more is saved
+        throw std::runtime_error(fmt::format("train_gpt: step {}/{}: {} (--lr {}, --clip {})", step + 1, s.steps,
+                                             diverged.what(), s.lr, s.clip));
+      }
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (metrics)
         metrics.write_step({.step = step + 1, .loss = r.loss, .grad_norm = r.grad_norm, .lr = s.lr,

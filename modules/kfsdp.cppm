@@ -244,6 +244,7 @@ using kfsdp::trace_recorder;
 }
 // <kfsdp/fsdp/units.hpp>
 export namespace kfsdp {
+using kfsdp::applied_policy;
 using kfsdp::fsdp_unit;
 using kfsdp::make_units;
 using kfsdp::parse_wrap_policy;
@@ -273,6 +274,7 @@ using kfsdp::io::load_state_dict_file;
 using kfsdp::io::named_shard;
 using kfsdp::io::numel_key;
 using kfsdp::io::parameters_key;
+using kfsdp::io::read_metadata;
 using kfsdp::io::save_checkpoint;
 using kfsdp::io::save_model;
 using kfsdp::io::save_state_dict_file;
@@ -565,6 +567,7 @@ using kfsdp::scratch_if_empty;
 // <kfsdp/train/trainer.hpp>
 export namespace kfsdp {
 using kfsdp::grad_accumulation;
+using kfsdp::non_finite_loss;
 using kfsdp::parse_grad_accumulation;
 using kfsdp::step_result;
 using kfsdp::trainer;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -24,6 +25,17 @@
 
 
 namespace kfsdp::io::checkpoint_detail {
+
+// Refuses a tensor holding NaN or an infinity: a diverged model is not saved over a good file.
+template <class Scalar>
+void check_finite(std::span<const Scalar> values, std::string_view tensor, std::string_view function,
+                  const std::filesystem::path& path) {
+  const auto bad = std::find_if(values.begin(), values.end(), [](Scalar x) { return !std::isfinite(x); });
+  if (bad != values.end())
+    throw std::invalid_argument(fmt::format("{}: tensor '{}' holds {}, expected finite values (a diverged model); "
+                                            "'{}' is left as it was",
+                                            function, tensor, *bad, path.string()));
+}
 
 
 inline std::function<bool(const std::filesystem::path&)>& stop_after_header_hook() {

@@ -10,6 +10,44 @@ namespace {
 
 // ------------------------------------------------------------------ the parallel reader
 
+// Rank 0 reads the header; every rank parses the same bytes, so all reach the same verdict.
+inline std::vector<std::byte> header_on_every_rank(std::string_view function, const std::filesystem::path& path,
+                                                   comm::mpi& comm, std::uint64_t& file_size) {
+  std::vector<std::byte> prefix;
+  together(comm, [&] {
+    if (comm.rank() == 0) prefix = read_header_bytes(path, file_size, function);
+  });
+  std::uint64_t sizes[2] = {file_size, prefix.size()};
+  MPI_Bcast(sizes, 2, MPI_UINT64_T, 0, comm.native());
+  file_size = sizes[0];
+  prefix.resize(sizes[1]);
+  MPI_Bcast(prefix.data(), static_cast<int>(prefix.size()), MPI_BYTE, 0, comm.native());
+  return prefix;
+}
+
+// The tensors a load refuses (strict): a standard safetensors file (no kfsdp keys) holds weights
+// only, so each tensor of it that the model does not have is one; a kfsdp file's weights are
+// counted by parameters_key instead, and its other tensors are a checkpoint's optimizer state.
+template <class Scalar>
+void refuse_unexpected(std::string_view function, const std::filesystem::path& path, const header_table& table,
+                       std::span<const sharded_tensor<Scalar>> tensors) {
+  if (table.metadata.contains(std::string(parameters_key))) return;
+  std::set<std::string_view> known;
+  for (const sharded_tensor<Scalar>& tensor : tensors) known.insert(tensor.name);
+  std::vector<std::string> unexpected;
+  for (const tensor_info& in_file : table.tensors)
+    if (!known.contains(in_file.name)) unexpected.push_back(fmt::format("'{}'", in_file.name));
+  if (unexpected.empty()) return;
+  constexpr std::size_t named = 8;  // enough to see which layers; the count says the rest
+  const std::size_t shown = std::min(unexpected.size(), named);
+  throw format_error(fmt::format(
+      "{}: file {}: holds {} tensor{} that the model does not have: {}{}; expected the model's tensors only "
+      "(kfsdp::io::import_weights loads those it has and reports the others)",
+      function, quoted(path), unexpected.size(), unexpected.size() == 1 ? "" : "s",
+      fmt::join(unexpected.begin(), unexpected.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+      unexpected.size() > shown ? fmt::format(" and {} more", unexpected.size() - shown) : std::string()));
+}
+
 // With `lenient`, tensors missing from the file are skipped and named there, with the file's
 // tensors the model lacks, instead of being an error.
 template <class Scalar>
@@ -25,17 +63,8 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
     tensors = sharded_tensors(engine, shards, function);
   });
 
-  // Rank 0 reads the header; every rank parses the same bytes, so all reach the same verdict.
-  std::vector<std::byte> prefix;
   std::uint64_t file_size = 0;
-  together(comm, [&] {
-    if (rank == 0) prefix = read_header_bytes(path, file_size, function);
-  });
-  std::uint64_t sizes[2] = {file_size, prefix.size()};
-  MPI_Bcast(sizes, 2, MPI_UINT64_T, 0, native);
-  file_size = sizes[0];
-  prefix.resize(sizes[1]);
-  MPI_Bcast(prefix.data(), static_cast<int>(prefix.size()), MPI_BYTE, 0, native);
+  std::vector<std::byte> prefix = header_on_every_rank(function, path, comm, file_size);
 
   header_table table;
   std::vector<file_piece> pieces;
@@ -84,6 +113,7 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
         if (!known.contains(in_file.name)) lenient->unexpected.push_back(in_file.name);
       for (const sharded_tensor<Scalar>& tensor : present) lenient->loaded.push_back(tensor.name);
     }
+    if (lenient == nullptr) refuse_unexpected<Scalar>(function, path, table, tensors);
     tensors = std::move(present);
     const auto count = table.metadata.find(parameters_key);
     if (lenient == nullptr && count != table.metadata.end() &&
@@ -147,6 +177,18 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
 }
 
 }  // namespace
+
+metadata_map read_metadata(const std::filesystem::path& path, comm::mpi& comm) {
+  constexpr std::string_view function = "kfsdp::io::read_metadata";
+  std::uint64_t file_size = 0;
+  const std::vector<std::byte> prefix = header_on_every_rank(function, path, comm, file_size);
+  header_table table;
+  together(comm, [&] {
+    table = parse_header(prefix, file_size, path.string());
+    verify_header_checksum(table, function);
+  });
+  return table.metadata;
+}
 
 template <class Scalar>
 metadata_map load_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,

@@ -38,6 +38,8 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
         copied = tensor.flat;
       }
       const std::size_t first = engine.mapping().chunk(tensor.param).first;
+      check_finite(std::span<const Scalar>(host.data() + first, tensor.local_bytes / sizeof(Scalar)), tensor.name,
+                   function, requested);
       std::memcpy(staging.data() + tensor.staging_offset, host.data() + first, tensor.local_bytes);
       local_checksums.push_back(
           checksum_of(std::span(staging).subspan(tensor.staging_offset, tensor.local_bytes)));
@@ -180,6 +182,8 @@ void save_state_dict_file(const std::filesystem::path& requested, const state_di
       throw std::invalid_argument(fmt::format("{}: tensor '{}' of shape {} holds {} bytes, expected {}",
                                               function, t.name, shape_string(t.shape), t.bytes.size(),
                                               t.numel() * dtype_size(t.type)));
+    if (t.type == dtype::F32) check_finite(t.values<float>(), t.name, function, requested);
+    if (t.type == dtype::F64) check_finite(t.values<double>(), t.name, function, requested);
     entries.push_back({t.name, t.type, {t.shape.begin(), t.shape.end()}});
     checksums.push_back(checksum_of(t.bytes));
     numel += t.numel();

@@ -711,6 +711,28 @@ TEST_CASE("mpi: a collective that another rank does not call throws mpi::timeout
   CHECK(value == world.size());
 }
 
+TEST_CASE("mpi: a rank that skips a collective: the others' call throws mpi::timeout naming it") {
+  comm::mpi world;
+  if (world.size() == 1) return;  // nothing to skip
+  static double sum[1] = {1.0};  // outlives rank 0's abandoned call, which completes in the background
+  {
+    comm::mpi timed(MPI_COMM_WORLD, {.check_collectives = false, .timeout = std::chrono::seconds(1)});
+    if (world.rank() == 0) {
+      CHECK_THROWS_WITH_AS(comm::all_reduce_sum(timed, std::span<double>(sum)),
+          doctest::Contains("kfsdp::comm::mpi::iall_reduce_sum: not complete after 1 s "
+                            "(mpi_options::timeout) on rank 0 of"),
+          comm::mpi::timeout);
+      world.barrier();
+      world.barrier();
+    } else {
+      world.barrier();  // the skipped call, made late so that the test leaves nothing pending
+      comm::all_reduce_sum(timed, std::span<double>(sum));
+      CHECK(sum[0] == double(world.size()));
+      world.barrier();
+    }
+  }
+}
+
 TEST_CASE("mpi: split into groups of two; collectives and agreement stay inside each group") {
   comm::mpi world;
   const int color = world.rank() / 2;  // at 4 ranks: {0, 1} and {2, 3}
@@ -784,6 +806,10 @@ TEST_CASE("mpi: split_shared gives the ranks of this node") {
 }
 
 TEST_CASE("mpi_options: the defaults come from KFSDP_CHECK_COLLECTIVES and KFSDP_COLLECTIVE_TIMEOUT") {
+  ::unsetenv("KFSDP_COLLECTIVE_TIMEOUT");
+  CHECK(comm::mpi_options{}.timeout.count() == 600.0);  // on unless asked otherwise, as PyTorch's 10 minutes
+  ::setenv("KFSDP_COLLECTIVE_TIMEOUT", "0", 1);
+  CHECK(comm::mpi_options{}.timeout.count() == 0.0);  // 0: none
   ::setenv("KFSDP_CHECK_COLLECTIVES", "1", 1);
   ::setenv("KFSDP_COLLECTIVE_TIMEOUT", "2.5", 1);
   const comm::mpi_options from_environment;

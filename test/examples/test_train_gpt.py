@@ -8,9 +8,9 @@ small = ['--data', data, '--layers', '2', '--dim', '32', '--heads', '2', '--seq'
          '--dtype', 'f64', '--sample', '0']
 failures = []
 
-def run(ranks, *flags, expect=0):
+def run(ranks, *flags, expect=0, env=None):
     cmd = mpirun + ['-np', str(ranks), train_gpt] + small + list(flags)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=None if env is None else {**os.environ, **env})
     if p.returncode != expect:
         sys.exit(f'{" ".join(cmd)} exited {p.returncode}, expected {expect}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}')
     return p.stdout + p.stderr
@@ -82,6 +82,28 @@ with tempfile.TemporaryDirectory() as tmp:
     check(meta.get('layers') == '2' and meta.get('dim') == '32' and meta.get('seq') == '16', 'model sizes in __metadata__')
     check('transformer.h.1.mlp.c_proj.bias' in header, 'every block is saved')
 
+    # The checkpoint records the model's configuration; resuming or loading it into another is refused, naming the field
+    # (--heads changes no shape: the weights alone would load).
+    run(2, '--steps', '1', '--heads', '4', '--save', f('heads4.st'))
+    meta = safetensors(f('heads4.st'))[0]['__metadata__']
+    config = {k: meta.get(k) for k in ('layers', 'dim', 'heads', 'seq', 'vocab', 'tie_weights')}
+    check(config == {'layers': '2', 'dim': '32', 'heads': '4', 'seq': '16', 'vocab': '256', 'tie_weights': 'off'},
+          f'the configuration in __metadata__: {config}')
+    for flags, flag in ((('--steps', '2', '--resume', f('heads4.st')), '--resume'), (('--load', f('heads4.st'), '--eval', '4'), '--load')):
+        out = run(2, *flags, expect=2)
+        message = f"error: train_gpt: checkpoint {f('heads4.st')} ({flag}) was saved with heads = 4, this model has heads = 2"
+        check(message in out, f'{flag} into another --heads: "{message}"')
+    run(2, '--steps', '1', '--tie-weights', 'on', '--save', f('tied.st'))
+    out = run(2, '--steps', '2', '--resume', f('tied.st'), expect=2)
+    check('was saved with tie_weights = on, this model has tie_weights = off' in out, '--resume into another --tie-weights is refused')
+
+    # A diverged run stops at its first non-finite step with an error naming it, exits non-zero and saves nothing.
+    out = run(2, '--steps', '20', '--clip', '0', '--lr', '1e6', '--save', f('diverged.st'), expect=2)
+    stopped = [line for line in out.splitlines() if line.startswith('error: train_gpt: step ')]
+    check(len(stopped) == 1 and 'kfsdp::trainer::step: the loss is ' in stopped[0] and 'expected finite values' in stopped[0]
+          and 'nan |' not in out and not os.path.exists(f('diverged.st')),
+          f'--clip 0 --lr 1e6 diverges: stopped with "{stopped[0] if stopped else out[-500:]}", no checkpoint')
+
     # --trace: valid JSON with the compute regions and the collectives (bucket, bytes).
     run(2, '--steps', '2', '--sharding', 'zero3', '--trace', f('trace'))
     for r in (0, 1):
@@ -139,6 +161,13 @@ with tempfile.TemporaryDirectory() as tmp:
                            (['--metrics', tmp], f"--metrics '{tmp}' cannot be opened for writing: Is a directory")):
         out = run(2, *flags, expect=2)
         check(message in out, f'{" ".join(flags)}: "{message}"')
+    # A bad KFSDP_* variable is a bad input too: every rank stops with exit 2 and names it (was an abort, rc 134).
+    for variable, value, message in (('KFSDP_COLLECTIVE_TIMEOUT', 'abc',
+                                      "error: KFSDP_COLLECTIVE_TIMEOUT is 'abc', expected a number of seconds >= 0 (0: no timeout)"),
+                                     ('KFSDP_CHECK_COLLECTIVES', 'yes',
+                                      "error: KFSDP_CHECK_COLLECTIVES is 'yes', expected 1, on, 0 or off")):
+        out = run(2, '--steps', '1', expect=2, env={variable: value})
+        check(message in out and out.count('error:') == 1, f'{variable}={value}: "{message}", once')
     # A model that cannot fit stops before allocating, with its figures and the flags that set them.
     for flags in (['--dim', '1000000', '--heads', '1'], ['--layers', '1000000000000000000'], ['--batch', '100000000']):
         out = run(2, *flags, expect=2)

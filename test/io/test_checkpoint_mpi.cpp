@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -249,6 +250,35 @@ TEST_CASE("a standard safetensors file (no kfsdp checksums) loads after the layo
   // Its layout is still checked: a model it does not fit is refused, naming the tensor.
   fsdp_engine<double> other(make_param_table(thunder_padding{}), world, {});
   CHECK_THROWS_AS((void)io::load_model(file, other, world), format_error);
+}
+
+TEST_CASE("a load is strict: a standard file's tensors that the model lacks are refused, naming them") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  const fs::path file = scratch.path / "three_blocks.safetensors";
+  fsdp_engine<double> source(make_param_table(gpt<3, 8, 5>{}), world, {});
+  source.initialize(3, all_normal);
+  const state_dict full = source.original_state_dict();
+  if (world.rank() == 0) write_standard_safetensors(file, full);
+  world.barrier();
+
+  fsdp_engine<double> shallower(make_param_table(gpt<2, 8, 5>{}), world, {});
+  shallower.initialize(5, all_normal);
+  const state_dict before = shallower.original_state_dict();
+  const std::string error = load_error(file, shallower, world);
+  CAPTURE(error);
+  CHECK(error.starts_with(fmt::format("format_error: kfsdp::io::load_model: file '{}': holds 12 tensors that the model "
+                                      "does not have: 'transformer.h.2.",
+                                      file.string())));
+  CHECK(error.ends_with(" and 4 more; expected the model's tensors only (kfsdp::io::import_weights loads those it has "
+                        "and reports the others)"));
+  CHECK(same_on_every_rank(world, error));
+  CHECK(same_tensors(shallower.original_state_dict(), before));
+  // The lenient load is the explicit one: it loads what matches and names the rest.
+  const io::import_report report = io::import_weights(file, shallower, world);
+  CHECK(report.missing.empty());
+  REQUIRE(report.unexpected.size() == 12);
+  for (const std::string& name : report.unexpected) CHECK(name.starts_with("transformer.h.2."));
 }
 
 TEST_CASE("import_weights loads by name for fine-tuning and names what is missing and unexpected") {
@@ -743,4 +773,30 @@ TEST_CASE("bad arguments to the writer raise std::invalid_argument on every rank
   CHECK(!fs::exists(file));
   if (world.rank() == 0)
     for (const auto& entry : fs::directory_iterator(scratch.path)) CHECK(entry.path().string() == "");
+}
+
+TEST_CASE("a model holding NaN or an infinity is not saved: the writer names the tensor, the previous file stays") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  fsdp_engine<float> engine(make_param_table(tiny_gpt{}), world, {});
+  engine.initialize(1, gpt_like_init);
+  const fs::path file = scratch.path / "model.safetensors";
+  io::save_model(file, engine, world);
+  const std::vector<char> good = world.rank() == 0 ? file_bytes(file) : std::vector<char>();
+  // A NaN in the last rank's first row of lm_head.weight (every rank holds rows of it).
+  const std::size_t head = engine.params().size() - 1;
+  REQUIRE(engine.params()[head].name.view() == "lm_head.weight");
+  if (world.rank() == world.size() - 1)
+    Kokkos::deep_copy(Kokkos::subview(engine.shards().flat(), engine.mapping().chunk(head).first),
+                      std::numeric_limits<float>::quiet_NaN());
+  const std::string expected = fmt::format(
+      "tensor 'lm_head.weight' holds nan, expected finite values (a diverged model); '{}' is left as it was", file.string());
+  CHECK_THROWS_WITH_AS(io::save_model(file, engine, world), doctest::Contains(expected.c_str()), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(io::save_checkpoint(file, engine, world, {}), doctest::Contains(expected.c_str()),
+                       std::invalid_argument);
+  const state_dict full = engine.original_state_dict(/*rank0_only=*/true);
+  if (world.rank() == 0)
+    CHECK_THROWS_WITH_AS(io::save_state_dict_file(file, full), doctest::Contains(expected.c_str()), std::invalid_argument);
+  world.barrier();
+  if (world.rank() == 0) CHECK(file_bytes(file) == good);
 }

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -178,6 +179,64 @@ TEST_CASE("the units come from the tree; a hook out of order names the unit and 
   CHECK_THROWS_WITH_AS((kfsdp::fsdp<two_layer_block, double, kfsdp::block_bucketing>(two_layer_block{}, world,
                                                                              {.wrap = {.policy = kfsdp::wrap_policy::layers}})),
                        doctest::Contains("choose a bucketing whose buckets lie in one unit"), std::invalid_argument);
+}
+
+TEST_CASE("a model without blocks: a unit per layer by default, so ZeRO3 frees its parameters; it trains the same") {
+  using plain_mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 6, width>, kfsdp::gelu<>, kfsdp::linear<"fc2", width, width>,
+                                      kfsdp::gelu<>, kfsdp::linear<"fc3", width, 1>, kfsdp::mse<>>;
+  kfsdp::comm::mpi world;
+  kfsdp::trainer<plain_mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> by_default(plain_mlp{}, world);
+  kfsdp::trainer<plain_mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> in_root(
+      plain_mlp{}, world, {.wrap = {.policy = kfsdp::wrap_policy::blocks}});
+  REQUIRE(by_default.units().size() == 4);
+  CHECK(by_default.units()[0].params.empty());
+  CHECK(by_default.units()[1].name == "fc1");
+  CHECK(by_default.units()[2].name == "fc2");
+  CHECK(by_default.units()[3].name == "fc3");
+  CHECK(in_root.units().size() == 1);  // blocks, asked for: everything in the root, as before
+  const auto data = samples();
+  const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
+  std::vector<double> losses[2];
+  std::size_t peaks[2] = {0, 0};
+  for (int which = 0; which < 2; ++which) {
+    auto& t = which == 0 ? by_default : in_root;
+    t.initialize(5);
+    kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
+    for (std::size_t step = 0; step < 3; ++step) {
+      auto [x, y] = data.rank_slice<double>(data.micro_batch(/*seed=*/3, step, global_batch), rank, ws);
+      t.engine().reset_peak_memory();
+      losses[which].push_back(t.step({{x, y}}, adam).loss);
+      peaks[which] = std::max(peaks[which], t.engine().memory().unsharded_peak);
+    }
+  }
+  CHECK(losses[0] == losses[1]);
+  CHECK(peaks[0] < peaks[1]);  // one layer gathered at a time (and the next prefetched), not the whole model
+}
+
+TEST_CASE("a step whose loss is not finite throws non_finite_loss on every rank, the weights left as they were") {
+  kfsdp::comm::mpi world;
+  const auto data = samples();
+  const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
+  auto [x, y] = data.rank_slice<double>(data.micro_batch(/*seed=*/1, 0, global_batch), rank, ws);
+  kfsdp::nn::matrix<double> diverged("diverged", y.extent(0), 1);
+  Kokkos::deep_copy(diverged, world.rank() == 0 ? std::numeric_limits<double>::infinity() : 0.5);  // one rank's rows
+  kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::layer_bucketing> t(surrogate{}, world);
+  t.initialize(42);
+  kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
+  (void)t.step({{x, y}}, adam, 1.0);
+  const kfsdp::state_dict before = t.engine().original_state_dict();
+  CHECK_THROWS_WITH_AS((void)t.step({{x, diverged}}, adam, 1.0),
+                       doctest::Contains("kfsdp::trainer::step: the loss is inf, the gradient norm "),
+                       kfsdp::non_finite_loss);
+  const kfsdp::state_dict after = t.engine().original_state_dict();
+  for (const kfsdp::tensor& p : before) {
+    CAPTURE(p.name);
+    CHECK(after.at(p.name).bytes == p.bytes);
+  }
+  // Asked not to stop, it steps unclipped (clipping refuses a NaN norm itself), and the weights take the NaNs.
+  t.options().stop_on_non_finite = false;
+  CHECK_FALSE(std::isfinite(t.step({{x, diverged}}, adam).loss));
+  CHECK_FALSE(std::isfinite(t.step({{x, y}}, adam).loss));
 }
 
 TEST_CASE("the MLP's gradients, the user's layer's included, match central differences") {

@@ -7,7 +7,7 @@
 // of your own there). Errors come back as exceptions (MPI_ERRORS_RETURN is set on the
 // duplicate), never as an abort. Two guards against a user's mismatched collectives
 // (mpi_options): the ranks compare each call before making it, and a call that waits longer than
-// a timeout throws. run_or_abort ends a job in which one rank failed.
+// a timeout (10 minutes unless set) throws. run_or_abort ends a job in which one rank failed.
 //
 //   int main(int argc, char** argv) {
 //     kfsdp::comm::mpi::environment mpi_up(argc, argv);    // MPI_Init_thread(FUNNELED), finalize
@@ -189,9 +189,12 @@ inline bool default_check_collectives() {
   throw std::invalid_argument(fmt::format(
       "KFSDP_CHECK_COLLECTIVES is '{}', expected 1, on, 0 or off", text));
 }
+// 10 minutes, as PyTorch's process groups: a rank that skips a collective ends the job with an
+// error naming the call instead of a hang, and no healthy collective waits that long.
+inline constexpr std::chrono::duration<double> collective_timeout_default{600.0};
 inline std::chrono::duration<double> default_collective_timeout() {
   const char* value = std::getenv("KFSDP_COLLECTIVE_TIMEOUT");
-  if (value == nullptr || *value == '\0') return std::chrono::duration<double>(0);
+  if (value == nullptr || *value == '\0') return collective_timeout_default;
   char* end = nullptr;
   const double seconds = std::strtod(value, &end);
   if (end == value || *end != '\0' || !(seconds >= 0) || seconds > 1e9) {
@@ -216,7 +219,7 @@ inline bool mpi_reads_device_memory() {
 
 // How an mpi communicator guards against collectives that the ranks do not call alike.
 //
-//   kfsdp::comm::mpi world(MPI_COMM_WORLD, {.check_collectives = true, .timeout = std::chrono::minutes(10)});
+//   kfsdp::comm::mpi world(MPI_COMM_WORLD, {.check_collectives = true, .timeout = std::chrono::minutes(2)});
 struct mpi_options {
   // Before each collective the ranks all-gather what they are about to call (kind, element size,
   // count, root) and, where they differ, throw collective_mismatch on every rank naming each
@@ -225,7 +228,8 @@ struct mpi_options {
   bool check_collectives = detail::default_check_collectives();
   // A collective that has not completed after this long throws mpi::timeout naming the call (as
   // NCCL's watchdog does), e.g. when another rank never calls it; the communicator must not be
-  // used afterwards. Zero waits forever; KFSDP_COLLECTIVE_TIMEOUT=<seconds> sets the default.
+  // used afterwards. 600 s by default; KFSDP_COLLECTIVE_TIMEOUT=<seconds> sets the default; zero
+  // waits forever.
   std::chrono::duration<double> timeout = detail::default_collective_timeout();
   // How MPI reaches buffers that the host cannot touch (span_in<T, Kokkos::CudaSpace>):
   //   automatic  the device pointers themselves when MPI says it reads device memory

@@ -2,12 +2,14 @@
 // FSDP units: the groups of parameters that are gathered, used and freed together (FSDP2's
 // fully_shard modules), derived from the descriptor tree by a wrap policy.
 //
-//   wrap_policy::blocks (default): each block, and each copy of a repeat, is one unit (or
-//     blocks_per_unit consecutive ones); every parameter outside them is the root unit 0,
-//     gathered first and kept until the end of backward.
+//   wrap_policy::automatic (default): blocks for a model with blocks (or repeats), layers for one
+//     without, so that ZeRO3 frees the parameters of any model between their uses.
+//   wrap_policy::blocks: each block, and each copy of a repeat, is one unit (or blocks_per_unit
+//     consecutive ones); every parameter outside them is the root unit 0, gathered first and kept
+//     until the end of backward.
 //   wrap_policy::layers: every leaf layer with parameters is a unit; the root unit is empty.
 //
-// For the example GPT with 2 blocks, wrap_policy::blocks:
+// For the example GPT with 2 blocks, wrap_policy::blocks (and automatic):
 //   unit 0 "root"            transformer.wte, transformer.wpe, transformer.ln_f, lm_head
 //   unit 1 "transformer.h.0" its 12 parameters
 //   unit 2 "transformer.h.1" its 12 parameters
@@ -28,17 +30,28 @@
 
 namespace kfsdp {
 
-enum class wrap_policy { blocks, layers };
+enum class wrap_policy { blocks, layers, automatic };
 
-constexpr std::string_view to_string(wrap_policy w) noexcept { return w == wrap_policy::blocks ? "blocks" : "layers"; }
+constexpr std::string_view to_string(wrap_policy w) noexcept {
+  return w == wrap_policy::blocks ? "blocks" : w == wrap_policy::layers ? "layers" : "auto";
+}
 inline wrap_policy parse_wrap_policy(std::string_view text) {
-  return parse_named(text, {wrap_policy::blocks, wrap_policy::layers}, "wrap policy");
+  return parse_named(text, {wrap_policy::automatic, wrap_policy::blocks, wrap_policy::layers}, "wrap policy");
 }
 
 struct wrap_options {
-  wrap_policy policy = wrap_policy::blocks;
-  std::size_t blocks_per_unit = 1;  // with wrap_policy::blocks: this many consecutive blocks form a unit
+  wrap_policy policy = wrap_policy::automatic;
+  std::size_t blocks_per_unit = 1;  // with blocks (automatic on a model with blocks): this many consecutive blocks form a unit
 };
+
+// The policy `policy` applies to a model's table: automatic is blocks where a parameter lies in a
+// block (or a copy of a repeat), else layers; the network's nodes decide their units by this too.
+inline wrap_policy applied_policy(std::span<const param_info> table, wrap_policy policy) {
+  if (policy != wrap_policy::automatic) return policy;
+  for (const param_info& p : table)
+    if (p.in_block()) return wrap_policy::blocks;
+  return wrap_policy::layers;
+}
 
 struct fsdp_unit {
   std::string name;                  // "root", or the longest dotted prefix its parameters share
@@ -49,9 +62,10 @@ struct fsdp_unit {
 // The unit of every parameter (0 is the root).
 inline std::vector<std::size_t> unit_of_params(std::span<const param_info> table, const wrap_options& wrap) {
   if (wrap.blocks_per_unit == 0) throw std::invalid_argument("kfsdp: blocks_per_unit is 0, expected at least 1");
+  const wrap_policy policy = applied_policy(table, wrap.policy);
   std::vector<std::size_t> unit(table.size());
   for (std::size_t p = 0; p < table.size(); ++p) {
-    if (wrap.policy == wrap_policy::layers)
+    if (policy == wrap_policy::layers)
       unit[p] = 1 + table[p].layer;
     else
       unit[p] = table[p].in_block() ? 1 + table[p].block / wrap.blocks_per_unit : 0;
@@ -90,7 +104,7 @@ std::vector<fsdp_unit> make_units(std::span<const param_info> table, const Plan&
                                     std::string(table[first].name.view()) + "' (unit " + std::to_string(unit[first]) +
                                     ") and '" + std::string(table[p].name.view()) + "' (unit " +
                                     std::to_string(unit[p]) + "); with wrap policy " +
-                                    std::string(to_string(wrap.policy)) +
+                                    std::string(to_string(applied_policy(table, wrap.policy))) +
                                     " choose a bucketing whose buckets lie in one unit");
     units[unit[first]].buckets.push_back(b);
   }

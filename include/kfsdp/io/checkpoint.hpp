@@ -104,9 +104,12 @@ void save_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& eng
                      comm::mpi& comm, const checkpoint_state<Scalar>& state);
 
 /// Loads the weights of `path` into the engine's shards: each rank reads only its rows, at any
-/// world size; padding rows are set to zero; checksums are verified. Tensors of the file that the
-/// model does not have (optimizer state) are ignored. Returns the file's `__metadata__`.
-/// Throws format_error on every rank for a malformed file, a missing tensor, a dtype or shape that
+/// world size; padding rows are set to zero; checksums are verified. Strict, as PyTorch's
+/// load_state_dict(strict=True): the file's weights must be the model's (a kfsdp file's count of
+/// them, every tensor of a standard safetensors file); a checkpoint's optimizer state beside them
+/// is ignored. Returns the file's `__metadata__`.
+/// Throws format_error on every rank for a malformed file, a missing tensor, a tensor the model
+/// does not have (import_weights is the lenient load that reports them), a dtype or shape that
 /// is not the model's, or a checksum mismatch (the message names the file and the tensor); the
 /// shards are then unchanged.
 ///
@@ -114,6 +117,13 @@ void save_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& eng
 template <class Scalar>
 metadata_map load_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
                         comm::mpi& comm);
+
+/// The `__metadata__` of `path` alone, to check a file before loading it (collective over `comm`:
+/// rank 0 reads the header, every rank parses it). Throws format_error on every rank for a header
+/// that does not parse or verify, naming the file.
+///
+///   const auto metadata = kfsdp::io::read_metadata("ckpt.safetensors", world);
+[[nodiscard]] metadata_map read_metadata(const std::filesystem::path& path, comm::mpi& comm);
 
 /// What import_weights did, by tensor name: what it loaded, what the model has and the file lacks
 /// (left as they were, e.g. freshly initialised), what the file has and the model lacks (ignored).

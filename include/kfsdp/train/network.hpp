@@ -544,7 +544,7 @@ node_t<Model, S> network<Model, S>::build(const Model& model, std::span<const pa
   detail::network_builder b;
   b.table = table;
   b.unit_of_param = unit_of_params(table, wrap);
-  b.policy = wrap.policy;
+  b.policy = applied_policy(table, wrap.policy);  // as unit_of_params decides
   b.prefix = inline_string<max_param_name>(Model::name.view());
   node_t<Model, S> root(model, b, false, false);
   if (b.next_param != table.size())

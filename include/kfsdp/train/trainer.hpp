@@ -15,6 +15,8 @@
 // Inputs are what the model's first layer takes (a features matrix, or token ids), targets what
 // its loss layer compares against (values or class ids); each rank passes its own rows.
 
+#include <fmt/format.h>
+
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/fsdp/trace.hpp>
 #include <kfsdp/optim/clip.hpp>
@@ -47,6 +49,15 @@ inline grad_accumulation parse_grad_accumulation(const std::string& text) {
 struct trainer_options {
   // Activation checkpointing per unit: forward keeps only each unit's input, backward recomputes.
   bool checkpointing = false;
+  // A step whose loss or gradient norm is NaN or infinite throws non_finite_loss before the
+  // optimizer touches the weights: a diverged run stops instead of training (and saving) NaNs.
+  bool stop_on_non_finite = true;
+};
+
+// A diverged step (trainer_options::stop_on_non_finite): thrown on every rank alike, the weights
+// and the optimizer's state as they were before the step.
+class non_finite_loss : public std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 struct step_result {
@@ -145,6 +156,12 @@ class trainer_core {
     engine_.sum_over_ranks(std::span<double>(sums));
     result.loss = sums[0] / global_rows;
     result.grad_norm = std::sqrt(sums[1]);
+    // Both are sums over every rank: every rank decides alike.
+    if (options_.stop_on_non_finite && !(std::isfinite(result.loss) && std::isfinite(result.grad_norm)))
+      throw non_finite_loss(fmt::format(
+          "kfsdp::trainer::step: the loss is {}, the gradient norm {}, expected finite values: the run diverged "
+          "(a lower learning rate or gradient clipping may help); the weights are left as they were before this step",
+          result.loss, result.grad_norm));
     if (max_norm > 0) {
       const double scale = optim::clip_scale(result.grad_norm, max_norm);
       if (scale < 1) optim::scale_in_place(engine_.grads().flat(), scale);
