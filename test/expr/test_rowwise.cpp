@@ -45,38 +45,6 @@ struct loss_layer : rowwise_loss<"loss"> {
   constexpr auto expression(auto x, auto t) const { return f(x, t); }
 };
 
-// The expression forms of the hand-written layers.
-struct gelu_expression : rowwise<"gelu"> {
-  static constexpr auto expression(auto x) { return 0.5 * x * (1.0 + erf(x * 0.70710678118654752440)); }
-};
-struct gelu_tanh_expression : rowwise<"gelu_tanh"> {
-  static constexpr auto expression(auto x) {
-    return 0.5 * x * (1.0 + tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
-  }
-};
-struct silu_expression : rowwise<"silu"> {
-  static constexpr auto expression(auto x) { return x * sigmoid(x); }
-};
-struct relu_expression : rowwise<"relu"> {
-  static constexpr auto expression(auto x) { return max(x, 0.0); }
-};
-struct tanh_expression : rowwise<"tanh"> {
-  static constexpr auto expression(auto x) { return tanh(x); }
-};
-template <std::size_t Dim>
-struct layer_norm_expression : rowwise<"ln"> {
-  constexpr auto params() const {
-    return std::array{param_decl{"weight", {Dim}, {init_rule::ones}}, param_decl{"bias", {Dim}}};
-  }
-  static constexpr auto expression(auto x, auto w, auto b) {
-    const auto centred = x - mean(x);
-    return centred * rsqrt(mean(centred * centred) + 1e-5) * w + b;
-  }
-};
-struct mse_expression : rowwise_loss<"mse"> {
-  static constexpr auto expression(auto x, auto t) { return (x - t) * (x - t); }
-};
-
 }  // namespace
 
 TEST_CASE("every primitive passes the gradient checker in f64") {
@@ -123,12 +91,18 @@ TEST_CASE("row reductions, slices and nested reductions pass the gradient checke
 }
 
 TEST_CASE("loss expressions pass the gradient checker: per element and per row, against a target row") {
-  check_layer(mse_expression{}, {.in_features = 5});
+  check_layer(derived::mse<>{}, {.in_features = 5});
   check_layer(loss_layer([](auto x, auto t) { return log(sum(exp(x))) - sum(x * t); }), {.in_features = 5});
   check_layer(loss_layer([](auto x, auto t) { return abs(x - t); }), {.in_features = 5});
 }
 
-TEST_CASE("the checker checks the hand-written built-ins too") {
+TEST_CASE("the checker checks the hand-written built-ins and their expression forms") {
+  check_layer(derived::layer_norm<"ln", 7>{});
+  check_layer(derived::gelu<>{}, {.in_features = 9});
+  check_layer(derived::gelu_tanh<>{}, {.in_features = 9});
+  check_layer(derived::silu<>{}, {.in_features = 9});
+  check_layer(derived::relu<>{}, {.in_features = 9});
+  check_layer(derived::tanh_layer<>{}, {.in_features = 9});
   check_layer(linear<"fc", 5, 3>{});
   check_layer(layer_norm<"ln", 7>{});
   check_layer(gelu<>{}, {.in_features = 9});
@@ -251,7 +225,7 @@ void compare_losses(std::size_t rows, std::size_t in, double tolerance) {
     for (std::size_t i = 0; i < host.size(); ++i) host.data()[i] = S(normal(random));
     Kokkos::deep_copy(v, host);
   }
-  compute_t<mse_expression, S> a(mse_expression{});
+  compute_t<derived::mse<>, S> a(derived::mse<>{});
   compute_t<mse<>, S> b(mse<>{});
   const S la = a.forward(x, t), lb = b.forward(x, t);
   CHECK(std::abs(double(la - lb)) <= tolerance * std::abs(double(lb)));
@@ -273,14 +247,14 @@ void compare_all(double tolerance) {
   for (auto [rows, dim] : {std::pair<std::size_t, std::size_t>{512, 128}, {256, 64}}) {
     CAPTURE(rows);
     CAPTURE(dim);
-    if (dim == 128) compare<S>(layer_norm_expression<128>{}, layer_norm<"ln", 128>{}, rows, dim, tolerance);
-    else compare<S>(layer_norm_expression<64>{}, layer_norm<"ln", 64>{}, rows, dim, tolerance);
+    if (dim == 128) compare<S>(derived::layer_norm<"ln", 128>{}, layer_norm<"ln", 128>{}, rows, dim, tolerance);
+    else compare<S>(derived::layer_norm<"ln", 64>{}, layer_norm<"ln", 64>{}, rows, dim, tolerance);
     const std::size_t wide = dim == 128 ? 512 : 64;
-    compare<S>(gelu_expression{}, gelu<>{}, rows, wide, tolerance);
-    compare<S>(gelu_tanh_expression{}, gelu_tanh<>{}, rows, wide, tolerance);
-    compare<S>(silu_expression{}, silu<>{}, rows, wide, tolerance);
-    compare<S>(relu_expression{}, relu<>{}, rows, wide, tolerance);
-    compare<S>(tanh_expression{}, tanh_layer<>{}, rows, wide, tolerance);
+    compare<S>(derived::gelu<>{}, gelu<>{}, rows, wide, tolerance);
+    compare<S>(derived::gelu_tanh<>{}, gelu_tanh<>{}, rows, wide, tolerance);
+    compare<S>(derived::silu<>{}, silu<>{}, rows, wide, tolerance);
+    compare<S>(derived::relu<>{}, relu<>{}, rows, wide, tolerance);
+    compare<S>(derived::tanh_layer<>{}, tanh_layer<>{}, rows, wide, tolerance);
     compare_losses<S>(rows, dim, tolerance);
   }
 }

@@ -14,6 +14,7 @@
 #include <kfsdp/comm/self.hpp>
 #include <kfsdp/io/array_dataset.hpp>
 #include <kfsdp/optim/adamw.hpp>
+#include <kfsdp/train/gradient_check.hpp>
 #include <kfsdp/train/trainer.hpp>
 
 #include "gradient_check.hpp"
@@ -267,4 +268,11 @@ TEST_CASE("default initialisation is nn.Linear's: U(±1/sqrt(in)) for weights an
     CHECK(largest <= bound);
     CHECK(largest > 0.5 * bound);
   }
+}
+
+TEST_CASE("the README's hand-written layer passes the public gradient checker") {
+  const kfsdp::gradient_check_report report = kfsdp::check_gradients(scale<"scale">{}, {.in_features = 64});
+  INFO(report.worst, ": analytic ", report.analytic, ", numeric ", report.numeric);
+  CHECK(report.checked == 6 * 64 + 1);
+  CHECK(report.max_relative_error < 1e-8);
 }

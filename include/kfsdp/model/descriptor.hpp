@@ -9,14 +9,17 @@
 //   3a. for kind == layer: `d.params()` returns a range of `param_decl` (name, shape), or
 //   3b. for kind == block or container: `d.for_each_child(f)` calls `f(child, child_name)` in order.
 //
-// A user's own layer (a descriptor of kind `layer`):
+// A user's own layer (a descriptor of kind `layer`); a parameter starts at zero unless its
+// param_decl names an init_rule:
 //
 //   template <kfsdp::fixed_string Name, std::size_t Dim>
 //   struct rms_norm {
 //     static constexpr auto name = Name;
 //     static constexpr kfsdp::layer_kind kind = kfsdp::layer_kind::layer;
-//     constexpr auto params() const { return std::array{kfsdp::param_decl{"weight", {Dim}}}; }
+//     constexpr auto params() const { return std::array{kfsdp::param_decl{"weight", {Dim}, {kfsdp::init_rule::ones}}}; }
 //   };
+//
+// Its compute is derived from an expression (model/rowwise.hpp) or written by hand (train/ops.hpp).
 //
 // Sizes are static (template arguments) or `kfsdp::dyn` (given to the constructor at run time):
 // a zero static size is a compile error, a zero run-time size an exception — from the same check.

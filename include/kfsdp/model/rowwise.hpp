@@ -73,4 +73,49 @@ struct swiglu : rowwise<Name> {
   }
 };
 
+// The hand-written element-wise and row-wise built-ins written as expressions: the same functions,
+// their backward derived (test/expr compares them with the hand-written kernels, bench_derived times both).
+namespace derived {
+template <fixed_string Name = "">
+struct gelu : rowwise<Name> {  // exact: 0.5·x·(1 + erf(x/√2))
+  static constexpr auto expression(auto x) { return 0.5 * x * (1.0 + erf(x * 0.70710678118654752440)); }
+};
+template <fixed_string Name = "">
+struct gelu_tanh : rowwise<Name> {
+  static constexpr auto expression(auto x) {
+    return 0.5 * x * (1.0 + tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
+  }
+};
+template <fixed_string Name = "">
+struct silu : rowwise<Name> {
+  static constexpr auto expression(auto x) { return x * sigmoid(x); }
+};
+template <fixed_string Name = "">
+struct relu : rowwise<Name> {
+  static constexpr auto expression(auto x) { return max(x, 0.0); }
+};
+template <fixed_string Name = "">
+struct tanh_layer : rowwise<Name> {
+  static constexpr auto expression(auto x) { return tanh(x); }
+};
+// y = (x − mean(x)) / √(var(x) + eps) · weight + bias, var biased (nn.LayerNorm, eps 1e-5).
+template <fixed_string Name, std::size_t Dim = dyn>
+struct layer_norm : rowwise<Name> {
+  std::size_t dim = Dim;
+  double eps = 1e-5;
+  constexpr layer_norm() requires(Dim != dyn) = default;
+  constexpr explicit layer_norm(std::size_t d, double epsilon = 1e-5)
+      : dim(checked_extent<Dim>("layer_norm", Name.view(), "dim", d)), eps(epsilon) {}
+  constexpr auto params() const { return std::array{param_decl{"weight", {dim}, {init_rule::ones}}, param_decl{"bias", {dim}}}; }
+  constexpr auto expression(auto x, auto weight, auto bias) const {
+    const auto centred = x - mean(x);
+    return centred * rsqrt(mean(centred * centred) + eps) * weight + bias;
+  }
+};
+template <fixed_string Name = "">
+struct mse : rowwise_loss<Name> {  // F.mse_loss: the mean of (x − t)² over every element
+  static constexpr auto expression(auto x, auto t) { return (x - t) * (x - t); }
+};
+}  // namespace derived
+
 }  // namespace kfsdp
