@@ -158,7 +158,7 @@ TEST_CASE("README: a schedule and parameter groups on a trainer") {
   kfsdp::comm::self world;
   kfsdp::trainer<model, double, kfsdp::zero3, kfsdp::layer_bucketing> trainer(model{}, world);
   trainer.initialize(/*seed=*/0);
-  const std::size_t steps = 20;
+  const std::size_t steps = 20, rank = 0, world_size = 1;
   kfsdp::io::array_dataset data(test_values<double>(4 * 32, 1), 4, test_values<double>(32, 2), 1);
   const auto before = to_vector(trainer.engine().shards().flat());
   // --- README snippet
@@ -167,7 +167,7 @@ TEST_CASE("README: a schedule and parameter groups on a trainer") {
   auto lr = kfsdp::optim::warmup_cosine(1e-3, /*warmup_steps=*/5, /*total_steps=*/steps, /*min_lr=*/1e-4);
   for (std::size_t step = 0; step < steps; ++step) {
     adam.set_lr(lr(step));
-    auto [x, y] = data.rank_slice<double>(data.micro_batch(/*seed=*/0, step, /*batch=*/8), 0, 1);
+    auto [x, y] = data.rank_slice<double>(data.micro_batch(/*seed=*/0, step, /*batch=*/8), rank, world_size);
     trainer.step({{x, y}}, adam, /*max_norm=*/1.0);
   }
   // --- end of snippet
