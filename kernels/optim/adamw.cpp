@@ -47,6 +47,12 @@ template void adamw_step<float>(const Kokkos::View<float*>&, const Kokkos::View<
 template void adamw_step<double>(const Kokkos::View<double*>&, const Kokkos::View<const double*>&,
                                  const Kokkos::View<double*>&, const Kokkos::View<double*>&,
                                  const adamw_options&, std::int64_t);
+template void adamw_step<float>(const Kokkos::View<float*>&, const Kokkos::View<const float*>&,
+                                const Kokkos::View<float*>&, const Kokkos::View<float*>&,
+                                const adamw_options&, std::int64_t, const param_group_layout&);
+template void adamw_step<double>(const Kokkos::View<double*>&, const Kokkos::View<const double*>&,
+                                 const Kokkos::View<double*>&, const Kokkos::View<double*>&,
+                                 const adamw_options&, std::int64_t, const param_group_layout&);
 template class adamw<float>;
 template class adamw<double>;
 

@@ -15,20 +15,30 @@
 // Padding invariant: padding rows of a shard are zero in the parameters and in the gradients, so
 // they stay exactly zero after any number of steps (p*(1-lr*wd) = 0, m = v = 0, the update is
 // 0 / eps = 0) — with weight decay on too. The optimizer needs no knowledge of where padding is.
+//
+// Parameter groups (opt-in, param_groups.hpp): built from a trainer, the optimizer decays 2-D and
+// larger parameters only and lets groups chosen by name scale lr and set their weight decay; each
+// element then runs the formulas above with lr·lr_scale and its group's weight_decay.
+//
+//   kfsdp::optim::adamw<float> optimizer(trainer, {.lr = 6e-4, .weight_decay = 0.1});  // biases, norms: no decay
 
 #include <kfsdp/optim/sgd.hpp>  // detail::check_length
 
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/detail/kokkos_math.hpp>
+#include <kfsdp/optim/param_groups.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace kfsdp::optim {
 
@@ -59,19 +69,57 @@ void adamw_step(const Kokkos::View<Scalar*>& params,
                 const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg_sq,
                 const adamw_options& options, std::int64_t step);
 
+/// The same step with each element's lr scaled and its weight decay set by its group in `groups`
+/// (make_param_groups); `groups.group_of` has the length of `params`.
+///
+///   kfsdp::optim::adamw_step(params, grads, exp_avg, exp_avg_sq, {.lr = 1e-3}, 1, layout);
+template <class Scalar>
+void adamw_step(const Kokkos::View<Scalar*>& params,
+                const std::type_identity_t<Kokkos::View<const Scalar*>>& grads,
+                const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg,
+                const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg_sq,
+                const adamw_options& options, std::int64_t step, const param_group_layout& groups);
+
+namespace detail {
+// A trainer's engine, or the engine itself.
+template <class Owner>
+decltype(auto) engine_of(Owner& owner) {
+  if constexpr (requires { owner.engine(); })
+    return (owner.engine());
+  else
+    return (owner);
+}
+}  // namespace detail
+
 /// AdamW with its two moment buffers (zero at the start) and its step counter, for a shard of fixed
 /// length.
 ///
 ///   kfsdp::optim::adamw<double> optimizer(1024);   // lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 1e-2
 ///   optimizer.step(params, grads);
 ///   optimizer.set_lr(schedule(optimizer.step_count()));
+///
+/// Built from a trainer (or an engine), it holds parameter groups: 1-D parameters are not decayed,
+/// and `groups` chosen by name set their own lr scale and weight decay (param_groups.hpp):
+///
+///   kfsdp::optim::adamw<double> optimizer(trainer, {.lr = 1e-3, .weight_decay = 0.1},
+///                                         {{.name_contains = "embedding", .lr_scale = 0.1}});
 template <class Scalar>
 class adamw {
  public:
   using view_type = Kokkos::View<Scalar*>;
   using const_view_type = Kokkos::View<const Scalar*>;
 
+  /// Every element alike, as torch.optim.AdamW over one parameter group.
   explicit adamw(std::size_t shard_size, adamw_options options = {});
+  /// Groups from a layout of make_param_groups (shard_size is its length).
+  adamw(param_group_layout groups, adamw_options options);
+  /// Groups from a trainer's (or an engine's) parameters and shard plan: the default rule, then `groups`.
+  template <class Owner>
+    requires requires(Owner& o) { detail::engine_of(o).plan(); detail::engine_of(o).params(); }
+  adamw(Owner& owner, adamw_options options = {}, const std::vector<param_group>& groups = {})
+      : adamw(make_param_groups(detail::engine_of(owner).params(), detail::engine_of(owner).plan(),
+                                options.weight_decay, groups),
+              options) {}
 
   /// One step (the counter goes up first, as in PyTorch); both views have shard_size() elements.
   void step(const view_type& params, const const_view_type& grads);
@@ -85,6 +133,8 @@ class adamw {
   [[nodiscard]] std::int64_t step_count() const noexcept { return step_count_; }
   [[nodiscard]] const view_type& exp_avg() const noexcept { return exp_avg_; }
   [[nodiscard]] const view_type& exp_avg_sq() const noexcept { return exp_avg_sq_; }
+  /// The parameter groups (none for the shard_size constructor).
+  [[nodiscard]] const std::optional<param_group_layout>& groups() const noexcept { return groups_; }
 
  private:
   std::size_t shard_size_;
@@ -92,11 +142,20 @@ class adamw {
   std::int64_t step_count_ = 0;
   view_type exp_avg_;
   view_type exp_avg_sq_;
+  std::optional<param_group_layout> groups_;
 };
 
 namespace detail {
 // Throws std::invalid_argument unless step >= 1.
 void check_step(std::string_view who, std::int64_t step);
+
+// Each group id's decay factor and step size, captured by value by the kernel.
+template <class Scalar>
+struct group_coefficients {
+  Scalar decay_factor[max_param_groups];
+  Scalar negative_step_size[max_param_groups];
+  bool use_weight_decay[max_param_groups];
+};
 
 }  // namespace detail
 
@@ -149,6 +208,60 @@ void adamw_step(const Kokkos::View<Scalar*>& params,
 }
 
 template <class Scalar>
+void adamw_step(const Kokkos::View<Scalar*>& params,
+                const std::type_identity_t<Kokkos::View<const Scalar*>>& grads,
+                const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg,
+                const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg_sq,
+                const adamw_options& options, std::int64_t step, const param_group_layout& groups) {
+  validate(options, "adamw_step");
+  detail::check_step("adamw_step", step);
+  const std::size_t length = params.extent(0);
+  detail::check_length("adamw_step", "grads", grads.extent(0), "params", length);
+  detail::check_length("adamw_step", "exp_avg", exp_avg.extent(0), "params", length);
+  detail::check_length("adamw_step", "exp_avg_sq", exp_avg_sq.extent(0), "params", length);
+  detail::check_length("adamw_step", "groups.group_of", groups.group_of.extent(0), "params", length);
+
+  // The ungrouped step's host scalars, per group id: lr · 1 is lr exactly, so a group of scale 1
+  // and the options' weight decay gives the ungrouped step's bits.
+  const double bias_correction1 = 1.0 - std::pow(options.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(options.beta2, static_cast<double>(step));
+  detail::group_coefficients<Scalar> coefficients{};
+  for (std::size_t id = 0; id < groups.lr_scale.size() && id < max_param_groups; ++id) {
+    const double lr = options.lr * groups.lr_scale[id];
+    coefficients.decay_factor[id] = static_cast<Scalar>(1.0 - lr * groups.weight_decay[id]);
+    coefficients.use_weight_decay[id] = groups.weight_decay[id] != 0.0;
+    coefficients.negative_step_size[id] = static_cast<Scalar>(-(lr / bias_correction1));
+  }
+  const auto lerp_weight = static_cast<Scalar>(1.0 - options.beta1);
+  const bool small_lerp_weight = std::abs(lerp_weight) < Scalar(0.5);
+  const Scalar lerp_complement = Scalar(1) - lerp_weight;
+  const auto beta2 = static_cast<Scalar>(options.beta2);
+  const auto one_minus_beta2 = static_cast<Scalar>(1.0 - options.beta2);
+  const auto bias_correction2_sqrt = static_cast<Scalar>(std::sqrt(bias_correction2));
+  const auto eps = static_cast<Scalar>(options.eps);
+  const auto p = params;
+  const auto g = grads;
+  const auto m = exp_avg;
+  const auto v = exp_avg_sq;
+  const auto group_of = groups.group_of;
+  Kokkos::parallel_for(
+      "kfsdp::optim::adamw_step_grouped", Kokkos::RangePolicy<>(0, length), KOKKOS_LAMBDA(const std::size_t i) {
+        const std::uint8_t id = group_of(i);
+        const Scalar gradient = g(i);
+        Scalar parameter = p(i);
+        if (coefficients.use_weight_decay[id]) parameter = parameter * coefficients.decay_factor[id];
+        const Scalar first = m(i);
+        const Scalar first_next = small_lerp_weight ? first + lerp_weight * (gradient - first)
+                                                    : gradient - (gradient - first) * lerp_complement;
+        const Scalar second_next = v(i) * beta2 + (one_minus_beta2 * gradient) * gradient;
+        const Scalar denominator = math::sqrt(second_next) / bias_correction2_sqrt + eps;
+        m(i) = first_next;
+        v(i) = second_next;
+        p(i) = parameter + (coefficients.negative_step_size[id] * first_next) / denominator;
+      });
+}
+
+template <class Scalar>
 adamw<Scalar>::adamw(std::size_t shard_size, adamw_options options)
     : shard_size_(shard_size),
       options_(options),
@@ -158,9 +271,23 @@ adamw<Scalar>::adamw(std::size_t shard_size, adamw_options options)
 }
 
 template <class Scalar>
+adamw<Scalar>::adamw(param_group_layout groups, adamw_options options) : adamw(groups.group_of.extent(0), options) {
+  // The kernel indexes fixed arrays by group id: a layout not made by make_param_groups is checked here.
+  if (groups.lr_scale.size() > max_param_groups || groups.weight_decay.size() != groups.lr_scale.size())
+    throw std::invalid_argument("adamw: groups has " + std::to_string(groups.lr_scale.size()) + " lr scales and " +
+                                std::to_string(groups.weight_decay.size()) +
+                                " weight decays, expected as many of each, at most " +
+                                std::to_string(max_param_groups));
+  groups_ = std::move(groups);
+}
+
+template <class Scalar>
 void adamw<Scalar>::step(const view_type& params, const const_view_type& grads) {
   detail::check_length("adamw::step", "params", params.extent(0), "shard_size", shard_size_);
-  adamw_step<Scalar>(params, grads, exp_avg_, exp_avg_sq_, options_, step_count_ + 1);
+  if (groups_)
+    adamw_step<Scalar>(params, grads, exp_avg_, exp_avg_sq_, options_, step_count_ + 1, *groups_);
+  else
+    adamw_step<Scalar>(params, grads, exp_avg_, exp_avg_sq_, options_, step_count_ + 1);
   ++step_count_;  // only once the step has gone through
 }
 
@@ -186,6 +313,12 @@ extern template void adamw_step<float>(const Kokkos::View<float*>&, const Kokkos
 extern template void adamw_step<double>(const Kokkos::View<double*>&, const Kokkos::View<const double*>&,
                                          const Kokkos::View<double*>&, const Kokkos::View<double*>&,
                                          const adamw_options&, std::int64_t);
+extern template void adamw_step<float>(const Kokkos::View<float*>&, const Kokkos::View<const float*>&,
+                                        const Kokkos::View<float*>&, const Kokkos::View<float*>&,
+                                        const adamw_options&, std::int64_t, const param_group_layout&);
+extern template void adamw_step<double>(const Kokkos::View<double*>&, const Kokkos::View<const double*>&,
+                                         const Kokkos::View<double*>&, const Kokkos::View<double*>&,
+                                         const adamw_options&, std::int64_t, const param_group_layout&);
 extern template class adamw<float>;
 extern template class adamw<double>;
 

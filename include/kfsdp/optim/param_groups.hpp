@@ -1,0 +1,125 @@
+#pragma once
+// kfsdp::optim parameter groups — which elements of a rank's flat shard get which lr scale and
+// weight decay, from the shard plan (each parameter's local chunk is one contiguous range of the
+// shard, at the same offset on every rank).
+//
+// The default rule is nanoGPT's and Llama's: parameters of 2 or more dimensions (linear weights,
+// embeddings) decay at the optimizer's weight_decay, 1-D ones (biases, norm gains) do not. Groups
+// chosen by name override it; the first group that selects a parameter wins.
+//
+//   kfsdp::optim::adamw<float> adam(trainer, {.lr = 6e-4, .weight_decay = 0.1},
+//                                   {{.name_contains = "wte", .lr_scale = 0.0}});   // embeddings frozen
+//
+// Each distinct (lr scale, weight decay) pair is one group id; the shard holds one byte per element
+// saying which, so the fused kernel reads a byte more per element and launches once.
+
+#include <Kokkos_Core.hpp>
+#include <fmt/format.h>
+
+#include <kfsdp/model/param_table.hpp>
+#include <kfsdp/plan/shard_plan.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kfsdp::optim {
+
+/// Distinct (lr scale, weight decay) pairs one shard may hold (the kernel keeps them in registers).
+inline constexpr std::size_t max_param_groups = 16;
+
+/// Parameters chosen by name (or by a predicate on their param_info), with their own lr scale and
+/// weight decay.
+///
+///   kfsdp::optim::param_group{.name_contains = "ln_", .lr_scale = 0.5}
+///   kfsdp::optim::param_group{.select = [](const kfsdp::param_info& p) { return p.in_block(); }, .weight_decay = 0.0}
+struct param_group {
+  std::string name_contains;                      // parameters whose dotted name contains this
+  std::function<bool(const param_info&)> select;  // or those for which this is true
+  double lr_scale = 1.0;                          // lr = optimizer's lr · lr_scale
+  std::optional<double> weight_decay;             // unset: the default rule (2-D and up decay, 1-D not)
+};
+
+/// Per element of a rank's flat shard: its group id; per group id: its lr scale and weight decay.
+struct param_group_layout {
+  Kokkos::View<std::uint8_t*> group_of;  // shard_numel elements; padding rows are in their parameter's group
+  std::vector<double> lr_scale;          // per group id
+  std::vector<double> weight_decay;      // per group id
+  std::vector<std::size_t> group_of_param;  // per parameter of the table, its group id
+};
+
+/// The layout for a shard plan of `params` at the optimizer's `weight_decay`.
+/// Throws std::invalid_argument for a group that selects nothing by construction or no parameter at all,
+/// a negative or non-finite lr_scale or weight_decay, or more than max_param_groups distinct pairs.
+///
+///   auto layout = kfsdp::optim::make_param_groups(engine.params(), engine.plan(), 0.1, groups);
+inline param_group_layout make_param_groups(std::span<const param_info> params, const shard_plan& plan,
+                                            double weight_decay, std::span<const param_group> groups = {}) {
+  if (params.size() != plan.params.size())
+    throw std::invalid_argument(fmt::format("make_param_groups: params has {} parameters, expected the plan's {}",
+                                            params.size(), plan.params.size()));
+  auto check_factor = [](std::size_t g, const char* name, double value) {
+    // Negated comparison so that NaN is rejected too.
+    if (!(value >= 0.0) || std::isinf(value))
+      throw std::invalid_argument(
+          fmt::format("make_param_groups: group {}: {} = {}, expected a finite {} >= 0", g, name, value, name));
+  };
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].name_contains.empty() && !groups[g].select)
+      throw std::invalid_argument(fmt::format(
+          "make_param_groups: group {}: name_contains is empty and select is unset, expected one of them", g));
+    check_factor(g, "lr_scale", groups[g].lr_scale);
+    if (groups[g].weight_decay) check_factor(g, "weight_decay", *groups[g].weight_decay);
+  }
+
+  param_group_layout layout;
+  std::vector<std::size_t> selected(groups.size(), 0);
+  for (const param_info& p : params) {
+    double lr_scale = 1.0;
+    double decay = p.rank >= 2 ? weight_decay : 0.0;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const bool by_name = !groups[g].name_contains.empty() &&
+                           p.name.view().find(groups[g].name_contains) != std::string_view::npos;
+      if (!by_name && !(groups[g].select && groups[g].select(p))) continue;
+      ++selected[g];
+      lr_scale = groups[g].lr_scale;
+      if (groups[g].weight_decay) decay = *groups[g].weight_decay;
+      break;
+    }
+    std::size_t id = 0;
+    while (id < layout.lr_scale.size() && !(layout.lr_scale[id] == lr_scale && layout.weight_decay[id] == decay)) ++id;
+    if (id == layout.lr_scale.size()) {
+      if (id == max_param_groups)
+        throw std::invalid_argument(fmt::format(
+            "make_param_groups: parameter '{}' makes {} distinct (lr_scale, weight_decay) pairs, expected at most {}",
+            p.name.view(), id + 1, max_param_groups));
+      layout.lr_scale.push_back(lr_scale);
+      layout.weight_decay.push_back(decay);
+    }
+    layout.group_of_param.push_back(id);
+  }
+  // A group that selects nothing is most likely a misspelt name: say so rather than train without it.
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    if (selected[g] == 0)
+      throw std::invalid_argument(fmt::format(
+          "make_param_groups: group {} (name_contains = '{}') selects no parameter, expected at least one", g,
+          groups[g].name_contains));
+
+  layout.group_of = Kokkos::View<std::uint8_t*>("kfsdp::optim::param_groups", plan.shard_numel);
+  auto host = Kokkos::create_mirror_view(layout.group_of);
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    const param_shard& s = plan.params[p];
+    for (std::size_t i = 0; i < s.chunk_numel(); ++i) host(s.storage_offset + i) = std::uint8_t(layout.group_of_param[p]);
+  }
+  Kokkos::deep_copy(layout.group_of, host);
+  return layout;
+}
+
+}  // namespace kfsdp::optim
