@@ -41,10 +41,10 @@ inline constexpr std::size_t max_param_groups = 16;
 ///   kfsdp::optim::param_group{.name_contains = "ln_", .lr_scale = 0.5}
 ///   kfsdp::optim::param_group{.select = [](const kfsdp::param_info& p) { return p.in_block(); }, .weight_decay = 0.0}
 struct param_group {
-  std::string name_contains;                      // parameters whose dotted name contains this
-  std::function<bool(const param_info&)> select;  // or those for which this is true
+  std::string name_contains{};                     // parameters whose dotted name contains this
+  std::function<bool(const param_info&)> select{}; // or those for which this is true
   double lr_scale = 1.0;                          // lr = optimizer's lr · lr_scale
-  std::optional<double> weight_decay;             // unset: the default rule (2-D and up decay, 1-D not)
+  std::optional<double> weight_decay{};            // unset: the default rule (2-D and up decay, 1-D not)
 };
 
 /// Per element of a rank's flat shard: its group id; per group id: its lr scale and weight decay.
