@@ -27,6 +27,8 @@ module;
 #include <kfsdp/detail/erf.hpp>
 #include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/environment.hpp>
+#include <kfsdp/expr/expression.hpp>
+#include <kfsdp/expr/rowwise_kernels.hpp>
 #include <kfsdp/fsdp/bucket_unit.hpp>
 #include <kfsdp/fsdp/buffer_pool.hpp>
 #include <kfsdp/fsdp/engine.hpp>
@@ -55,6 +57,7 @@ module;
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/model/layers.hpp>
 #include <kfsdp/model/param_table.hpp>
+#include <kfsdp/model/rowwise.hpp>
 #include <kfsdp/nn/activation.hpp>
 #include <kfsdp/nn/attention.hpp>
 #include <kfsdp/nn/cross_entropy.hpp>
@@ -67,14 +70,19 @@ module;
 #include <kfsdp/nn/views.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/clip.hpp>
+#include <kfsdp/optim/param_groups.hpp>
+#include <kfsdp/optim/schedule.hpp>
 #include <kfsdp/optim/sgd.hpp>
 #include <kfsdp/plan/format.hpp>
 #include <kfsdp/plan/shard_mapping.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 #include <kfsdp/train/activation_meter.hpp>
 #include <kfsdp/train/gpt.hpp>
+#include <kfsdp/train/gradient_check.hpp>
+#include <kfsdp/train/layer_params.hpp>
 #include <kfsdp/train/network.hpp>
 #include <kfsdp/train/ops.hpp>
+#include <kfsdp/train/rowwise.hpp>
 #include <kfsdp/train/trainer.hpp>
 #ifdef KFSDP_HAVE_NCCL
 #include <kfsdp/comm/nccl.hpp>
@@ -161,6 +169,79 @@ using kfsdp::math::fast_exp_nonpositive;
 // <kfsdp/environment.hpp>
 export namespace kfsdp {
 using kfsdp::environment;
+}
+// <kfsdp/expr/expression.hpp>
+export namespace kfsdp::expr {
+using kfsdp::expr::abs;
+using kfsdp::expr::abs_fn;
+using kfsdp::expr::add_fn;
+using kfsdp::expr::adjoint_pair;
+using kfsdp::expr::as_node;
+using kfsdp::expr::binary;
+using kfsdp::expr::binary_tape;
+using kfsdp::expr::broadcast;
+using kfsdp::expr::constant;
+using kfsdp::expr::div_fn;
+using kfsdp::expr::erf;
+using kfsdp::expr::erf_fn;
+using kfsdp::expr::exp;
+using kfsdp::expr::exp_fn;
+using kfsdp::expr::input;
+using kfsdp::expr::leaf_tape;
+using kfsdp::expr::log;
+using kfsdp::expr::log_fn;
+using kfsdp::expr::make_binary;
+using kfsdp::expr::make_unary;
+using kfsdp::expr::max;
+using kfsdp::expr::max_fn;
+using kfsdp::expr::max_kind;
+using kfsdp::expr::max_params;
+using kfsdp::expr::mean;
+using kfsdp::expr::mean_kind;
+using kfsdp::expr::min;
+using kfsdp::expr::min_fn;
+using kfsdp::expr::mul_fn;
+using kfsdp::expr::neg_fn;
+using kfsdp::expr::node;
+using kfsdp::expr::node_tag;
+using kfsdp::expr::node_type;
+using kfsdp::expr::numbered;
+using kfsdp::expr::operands;
+using kfsdp::expr::operator*;
+using kfsdp::expr::operator+;
+using kfsdp::expr::operator-;
+using kfsdp::expr::operator/;
+using kfsdp::expr::param;
+using kfsdp::expr::pow;
+using kfsdp::expr::pow_fn;
+using kfsdp::expr::reduce;
+using kfsdp::expr::row;
+using kfsdp::expr::rsqrt;
+using kfsdp::expr::rsqrt_fn;
+using kfsdp::expr::shape;
+using kfsdp::expr::sigmoid;
+using kfsdp::expr::sigmoid_fn;
+using kfsdp::expr::sqrt;
+using kfsdp::expr::sqrt_fn;
+using kfsdp::expr::sub_fn;
+using kfsdp::expr::sum;
+using kfsdp::expr::sum_kind;
+using kfsdp::expr::tanh;
+using kfsdp::expr::tanh_fn;
+using kfsdp::expr::unary;
+using kfsdp::expr::unary_tape;
+}
+// <kfsdp/expr/rowwise_kernels.hpp>
+export namespace kfsdp::expr {
+using kfsdp::expr::constant_adjoint;
+using kfsdp::expr::is_max_v;
+using kfsdp::expr::is_mean_v;
+using kfsdp::expr::leaf_sink;
+using kfsdp::expr::matrix_adjoint;
+using kfsdp::expr::param_sink;
+using kfsdp::expr::reduction_sink;
+using kfsdp::expr::rowwise_kernels;
+using kfsdp::expr::rowwise_runner;
 }
 // <kfsdp/fsdp/bucket_unit.hpp>
 export namespace kfsdp {
@@ -427,6 +508,23 @@ using kfsdp::param_count;
 using kfsdp::param_info;
 using kfsdp::param_table;
 }
+// <kfsdp/model/rowwise.hpp>
+export namespace kfsdp {
+using kfsdp::rms_norm;
+using kfsdp::rowwise;
+using kfsdp::rowwise_descriptor;
+using kfsdp::rowwise_loss;
+using kfsdp::swiglu;
+}
+export namespace kfsdp::derived {
+using kfsdp::derived::gelu;
+using kfsdp::derived::gelu_tanh;
+using kfsdp::derived::layer_norm;
+using kfsdp::derived::mse;
+using kfsdp::derived::relu;
+using kfsdp::derived::silu;
+using kfsdp::derived::tanh_layer;
+}
 // <kfsdp/nn/activation.hpp>
 export namespace kfsdp::nn {
 using kfsdp::nn::activation;
@@ -489,6 +587,25 @@ using kfsdp::optim::clip_scale;
 using kfsdp::optim::local_squared_norm;
 using kfsdp::optim::scale_in_place;
 }
+// <kfsdp/optim/param_groups.hpp>
+export namespace kfsdp::optim {
+using kfsdp::optim::make_param_groups;
+using kfsdp::optim::max_param_groups;
+using kfsdp::optim::param_group;
+using kfsdp::optim::param_group_layout;
+}
+// <kfsdp/optim/schedule.hpp>
+export namespace kfsdp::optim {
+using kfsdp::optim::constant;
+using kfsdp::optim::cosine;
+using kfsdp::optim::linear;
+using kfsdp::optim::schedule;
+using kfsdp::optim::sequence;
+using kfsdp::optim::step_decay;
+using kfsdp::optim::warmup;
+using kfsdp::optim::warmup_cosine;
+using kfsdp::optim::warmup_linear;
+}
 // <kfsdp/optim/sgd.hpp>
 export namespace kfsdp::optim {
 using kfsdp::optim::sgd;
@@ -533,6 +650,16 @@ using kfsdp::generate;
 using kfsdp::gpt2_init;
 using kfsdp::sampling;
 }
+// <kfsdp/train/gradient_check.hpp>
+export namespace kfsdp {
+using kfsdp::check_gradients;
+using kfsdp::gradient_check_options;
+using kfsdp::gradient_check_report;
+}
+// <kfsdp/train/layer_params.hpp>
+export namespace kfsdp {
+using kfsdp::layer_params;
+}
 // <kfsdp/train/network.hpp>
 export namespace kfsdp {
 using kfsdp::flow;
@@ -558,11 +685,16 @@ using kfsdp::compute_t;
 using kfsdp::cross_entropy_op;
 using kfsdp::embedding_op;
 using kfsdp::layer_norm_op;
-using kfsdp::layer_params;
 using kfsdp::linear_op;
 using kfsdp::mse_op;
 using kfsdp::positional_embedding_op;
 using kfsdp::scratch_if_empty;
+}
+// <kfsdp/train/rowwise.hpp>
+export namespace kfsdp {
+using kfsdp::expression_t;
+using kfsdp::rowwise_loss_op;
+using kfsdp::rowwise_op;
 }
 // <kfsdp/train/trainer.hpp>
 export namespace kfsdp {

@@ -92,10 +92,12 @@ struct input : node_tag {
   static constexpr int reductions = 0;
   int offset = 0, width = -1;  // -1: to the end of the row (resolved by bind)
   int part = -1, parts = 0;    // half(k): the k-th of `parts` equal parts, resolved by bind
+  bool whole = true;           // the whole row (not a slice): named plainly
 
   // x.slice(offset, width): columns [offset, offset + width) of the row.
   [[nodiscard]] constexpr input slice(int from, int count) const {
     input s;
+    s.whole = false;
     s.offset = from;
     s.width = count;
     return s;
@@ -103,6 +105,7 @@ struct input : node_tag {
   // x.half(0), x.half(1): the first and second half of the row (SwiGLU's gate and value).
   [[nodiscard]] constexpr input half(int k) const {
     input s;
+    s.whole = false;
     s.part = k;
     s.parts = 2;
     return s;
@@ -138,7 +141,7 @@ struct input : node_tag {
   [[nodiscard]] std::string name() const {
     const std::string base = I == 0 ? "x" : "t";
     if (parts > 0) return base + ".half(" + std::to_string(part) + ")";
-    if (offset == 0 && width < 0) return base;
+    if (whole) return base;
     return base + "[" + std::to_string(offset) + ":" + (width < 0 ? std::string() : std::to_string(offset + width)) + "]";
   }
 };
