@@ -51,6 +51,26 @@ View random_view(View v, std::mt19937_64& random) {
   return v;
 }
 
+// The four calls in turn every repeat (the first warms up), then a row of medians and ratios.
+template <class HF, class HB, class DF, class DB>
+void time_and_print(std::string_view name, std::size_t rows, std::size_t width, std::size_t repeats, HF hand_forward,
+                    HB hand_backward, DF derived_forward, DB derived_backward) {
+  timing t;
+  for (std::size_t r = 0; r <= repeats; ++r) {
+    const double hf = seconds(hand_forward), hb = seconds(hand_backward);
+    const double df = seconds(derived_forward), db = seconds(derived_backward);
+    if (r == 0) continue;
+    t.hand_forward.push_back(hf);
+    t.hand_backward.push_back(hb);
+    t.derived_forward.push_back(df);
+    t.derived_backward.push_back(db);
+  }
+  const double hf = median(t.hand_forward), df = median(t.derived_forward);
+  const double hb = median(t.hand_backward), db = median(t.derived_backward);
+  fmt::print("{:<12} {:>11} {:>9.4f} {:>9.4f} {:>6.2f} {:>9.4f} {:>9.4f} {:>6.2f}\n", name, fmt::format("[{}, {}]", rows, width),
+             hf * 1e3, df * 1e3, df / hf, hb * 1e3, db * 1e3, db / hb);
+}
+
 // Hand-written layer H against derived layer D on [rows, width] (features -> features).
 template <class H, class D>
 void compare(std::string_view name, const H& hand_layer, const D& derived_layer, std::size_t rows, std::size_t width,
@@ -77,22 +97,8 @@ void compare(std::string_view name, const H& hand_layer, const D& derived_layer,
   kfsdp::nn::matrix<S> y("y", rows, width), dx("dx", rows, width);
   kfsdp::compute_t<H, S> hand(hand_layer);
   kfsdp::compute_t<D, S> derived(derived_layer);
-  timing t;
-  for (std::size_t r = 0; r <= repeats; ++r) {  // the first round warms up
-    const double hf = seconds([&] { hand.forward(p, x, y); });
-    const double hb = seconds([&] { hand.backward(p, g, dy, dx); });
-    const double df = seconds([&] { derived.forward(p, x, y); });
-    const double db = seconds([&] { derived.backward(p, g, dy, dx); });
-    if (r == 0) continue;
-    t.hand_forward.push_back(hf);
-    t.hand_backward.push_back(hb);
-    t.derived_forward.push_back(df);
-    t.derived_backward.push_back(db);
-  }
-  const double hf = median(t.hand_forward), df = median(t.derived_forward);
-  const double hb = median(t.hand_backward), db = median(t.derived_backward);
-  fmt::print("{:<12} {:>11} {:>9.4f} {:>9.4f} {:>6.2f} {:>9.4f} {:>9.4f} {:>6.2f}\n", name, fmt::format("[{}, {}]", rows, width),
-             hf * 1e3, df * 1e3, df / hf, hb * 1e3, db * 1e3, db / hb);
+  time_and_print(name, rows, width, repeats, [&] { hand.forward(p, x, y); }, [&] { hand.backward(p, g, dy, dx); },
+                 [&] { derived.forward(p, x, y); }, [&] { derived.backward(p, g, dy, dx); });
 }
 
 void compare_mse(std::size_t rows, std::size_t width, std::size_t repeats) {
@@ -102,22 +108,9 @@ void compare_mse(std::size_t rows, std::size_t width, std::size_t repeats) {
   kfsdp::nn::matrix<S> dx("dx", rows, width);
   kfsdp::compute_t<kfsdp::mse<>, S> hand(kfsdp::mse<>{});
   kfsdp::compute_t<kfsdp::derived::mse<>, S> derived(kfsdp::derived::mse<>{});
-  timing t;
-  for (std::size_t r = 0; r <= repeats; ++r) {
-    const double hf = seconds([&] { (void)hand.forward(x, target); });
-    const double hb = seconds([&] { hand.backward(S(1) / S(rows), dx); });
-    const double df = seconds([&] { (void)derived.forward(x, target); });
-    const double db = seconds([&] { derived.backward(S(1) / S(rows), dx); });
-    if (r == 0) continue;
-    t.hand_forward.push_back(hf);
-    t.hand_backward.push_back(hb);
-    t.derived_forward.push_back(df);
-    t.derived_backward.push_back(db);
-  }
-  const double hf = median(t.hand_forward), df = median(t.derived_forward);
-  const double hb = median(t.hand_backward), db = median(t.derived_backward);
-  fmt::print("{:<12} {:>11} {:>9.4f} {:>9.4f} {:>6.2f} {:>9.4f} {:>9.4f} {:>6.2f}\n", "mse", fmt::format("[{}, {}]", rows, width),
-             hf * 1e3, df * 1e3, df / hf, hb * 1e3, db * 1e3, db / hb);
+  time_and_print("mse", rows, width, repeats, [&] { (void)hand.forward(x, target); },
+                 [&] { hand.backward(S(1) / S(rows), dx); }, [&] { (void)derived.forward(x, target); },
+                 [&] { derived.backward(S(1) / S(rows), dx); });
 }
 
 template <std::size_t Dim>
