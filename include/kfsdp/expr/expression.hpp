@@ -8,8 +8,11 @@
 //     -> binary<mul, binary<mul, input<0>, unary<rsqrt, binary<add, reduce<mean, ...>, constant>>>, param<0>>
 //
 // Every node offers, at column j of a row,
-//   eval(row, j)                   -> its tape: its value and its children's tapes (the values the
-//                                     reverse sweep needs, kept in registers: no run-time tape);
+//   value(row, j)                  -> its value (what forward computes: scalars only);
+//   record(row, j, tape)           -> fills its tape: its value and its children's tapes, the values
+//                                     the reverse sweep needs (tape<S>: one aggregate per column,
+//                                     filled in place so the compiler keeps it in registers; no
+//                                     run-time tape);
 //   reverse(row, j, tape, a, sink) -> hands the adjoint a down by its vector-Jacobian rule, one rule
 //                                     per primitive (mul: a·b to the left, a·a to the right), to the
 //                                     sink's leaves: input<I>(column, a), param<K>(column, a),
@@ -67,7 +70,9 @@ template <class S> struct leaf_tape { S v; };
 template <class S, class A> struct unary_tape { S v; A a; };
 template <class S, class A, class B> struct binary_tape { S v; A a; B b; };
 
-struct node_tag {};  // the base of every node: the operators below take exactly these
+struct node_tag {  // the base of every node: the operators below take exactly these
+  constexpr bool operator==(const node_tag&) const = default;
+};
 template <class T>
 concept node = std::is_base_of_v<node_tag, std::remove_cvref_t<T>>;
 
@@ -86,38 +91,46 @@ inline std::size_t join_widths(std::size_t a, std::size_t b, const std::string& 
 
 // --- leaves ---
 
-// Input row I: 0 the layer's input, 1 a loss's target. A slice reads columns [offset, offset + width).
-template <int I>
+// Input row I: 0 the layer's input, 1 a loss's target. A slice (Sliced) reads columns
+// [offset, offset + width); the whole row reads column j at j, an index the compiler sees is the
+// same in every leaf (so a loop writing dx[j] twice still vectorises).
+template <int I, bool Sliced = false>
 struct input : node_tag {
   static constexpr int reductions = 0;
+  static constexpr unsigned inputs = 1u << I, params = 0;  // the leaves below a node, a bit each
+  static constexpr bool uniform = false;  // the same value on every column of a row
+  static constexpr bool whole = !Sliced;  // the whole row: named plainly
   int offset = 0, width = -1;  // -1: to the end of the row (resolved by bind)
   int part = -1, parts = 0;    // half(k): the k-th of `parts` equal parts, resolved by bind
-  bool whole = true;           // the whole row (not a slice): named plainly
 
   // x.slice(offset, width): columns [offset, offset + width) of the row.
-  [[nodiscard]] constexpr input slice(int from, int count) const {
-    input s;
-    s.whole = false;
+  [[nodiscard]] constexpr input<I, true> slice(int from, int count) const {
+    input<I, true> s;
     s.offset = from;
     s.width = count;
     return s;
   }
   // x.half(0), x.half(1): the first and second half of the row (SwiGLU's gate and value).
-  [[nodiscard]] constexpr input half(int k) const {
-    input s;
-    s.whole = false;
+  [[nodiscard]] constexpr input<I, true> half(int k) const {
+    input<I, true> s;
     s.part = k;
     s.parts = 2;
     return s;
   }
+  KOKKOS_FORCEINLINE_FUNCTION int column(int j) const { return Sliced ? offset + j : j; }
 
+  template <class S> using tape = leaf_tape<S>;
   template <class Row>
-  KOKKOS_FORCEINLINE_FUNCTION leaf_tape<typename Row::scalar> eval(const Row& r, int j) const {
-    return {r.input[I][offset + j]};
+  KOKKOS_FORCEINLINE_FUNCTION typename Row::scalar value(const Row& r, int j) const {
+    return r.input[I][column(j)];
+  }
+  template <class Row>
+  KOKKOS_FORCEINLINE_FUNCTION void record(const Row& r, int j, leaf_tape<typename Row::scalar>& t) const {
+    t.v = value(r, j);
   }
   template <class Row, class Tape, class Sink>
   KOKKOS_FORCEINLINE_FUNCTION void reverse(const Row&, int j, const Tape&, typename Row::scalar a, Sink& s) const {
-    s.template input<I>(offset + j, a);
+    s.template input<I>(column(j), a);
   }
   template <int First> constexpr input numbered() const { return *this; }
   template <class F> KOKKOS_FORCEINLINE_FUNCTION void for_each_reduction(F&&) const {}
@@ -144,6 +157,7 @@ struct input : node_tag {
     if (whole) return base;
     return base + "[" + std::to_string(offset) + ":" + (width < 0 ? std::string() : std::to_string(offset + width)) + "]";
   }
+  constexpr bool operator==(const input&) const = default;
 };
 
 // Parameter K of the layer, in the order of its params(): per feature (its declared length) or, declared
@@ -151,12 +165,19 @@ struct input : node_tag {
 template <int K>
 struct param : node_tag {
   static constexpr int reductions = 0;
+  static constexpr unsigned inputs = 0, params = 1u << K;
+  static constexpr bool uniform = false;  // a scalar parameter is too, but that is known at bind
   static_assert(K < max_params, "kfsdp::expr::param: a layer has at most 8 parameters");
   std::string_view label;  // the parameter's name, for messages (set by bind)
 
+  template <class S> using tape = leaf_tape<S>;
   template <class Row>
-  KOKKOS_FORCEINLINE_FUNCTION leaf_tape<typename Row::scalar> eval(const Row& r, int j) const {
-    return {r.param[K][j * r.stride[K]]};
+  KOKKOS_FORCEINLINE_FUNCTION typename Row::scalar value(const Row& r, int j) const {
+    return r.param[K][j * r.stride[K]];
+  }
+  template <class Row>
+  KOKKOS_FORCEINLINE_FUNCTION void record(const Row& r, int j, leaf_tape<typename Row::scalar>& t) const {
+    t.v = value(r, j);
   }
   template <class Row, class Tape, class Sink>
   KOKKOS_FORCEINLINE_FUNCTION void reverse(const Row&, int j, const Tape&, typename Row::scalar a, Sink& s) const {
@@ -172,16 +193,24 @@ struct param : node_tag {
     return s.param_width[K];
   }
   [[nodiscard]] std::string name() const { return label.empty() ? std::string(1, 'p').append(std::to_string(K)) : std::string(label); }
+  constexpr bool operator==(const param&) const = default;
 };
 
 struct constant : node_tag {
   static constexpr int reductions = 0;
-  double value = 0;
+  static constexpr unsigned inputs = 0, params = 0;
+  static constexpr bool uniform = true;
+  double number = 0;
   constexpr constant() = default;
-  constexpr explicit constant(double v) : value(v) {}
+  constexpr explicit constant(double v) : number(v) {}
+  template <class S> using tape = leaf_tape<S>;
   template <class Row>
-  KOKKOS_FORCEINLINE_FUNCTION leaf_tape<typename Row::scalar> eval(const Row&, int) const {
-    return {typename Row::scalar(value)};
+  KOKKOS_FORCEINLINE_FUNCTION typename Row::scalar value(const Row&, int) const {
+    return typename Row::scalar(number);
+  }
+  template <class Row>
+  KOKKOS_FORCEINLINE_FUNCTION void record(const Row&, int, leaf_tape<typename Row::scalar>& t) const {
+    t.v = typename Row::scalar(number);
   }
   template <class Row, class Tape, class Sink>
   KOKKOS_FORCEINLINE_FUNCTION void reverse(const Row&, int, const Tape&, typename Row::scalar, Sink&) const {}
@@ -189,11 +218,22 @@ struct constant : node_tag {
   template <class F> KOKKOS_FORCEINLINE_FUNCTION void for_each_reduction(F&&) const {}
   std::size_t bind(const shape&) const { return broadcast; }
   [[nodiscard]] std::string name() const {
-    std::string text = std::to_string(value);
+    std::string text = std::to_string(number);
     while (text.size() > 1 && text.back() == '0' && text[text.size() - 2] != '.') text.pop_back();
     return text;
   }
+  constexpr bool operator==(const constant&) const = default;
 };
+
+template <class Kind, class A, int Slot>
+struct reduce;
+template <class T> inline constexpr bool is_reduce_v = false;
+template <class Kind, class A, int Slot> inline constexpr bool is_reduce_v<reduce<Kind, A, Slot>> = true;
+// Worth computing once per row: a function of reductions and constants that is not itself a reduction.
+template <class A>
+inline constexpr bool hoistable = A::uniform && A::reductions > 0 && !is_reduce_v<A>;
+template <bool Hoist, int First, class A>
+constexpr auto numbered_operand(const A& a);
 
 // --- element-wise primitives: a value and a vector-Jacobian rule each ---
 // unary: value(x, c) and adjoint(a, x, y, c), y the value (c: the constant of pow, max, min).
@@ -268,14 +308,22 @@ struct min_fn {
 template <class Fn, class A>
 struct unary : node_tag {
   static constexpr int reductions = A::reductions;
+  static constexpr unsigned inputs = A::inputs, params = A::params;
+  static constexpr bool uniform = A::uniform;
   A a;
   double c = 0;
 
+  template <class S> using tape = unary_tape<S, typename A::template tape<S>>;
   template <class Row>
-  KOKKOS_FORCEINLINE_FUNCTION auto eval(const Row& r, int j) const {
+  KOKKOS_FORCEINLINE_FUNCTION typename Row::scalar value(const Row& r, int j) const {
     using S = typename Row::scalar;
-    const auto ta = a.eval(r, j);
-    return unary_tape<S, decltype(ta)>{Fn::value(ta.v, S(c)), ta};
+    return Fn::value(a.value(r, j), S(c));
+  }
+  template <class Row>
+  KOKKOS_FORCEINLINE_FUNCTION void record(const Row& r, int j, tape<typename Row::scalar>& t) const {
+    using S = typename Row::scalar;
+    a.record(r, j, t.a);
+    t.v = Fn::value(t.a.v, S(c));
   }
   template <class Row, class Tape, class Sink>
   KOKKOS_FORCEINLINE_FUNCTION void reverse(const Row& r, int j, const Tape& t, typename Row::scalar adj, Sink& s) const {
@@ -297,6 +345,7 @@ struct unary : node_tag {
       out.append(", ").append(constant(c).name());
     return out.append(1, ')');
   }
+  constexpr bool operator==(const unary&) const = default;
 };
 
 // binary: value(x, y) and adjoints(a, x, y, v) -> {to x, to y}.
@@ -324,16 +373,25 @@ struct div_fn {
 
 template <class Fn, class A, class B>
 struct binary : node_tag {
-  static constexpr int reductions = A::reductions + B::reductions;
+  static constexpr unsigned inputs = A::inputs | B::inputs, params = A::params | B::params;
+  static constexpr bool uniform = A::uniform && B::uniform;
+  // A row value (see row_value_kind) beside a column value is computed once per row: numbered()
+  // wraps it, and it takes a slot of its own.
+  static constexpr bool hoist_a = !uniform && hoistable<A>, hoist_b = !uniform && hoistable<B>;
+  static constexpr int reductions = A::reductions + hoist_a + B::reductions + hoist_b;
   A a;
   B b;
 
+  template <class S> using tape = binary_tape<S, typename A::template tape<S>, typename B::template tape<S>>;
   template <class Row>
-  KOKKOS_FORCEINLINE_FUNCTION auto eval(const Row& r, int j) const {
-    using S = typename Row::scalar;
-    const auto ta = a.eval(r, j);
-    const auto tb = b.eval(r, j);
-    return binary_tape<S, decltype(ta), decltype(tb)>{Fn::value(ta.v, tb.v), ta, tb};
+  KOKKOS_FORCEINLINE_FUNCTION typename Row::scalar value(const Row& r, int j) const {
+    return Fn::value(a.value(r, j), b.value(r, j));
+  }
+  template <class Row>
+  KOKKOS_FORCEINLINE_FUNCTION void record(const Row& r, int j, tape<typename Row::scalar>& t) const {
+    a.record(r, j, t.a);
+    b.record(r, j, t.b);
+    t.v = Fn::value(t.a.v, t.b.v);
   }
   template <class Row, class Tape, class Sink>
   KOKKOS_FORCEINLINE_FUNCTION void reverse(const Row& r, int j, const Tape& t, typename Row::scalar adj, Sink& s) const {
@@ -343,9 +401,10 @@ struct binary : node_tag {
   }
   template <int First>
   constexpr auto numbered() const {
-    using NA = decltype(a.template numbered<First>());
-    using NB = decltype(b.template numbered<First + A::reductions>());
-    return binary<Fn, NA, NB>{{}, a.template numbered<First>(), b.template numbered<First + A::reductions>()};
+    constexpr int second = First + A::reductions + hoist_a;
+    const auto na = numbered_operand<hoist_a, First>(a);
+    const auto nb = numbered_operand<hoist_b, second>(b);
+    return binary<Fn, std::remove_const_t<decltype(na)>, std::remove_const_t<decltype(nb)>>{{}, na, nb};
   }
   template <class F> KOKKOS_FORCEINLINE_FUNCTION void for_each_reduction(F&& f) const {
     a.for_each_reduction(f);
@@ -360,11 +419,15 @@ struct binary : node_tag {
     out.append(a.name()).append(1, ' ').append(Fn::name).append(1, ' ').append(b.name()).append(1, ')');
     return out;
   }
+  constexpr bool operator==(const binary&) const = default;
 };
 
 // --- row reductions ---
 
 struct sum_kind { static constexpr std::string_view name = "sum"; };
+// A row value: a function of constants and reductions only (rsqrt(mean(x·x) + ε)), computed once
+// per row like a reduction over a single column, its adjoint summed over the columns that use it.
+struct row_value_kind { static constexpr std::string_view name = "row value"; };
 struct mean_kind { static constexpr std::string_view name = "mean"; };
 struct max_kind { static constexpr std::string_view name = "max"; };
 
@@ -373,15 +436,22 @@ struct max_kind { static constexpr std::string_view name = "max"; };
 template <class Kind, class A, int Slot = -1>
 struct reduce : node_tag {
   static constexpr int reductions = A::reductions + 1;
+  static constexpr unsigned inputs = A::inputs, params = A::params;
+  static constexpr bool uniform = true;
   static constexpr int slot = Slot;
   using kind = Kind;
   using body_type = A;
   A a;
   int width = 0;  // the body's width, set by bind
 
+  template <class S> using tape = leaf_tape<S>;
   template <class Row>
-  KOKKOS_FORCEINLINE_FUNCTION leaf_tape<typename Row::scalar> eval(const Row& r, int) const {
-    return {r.reduced[Slot]};
+  KOKKOS_FORCEINLINE_FUNCTION typename Row::scalar value(const Row& r, int) const {
+    return r.reduced[Slot];
+  }
+  template <class Row>
+  KOKKOS_FORCEINLINE_FUNCTION void record(const Row& r, int j, leaf_tape<typename Row::scalar>& t) const {
+    t.v = value(r, j);
   }
   template <class Row, class Tape, class Sink>
   KOKKOS_FORCEINLINE_FUNCTION void reverse(const Row&, int, const Tape&, typename Row::scalar adj, Sink& s) const {
@@ -402,8 +472,24 @@ struct reduce : node_tag {
     width = w == broadcast ? 1 : int(w);
     return broadcast;
   }
-  [[nodiscard]] std::string name() const { return std::string(Kind::name).append(1, '(').append(a.name()).append(1, ')'); }
+  [[nodiscard]] std::string name() const {
+    if constexpr (std::is_same_v<Kind, row_value_kind>) return a.name();
+    return std::string(Kind::name).append(1, '(').append(a.name()).append(1, ')');
+  }
+  constexpr bool operator==(const reduce&) const = default;
 };
+
+// Numbers an operand of a binary node from slot First; a hoisted one (a row value beside column
+// values) becomes reduce<row_value_kind, ...>, its slot after its body's.
+template <bool Hoist, int First, class A>
+constexpr auto numbered_operand(const A& a) {
+  if constexpr (Hoist) {
+    using NA = decltype(a.template numbered<First>());
+    return reduce<row_value_kind, NA, First + A::reductions>{{}, a.template numbered<First>(), 0};
+  } else {
+    return a.template numbered<First>();
+  }
+}
 
 // --- how expressions are written ---
 
@@ -449,6 +535,14 @@ template <node A> constexpr auto min(const A& x, double c) { return make_unary<m
 template <node A> constexpr auto sum(const A& x) { return reduce<sum_kind, A>{{}, x}; }
 template <node A> constexpr auto mean(const A& x) { return reduce<mean_kind, A>{{}, x}; }
 template <node A> constexpr auto max(const A& x) { return reduce<max_kind, A>{{}, x}; }
+
+// e's tape at column j of row r: every value its reverse sweep reads.
+template <node E, class Row>
+KOKKOS_FORCEINLINE_FUNCTION auto record(const E& e, const Row& r, int j) {
+  typename E::template tape<typename Row::scalar> t;
+  e.record(r, j, t);
+  return t;
+}
 
 // The expression with its reductions numbered (what the kernels run).
 template <node E>

@@ -2,15 +2,21 @@
 // The fused Kokkos kernels of a row-wise expression (expr/expression.hpp): forward and backward
 // derived from the one expression, for any execution space.
 //
-//   forward   one kernel over rows: each reduction in a sweep of the row (inner first), then the
-//             output columns; the reductions are kept ([rows, N] values, and where a max is)
-//   backward  kernel 1 over rows: sweep 1 takes each output column's adjoint down the expression to
-//             what reaches every reduction (and, for nested reductions, what an inner one gives an
-//             outer one); sweep 2 takes the adjoints to the input row (dx) and to scalar parameters
-//             kernel 2 over column chunks, when there are per-feature parameters: their gradients
-//             as column sums, rows in order (no atomics: the same bits on every backend)
+//   forward   one kernel over rows: each reduction and row value in a sweep of the row (inner
+//             first; a reduction written twice, as mean(x) in a layer norm, computed once), then
+//             the output columns; the reductions are kept ([rows, N] values, and where a max is)
+//   backward  kernel 1 over blocks of 16 rows, per row: sweep 1 takes each output column's adjoint
+//             down the expression to what reaches every reduction (and, for nested reductions,
+//             what an inner one gives an outer one); sweep 2 takes the adjoints to the input row
+//             (dx) and to the block's parameter column sums, one leaf a loop
+//             kernel 2 over parameter elements: the blocks' sums added in order (no atomics: the
+//             same bits on every backend and thread count)
 // An expression with no reduction, no parameter and as wide as its input runs as one flat loop
-// over every element (it vectorises, as the hand-written activations did).
+// over every element. Every loop is written to vectorise: the tape of a column is one aggregate
+// filled in place, row values are hoisted out of column loops, and sums run in interleaved lanes.
+//
+// bench_derived (f32, [512, 128] and [512, 512]) times these against the hand-written kernels
+// they replace: docs/performance.md.
 
 #include <kfsdp/expr/expression.hpp>
 #include <kfsdp/nn/views.hpp>
@@ -38,37 +44,75 @@ struct constant_adjoint {
   [[nodiscard]] bool packed(int) const { return true; }
 };
 
-// Sweep 1: what reaches each reduction.
-template <class S>
+// Sweep 1: what reaches each reduction (adjoint[Slot · Stride]: Stride lanes interleaved).
+template <class S, int Stride = 1>
 struct reduction_sink {
   S* adjoint;
   template <int I> KOKKOS_FORCEINLINE_FUNCTION void input(int, S) const {}
   template <int K> KOKKOS_FORCEINLINE_FUNCTION void param(int, S) const {}
-  template <int Slot> KOKKOS_FORCEINLINE_FUNCTION void reduced(S a) const { adjoint[Slot] += a; }
+  template <int Slot> KOKKOS_FORCEINLINE_FUNCTION void reduced(S a) const { adjoint[Slot * Stride] += a; }
 };
-// Sweep 2: the input row's gradient and the scalar parameters' sums over the row.
-template <class S, bool WithInput, bool WithScalars>
-struct leaf_sink {
-  S* dx;
-  S* scalar_sum;
-  const int* stride;
-  template <int I> KOKKOS_FORCEINLINE_FUNCTION void input(int j, S a) const {
-    if constexpr (WithInput && I == 0) dx[j] += a;
+
+// Sums over a row's columns run in `lanes` interleaved partial sums, column k into lane k mod lanes
+// (the tail into lane 0), added in lane order at the end: the loop vectorises, no add waits for the
+// one before, and the order is fixed (the same bits on every backend).
+inline constexpr int lanes = 8;
+
+// Σ_{k < n} value(k).
+template <class S, class Value>
+KOKKOS_FORCEINLINE_FUNCTION S lane_sum(int n, const Value& value) {
+  S acc[lanes] = {};
+  int k = 0;
+  for (; k + lanes <= n; k += lanes)
+    for (int l = 0; l < lanes; ++l) acc[l] += value(k + l);
+  for (; k < n; ++k) acc[0] += value(k);
+  S total = 0;
+  for (int l = 0; l < lanes; ++l) total += acc[l];
+  return total;
+}
+
+// out[slot] += Σ_{k < n} of what reverse(k, sink) hands each of Slots reductions.
+template <class S, int Slots, class Reverse>
+KOKKOS_FORCEINLINE_FUNCTION void lane_adjoints(int n, S* out, const Reverse& reverse) {
+  S acc[Slots * lanes] = {};
+  int k = 0;
+  for (; k + lanes <= n; k += lanes)
+    for (int l = 0; l < lanes; ++l) {
+      const reduction_sink<S, lanes> sink{acc + l};
+      reverse(k + l, sink);
+    }
+  const reduction_sink<S, lanes> tail{acc};
+  for (; k < n; ++k) reverse(k, tail);
+  for (int slot = 0; slot < Slots; ++slot) {
+    S total = 0;
+    for (int l = 0; l < lanes; ++l) total += acc[slot * lanes + l];
+    out[slot] += total;
   }
-  template <int K> KOKKOS_FORCEINLINE_FUNCTION void param(int, S a) const {
-    if constexpr (WithScalars) if (stride[K] == 0) scalar_sum[K] += a;
+}
+// Sweep 2: the input row's gradient (WithInput) or one parameter's per-block column sums
+// (Param >= 0: partial[column], a scalar parameter's at column 0). One leaf a loop: a loop that
+// writes one stream vectorises (GCC versions a loop for a handful of possible aliases at most).
+template <class S, bool WithInput, int Param = -1>
+struct leaf_sink {
+  S* out;
+  int stride;
+  template <int I> KOKKOS_FORCEINLINE_FUNCTION void input(int j, S a) const {
+    if constexpr (WithInput && I == 0) out[j] += a;
+  }
+  template <int K> KOKKOS_FORCEINLINE_FUNCTION void param(int j, S a) const {
+    if constexpr (K == Param) out[j * stride] += a;
   }
   template <int Slot> KOKKOS_FORCEINLINE_FUNCTION void reduced(S) const {}
 };
-// Kernel 2: per-feature parameter gradients, column j of each.
+
+// The flat loop's: the input's adjoint at one element, in a register.
 template <class S>
-struct param_sink {
-  S* const* grad;
-  const int* stride;
-  template <int I> KOKKOS_FORCEINLINE_FUNCTION void input(int, S) const {}
-  template <int K> KOKKOS_FORCEINLINE_FUNCTION void param(int j, S a) const {
-    if (stride[K] == 1) grad[K][j] += a;
+struct element_sink {
+  S dx = 0;
+  template <int I> KOKKOS_FORCEINLINE_FUNCTION void input(int, S a) {
+    if constexpr (I == 0) dx += a;
   }
+  template <int K> KOKKOS_FORCEINLINE_FUNCTION void param(int, S) const {}
   template <int Slot> KOKKOS_FORCEINLINE_FUNCTION void reduced(S) const {}
 };
 
@@ -76,6 +120,21 @@ template <class R>
 inline constexpr bool is_max_v = std::is_same_v<typename R::kind, max_kind>;
 template <class R>
 inline constexpr bool is_mean_v = std::is_same_v<typename R::kind, mean_kind>;
+template <class R>
+inline constexpr bool is_row_value_v = std::is_same_v<typename R::kind, row_value_kind>;
+// A sum or a mean: its adjoint reaches every column of its body.
+template <class R>
+inline constexpr bool summed_v = !is_max_v<R> && !is_row_value_v<R>;
+
+// Two reductions that compute the same value (mean(x) written three times in a layer norm).
+template <class R1, class R2>
+bool same_reduction(const R1& r1, const R2& r2) {
+  if constexpr (std::is_same_v<typename R1::kind, typename R2::kind> &&
+                std::is_same_v<typename R1::body_type, typename R2::body_type>)
+    return r1.width == r2.width && r1.a == r2.a;
+  else
+    return false;
+}
 
 // E: a numbered expression. The widths and parameters a kernel launch needs, by value (device lambdas copy it).
 template <class E, class S>
@@ -87,11 +146,11 @@ struct rowwise_kernels {
   E expr;
   int in_width = 0, out_width = 0;
   int widest = 0;                  // the widest column domain (output or a reduction's body)
-  bool domains_equal = true;       // every reduction's body as wide as the output: sweep 2 is one loop
   bool elementwise = false;        // no reduction, no parameter, as wide as the input: one flat loop
-  bool per_feature_params = false, scalar_params = false;
   int stride[max_params] = {};
   int params = 0;
+  int canonical[slots] = {};  // the first slot with the same value: computed there, read here
+  int param_width[max_params] = {};  // a scalar parameter's is 1
 
   // The row's pointers into x, t and the parameters.
   KOKKOS_FORCEINLINE_FUNCTION row_type row_at(const S* x, std::size_t x_pitch, const S* t, std::size_t t_pitch,
@@ -111,11 +170,18 @@ struct rowwise_kernels {
     expr.for_each_reduction([&](const auto& red) {
       using R = std::remove_cvref_t<decltype(red)>;
       const int n = red.width;
+      if constexpr (R::slot > 0) {  // slot 0 is always the first of its kind
+        if (const int first = canonical[R::slot]; first != R::slot) {
+          rw.reduced[R::slot] = reduced[R::slot] = reduced[first];
+          if constexpr (is_max_v<R>) argmax[R::slot] = argmax[first];
+          return;
+        }
+      }
       if constexpr (is_max_v<R>) {
-        S m = red.a.eval(rw, 0).v;
+        S m = red.a.value(rw, 0);
         int at = 0;
         for (int k = 1; k < n; ++k) {
-          const S v = red.a.eval(rw, k).v;
+          const S v = red.a.value(rw, k);
           if (v > m || (v != v && m == m)) {  // NaN wins, as in PyTorch
             m = v;
             at = k;
@@ -124,14 +190,13 @@ struct rowwise_kernels {
         rw.reduced[R::slot] = m;
         argmax[R::slot] = at;
       } else {
-        S acc = 0;
-        for (int k = 0; k < n; ++k) acc += red.a.eval(rw, k).v;
+        const S acc = lane_sum<S>(n, [&](int k) { return red.a.value(rw, k); });
         rw.reduced[R::slot] = is_mean_v<R> ? acc / S(n) : acc;
       }
       reduced[R::slot] = rw.reduced[R::slot];
     });
     if (y != nullptr)
-      for (int j = 0; j < out_width; ++j) y[j] = expr.eval(rw, j).v;
+      for (int j = 0; j < out_width; ++j) y[j] = expr.value(rw, j);
   }
 
   // Sweep 1 of one row: adjoint[i], what reaches reduction i from the output and from the reductions around it.
@@ -140,62 +205,78 @@ struct rowwise_kernels {
                                                       std::size_t r, S* adjoint) const {
     for (int i = 0; i < slots; ++i) adjoint[i] = S(0);
     if constexpr (N > 0) {
-      const reduction_sink<S> to_reductions{adjoint};
-      for (int j = 0; j < out_width; ++j) {
-        const auto t = expr.eval(rw, j);
-        expr.reverse(rw, j, t, dy(r, j), to_reductions);
-      }
       // through[i][m]: d(reduction i)/d(reduction m) for m inside i's body (m < i: inner first).
       S through[slots][slots] = {};
-      expr.for_each_reduction([&](const auto& red) {
+      {
+        const reduction_sink<S> sink{adjoint};
+        for (int j = 0; j < out_width; ++j) expr.reverse(rw, j, record(expr, rw, j), dy(r, j), sink);
+      }
+      expr.for_each_reduction([&](const auto& red) {  // a sum's or mean's body, its share at every column
         using R = std::remove_cvref_t<decltype(red)>;
-        if constexpr (R::body_type::reductions > 0) {
-          const reduction_sink<S> sink{through[R::slot]};
-          if constexpr (is_max_v<R>) {
-            const int k = argmax[R::slot];
-            red.a.reverse(rw, k, red.a.eval(rw, k), S(1), sink);
-          } else {
+        if constexpr (R::body_type::reductions > 0 && summed_v<R>)
+          if (canonical[R::slot] == R::slot) {
             const S scale = is_mean_v<R> ? S(1) / S(red.width) : S(1);
-            for (int k = 0; k < red.width; ++k) red.a.reverse(rw, k, red.a.eval(rw, k), scale, sink);
+            lane_adjoints<S, slots>(red.width, through[R::slot], [&](int k, const auto& sink) {
+              red.a.reverse(rw, k, record(red.a, rw, k), scale, sink);
+            });
           }
+      });
+      expr.for_each_reduction([&](const auto& red) {  // a max's at its argmax, a row value's at its one column
+        using R = std::remove_cvref_t<decltype(red)>;
+        if constexpr (R::body_type::reductions > 0 && !summed_v<R>) {
+          const int k = is_max_v<R> ? argmax[R::slot] : 0;
+          const reduction_sink<S> sink{through[R::slot]};
+          red.a.reverse(rw, k, record(red.a, rw, k), S(1), sink);
         }
       });
-      for (int i = N - 1; i > 0; --i)  // outer first: adjoint[i] is whole once every reduction around it is done
+      for (int i = N - 1; i > 0; --i) {  // outer first: adjoint[i] is whole once every reduction around it is done
+        if (canonical[i] != i) {  // a copy hands its adjoint to the slot that computes it
+          adjoint[canonical[i]] += adjoint[i];
+          adjoint[i] = S(0);
+          continue;
+        }
         for (int m = 0; m < i; ++m) adjoint[m] += adjoint[i] * through[i][m];
-    }
-  }
-
-  // Reduction R's adjoint handed to its body's leaves at column k (a max's only at its argmax).
-  template <class R, class Sink>
-  KOKKOS_FORCEINLINE_FUNCTION void reduction_to_leaves(const R& red, const row_type& rw, const S* adjoint,
-                                                       const int* argmax, int k, const Sink& sink) const {
-    if constexpr (is_max_v<R>) {
-      if (k != argmax[R::slot]) return;
-    }
-    const S a = is_mean_v<R> ? adjoint[R::slot] / S(red.width) : adjoint[R::slot];
-    red.a.reverse(rw, k, red.a.eval(rw, k), a, sink);
-  }
-
-  // Sweep 2 of one row: every adjoint to the sink's leaves, column by column.
-  template <class Adjoint, class Sink>
-  KOKKOS_FORCEINLINE_FUNCTION void to_leaves(const row_type& rw, const int* argmax, const Adjoint& dy, std::size_t r,
-                                             const S* adjoint, int from, int to, const Sink& sink) const {
-    const int out_to = to < out_width ? to : out_width;
-    if (domains_equal) {  // one loop: the output's and every reduction's adjoints at column j together
-      for (int j = from; j < out_to; ++j) {
-        const auto t = expr.eval(rw, j);
-        expr.reverse(rw, j, t, dy(r, j), sink);
-        expr.for_each_reduction([&](const auto& red) { reduction_to_leaves(red, rw, adjoint, argmax, j, sink); });
       }
-      return;
     }
-    for (int j = from; j < out_to; ++j) {
-      const auto t = expr.eval(rw, j);
-      expr.reverse(rw, j, t, dy(r, j), sink);
-    }
+  }
+
+  // Sweep 2 of one row: the output's adjoints to dx and to the block's parameter sums (partial:
+  // parameter K's at K · pitch), then each reduction's to its body's leaves (a mean's divided by its
+  // width, a max's at its argmax only). Every test is outside a loop, and each loop writes one leaf:
+  // each vectorises.
+  template <bool WithInput, class Adjoint>
+  KOKKOS_FORCEINLINE_FUNCTION void to_leaves(const row_type& rw, const int* argmax, const Adjoint& dy, std::size_t r,
+                                             const S* adjoint, S* dx, S* partial, int pitch) const {
+    // Node's reverse at columns [0, n) (reverse(k, sink)), a loop per leaf it reaches.
+    auto each_leaf = [&]<class Node>(const Node&, int n, const auto& reverse) {
+      if constexpr (WithInput && (Node::inputs & 1u) != 0) {
+        const leaf_sink<S, true> sink{dx, 1};
+        for (int k = 0; k < n; ++k) reverse(k, sink);
+      }
+      if (partial == nullptr) return;
+      [&]<int... K>(std::integer_sequence<int, K...>) {
+        (
+            [&] {
+              if constexpr ((Node::params & (1u << K)) != 0) {
+                const leaf_sink<S, false, K> sink{partial + K * pitch, stride[K]};
+                for (int k = 0; k < n; ++k) reverse(k, sink);
+              }
+            }(),
+            ...);
+      }(std::make_integer_sequence<int, max_params>{});
+    };
+    each_leaf(expr, out_width, [&](int j, const auto& sink) { expr.reverse(rw, j, record(expr, rw, j), dy(r, j), sink); });
     expr.for_each_reduction([&](const auto& red) {
-      const int red_to = to < red.width ? to : red.width;
-      for (int k = from; k < red_to; ++k) reduction_to_leaves(red, rw, adjoint, argmax, k, sink);
+      using R = std::remove_cvref_t<decltype(red)>;
+      if constexpr (summed_v<R>) {  // a row value's body reaches reductions and constants only
+        if (canonical[R::slot] != R::slot) return;  // a copy's adjoint went to the slot that computes it
+        const S a = is_mean_v<R> ? adjoint[R::slot] / S(red.width) : adjoint[R::slot];
+        each_leaf(red.a, red.width, [&](int k, const auto& sink) { red.a.reverse(rw, k, record(red.a, rw, k), a, sink); });
+      } else if constexpr (is_max_v<R>) {  // a max's adjoint goes to its argmax alone
+        if (canonical[R::slot] != R::slot) return;
+        const int at = argmax[R::slot];
+        each_leaf(red.a, 1, [&](int, const auto& sink) { red.a.reverse(rw, at, record(red.a, rw, at), adjoint[R::slot], sink); });
+      }
     });
   }
 };
@@ -217,16 +298,20 @@ class rowwise_runner {
     k_.in_width = int(s.input_width[0]);
     k_.out_width = out == broadcast ? 1 : int(out);
     k_.params = s.params;
-    k_.per_feature_params = k_.scalar_params = false;
     for (int p = 0; p < s.params; ++p) {
       k_.stride[p] = s.param_width[p] == broadcast ? 0 : 1;
-      (k_.stride[p] == 1 ? k_.per_feature_params : k_.scalar_params) = true;
+      k_.param_width[p] = s.param_width[p] == broadcast ? 1 : int(s.param_width[p]);
     }
     k_.widest = k_.out_width;
-    k_.domains_equal = true;
     e.for_each_reduction([&](const auto& red) {
-      k_.widest = std::max(k_.widest, red.width);
-      if (red.width != k_.out_width) k_.domains_equal = false;
+      using R = std::remove_cvref_t<decltype(red)>;
+      k_.canonical[R::slot] = R::slot;
+      e.for_each_reduction([&](const auto& earlier) {
+        using M = std::remove_cvref_t<decltype(earlier)>;
+        if (M::slot < R::slot && k_.canonical[R::slot] == R::slot && same_reduction(earlier, red))
+          k_.canonical[R::slot] = M::slot;
+      });
+      if (!is_row_value_v<R> && k_.canonical[R::slot] == R::slot) k_.widest = std::max(k_.widest, red.width);
     });
     k_.elementwise = N == 0 && s.params == 0 && k_.out_width == k_.in_width;
     bound_ = true;
@@ -254,7 +339,7 @@ class rowwise_runner {
             typename kernels_type::row_type rw = k.row_at(xp, 0, tp, 0, param.data(), 0);
             rw.input[0] = xp + i;
             rw.input[1] = tp != nullptr ? tp + i : nullptr;
-            y[i] = k.expr.eval(rw, 0).v;
+            y[i] = k.expr.value(rw, 0);
           });
       return;
     }
@@ -264,6 +349,26 @@ class rowwise_runner {
         "kfsdp::expr::forward", Kokkos::RangePolicy<nn::execution_space>(0, int(rows)), KOKKOS_LAMBDA(int r) {
           auto rw = k.row_at(xp, x_pitch, tp, t_pitch, param.data(), std::size_t(r));
           k.forward_row(rw, &reduced(r, 0), &argmax(r, 0), y != nullptr ? y + std::size_t(r) * y_pitch : nullptr);
+        });
+  }
+
+  // sums[r] = Σ_j expression(x, t, params)[r, j] (a loss's rows: no output matrix); keeps each
+  // row's reductions for backward.
+  void forward_sums(const nn::const_matrix<S>& x, const nn::const_matrix<S>& t, const std::array<const S*, max_params>& param,
+                    S* sums) {
+    const std::size_t rows = x.extent(0);
+    keep(rows);
+    const kernels_type k = k_;
+    const S* xp = x.data();
+    const S* tp = t.data();
+    const std::size_t x_pitch = pitch(x), t_pitch = t.data() != nullptr ? pitch(t) : 0;
+    const Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space> reduced = reduced_;
+    const Kokkos::View<int**, Kokkos::LayoutRight, nn::memory_space> argmax = argmax_;
+    Kokkos::parallel_for(
+        "kfsdp::expr::forward_sums", Kokkos::RangePolicy<nn::execution_space>(0, int(rows)), KOKKOS_LAMBDA(int r) {
+          auto rw = k.row_at(xp, x_pitch, tp, t_pitch, param.data(), std::size_t(r));
+          k.forward_row(rw, &reduced(r, 0), &argmax(r, 0), nullptr);
+          sums[r] = lane_sum<S>(k.out_width, [&](int j) { return k.expr.value(rw, j); });
         });
   }
 
@@ -283,85 +388,67 @@ class rowwise_runner {
           "kfsdp::expr::backward_elements",
           Kokkos::RangePolicy<nn::execution_space, Kokkos::IndexType<std::int64_t>>(0, std::int64_t(x.size())),
           KOKKOS_LAMBDA(std::int64_t i) {
-            typename kernels_type::row_type rw = k.row_at(xp, 0, tp, 0, param.data(), 0);
+            typename kernels_type::row_type rw;
             rw.input[0] = xp + i;
             rw.input[1] = tp != nullptr ? tp + i : nullptr;
-            S a = 0;
-            const leaf_sink<S, true, false> sink{&a, nullptr, nullptr};
-            const auto tape = k.expr.eval(rw, 0);
-            k.expr.reverse(rw, 0, tape, dy.flat(i), sink);
-            dx[i] = a;
+            element_sink<S> sink;
+            k.expr.reverse(rw, 0, record(k.expr, rw, 0), dy.flat(i), sink);
+            dx[i] = sink.dx;
           });
       return;
     }
     const Kokkos::View<const S**, Kokkos::LayoutRight, nn::memory_space> reduced = reduced_;
     const Kokkos::View<const int**, Kokkos::LayoutRight, nn::memory_space> argmax = argmax_;
-    const bool per_feature = k.per_feature_params, scalars = k.scalar_params;
-    if ((per_feature || scalars) && (adjoints_.extent(0) != rows))
-      adjoints_ = Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space>(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::expr::adjoints"), rows, std::size_t(kernels_type::slots + max_params));
-    const Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space> adjoints = adjoints_;
-    // Kernel 1: rows. Sweep 1 (reductions' adjoints), sweep 2 (dx, scalar parameters' row sums).
-    auto launch_rows = [&]<bool WithInput, bool WithScalars>() {
-      Kokkos::parallel_for(
-          "kfsdp::expr::backward_rows", Kokkos::RangePolicy<nn::execution_space>(0, int(rows)), KOKKOS_LAMBDA(int r) {
-            auto rw = k.row_at(xp, x_pitch, tp, t_pitch, param.data(), std::size_t(r));
-            for (int s = 0; s < N; ++s) rw.reduced[s] = reduced(r, s);
-            S adjoint[kernels_type::slots];
-            k.reduction_adjoints(rw, &argmax(r, 0), dy, std::size_t(r), adjoint);
-            S scalar_sum[max_params] = {};
-            if constexpr (WithInput || WithScalars) {
-              S* dx_row = WithInput ? dx + std::size_t(r) * dx_pitch : nullptr;
-              if constexpr (WithInput)
-                for (int j = 0; j < k.in_width; ++j) dx_row[j] = S(0);
-              const leaf_sink<S, WithInput, WithScalars> sink{dx_row, scalar_sum, rw.stride};
-              k.to_leaves(rw, &argmax(r, 0), dy, std::size_t(r), adjoint, 0, k.widest, sink);
-            }
-            if (per_feature)
-              for (int s = 0; s < kernels_type::slots; ++s) adjoints(r, s) = adjoint[s];
-            if constexpr (WithScalars)
-              for (int p = 0; p < max_params; ++p) adjoints(r, kernels_type::slots + p) = scalar_sum[p];
-          });
-    };
-    if (dx != nullptr) {
-      if (scalars) launch_rows.template operator()<true, true>();
-      else launch_rows.template operator()<true, false>();
-    } else if (scalars) {
-      launch_rows.template operator()<false, true>();
-    } else if (per_feature) {
-      launch_rows.template operator()<false, false>();
+    // Blocks of rows_per_block rows: each block's parameter gradients are column sums of its own
+    // (partial), added over the blocks in order afterwards; no atomics, and the same bits on every
+    // backend and thread count.
+    const int blocks = int((rows + rows_per_block - 1) / rows_per_block);
+    const bool with_params = k.params > 0;
+    const int pitch = k.widest;
+    if (with_params) {
+      if (partial_.extent(0) != std::size_t(blocks) || partial_.extent(1) != std::size_t(k.params * pitch))
+        partial_ = Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space>("kfsdp::expr::partial_grads", std::size_t(blocks),
+                                                                            std::size_t(k.params * pitch));
+      else
+        Kokkos::deep_copy(partial_, S(0));
     }
-    // Kernel 2: per-feature parameters, column sums over the rows in order, a chunk of columns a thread.
-    if (per_feature && rows > 0) {
-      const int concurrency = std::max(1, int(nn::execution_space().concurrency()));
-      const int chunk = std::max(1, (k.widest + concurrency - 1) / concurrency);
-      const int chunks = (k.widest + chunk - 1) / chunk;
+    const Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space> partial = partial_;
+    // Kernel 1: blocks of rows. Per row: sweep 1 (the reductions' adjoints), sweep 2 (dx, the block's
+    // parameter sums).
+    auto launch_rows = [&]<bool WithInput>() {
       Kokkos::parallel_for(
-          "kfsdp::expr::backward_params", Kokkos::RangePolicy<nn::execution_space>(0, chunks), KOKKOS_LAMBDA(int c) {
-            const int from = c * chunk, to = from + chunk < k.widest ? from + chunk : k.widest;
-            const param_sink<S> sink{grad.data(), k.stride};
-            for (std::size_t r = 0; r < rows; ++r) {
+          "kfsdp::expr::backward_rows", Kokkos::RangePolicy<nn::execution_space>(0, blocks), KOKKOS_LAMBDA(int b) {
+            const std::size_t first = std::size_t(b) * rows_per_block;
+            const std::size_t last = first + rows_per_block < rows ? first + rows_per_block : rows;
+            S* block_partial = with_params ? &partial(b, 0) : nullptr;
+            for (std::size_t r = first; r < last; ++r) {
               auto rw = k.row_at(xp, x_pitch, tp, t_pitch, param.data(), r);
               for (int s = 0; s < N; ++s) rw.reduced[s] = reduced(r, s);
-              k.to_leaves(rw, &argmax(r, 0), dy, r, &adjoints(r, 0), from, to, sink);
+              S adjoint[kernels_type::slots];
+              k.reduction_adjoints(rw, &argmax(r, 0), dy, r, adjoint);
+              S* dx_row = WithInput ? dx + r * dx_pitch : nullptr;
+              if constexpr (WithInput)
+                for (int j = 0; j < k.in_width; ++j) dx_row[j] = S(0);
+              k.template to_leaves<WithInput>(rw, &argmax(r, 0), dy, r, adjoint, dx_row, block_partial, pitch);
             }
           });
-    }
-    // Scalar parameters: the rows' sums added in order.
-    if (scalars && rows > 0) {
+    };
+    if (dx != nullptr) launch_rows.template operator()<true>();
+    else if (with_params) launch_rows.template operator()<false>();
+    // Kernel 2: each parameter element's gradient, the blocks' partial sums added in order.
+    if (with_params && blocks > 0) {
       Kokkos::parallel_for(
-          "kfsdp::expr::backward_scalars", Kokkos::RangePolicy<nn::execution_space>(0, 1), KOKKOS_LAMBDA(int) {
-            for (int p = 0; p < max_params; ++p) {
-              if (k.stride[p] != 0 || p >= k.params) continue;
-              S sum = 0;
-              for (std::size_t r = 0; r < rows; ++r) sum += adjoints(r, kernels_type::slots + p);
-              grad[p][0] += sum;
-            }
+          "kfsdp::expr::backward_params", Kokkos::RangePolicy<nn::execution_space>(0, k.params * pitch), KOKKOS_LAMBDA(int i) {
+            const int p = i / pitch, j = i % pitch;
+            if (j >= k.param_width[p] || grad[p] == nullptr) return;
+            S sum = 0;
+            for (int b = 0; b < blocks; ++b) sum += partial(b, i);
+            grad[p][j] += sum;
           });
     }
   }
 
- private:
+  private:
   template <class M>
   static std::size_t pitch(const M& m) {
     return m.extent(0) > 1 ? std::size_t(m.stride(0)) : m.extent(1);
@@ -380,7 +467,8 @@ class rowwise_runner {
 
   kernels_type k_;
   bool bound_ = false;
-  Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space> reduced_, adjoints_;
+  static constexpr std::size_t rows_per_block = 16;
+  Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space> reduced_, partial_;
   Kokkos::View<int**, Kokkos::LayoutRight, nn::memory_space> argmax_;
 };
 

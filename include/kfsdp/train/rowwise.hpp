@@ -123,23 +123,14 @@ class rowwise_loss_op {
     nn::detail::check_matrix("rowwise_loss::forward", "target", t, rows, x.extent(1));
     if (!runner_.bound() || runner_.in_width() != x.extent(1)) (void)bind_width(x.extent(1));
     const std::size_t width = runner_.out_width();
-    if (values_.extent(0) != rows || values_.extent(1) != width) {
-      (void)nn::detail::checked_numel("rowwise_loss::forward", "values", {rows, width}, sizeof(S));
-      values_ = nn::matrix<S>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::expr::loss_values"), rows, width);
+    if (row_sums_.extent(0) != rows) {
+      (void)nn::detail::checked_numel("rowwise_loss::forward", "row sums", {rows}, sizeof(S));
       row_sums_ = nn::vector<S>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::expr::loss_rows"), rows);
     }
-    runner_.forward(x, t, {}, values_.data(), width);
+    runner_.forward_sums(x, t, {}, row_sums_.data());
     input_ = x;
     target_ = t;
     if (rows == 0) return S(0);
-    const nn::const_matrix<S> values = values_;
-    const nn::vector<S> row_sums = row_sums_;
-    Kokkos::parallel_for(
-        "kfsdp::expr::loss_rows", Kokkos::RangePolicy<nn::execution_space>(0, int(rows)), KOKKOS_LAMBDA(int r) {
-          S sum = 0;
-          for (std::size_t j = 0; j < width; ++j) sum += values(r, j);
-          row_sums(r) = sum;
-        });
     // The rows in index order on the host: the same sum on every backend.
     const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), row_sums_);
     S sum = 0;
@@ -157,7 +148,6 @@ class rowwise_loss_op {
   expr::rowwise_runner<E, S> runner_;
   expr::shape shape_;
   nn::const_matrix<S> input_, target_;
-  nn::matrix<S> values_;
   nn::vector<S> row_sums_;
 };
 
