@@ -95,7 +95,7 @@ void compare(std::string_view name, const H& hand_layer, const D& derived_layer,
   const auto x = random_view(kfsdp::nn::matrix<S>("x", rows, width), random);
   const auto dy = random_view(kfsdp::nn::matrix<S>("dy", rows, width), random);
   kfsdp::nn::matrix<S> y("y", rows, width), dx("dx", rows, width);
-  kfsdp::compute_t<H, S> hand(hand_layer);
+  kfsdp::hand_written_t<H, S> hand(hand_layer);
   kfsdp::compute_t<D, S> derived(derived_layer);
   time_and_print(name, rows, width, repeats, [&] { hand.forward(p, x, y); }, [&] { hand.backward(p, g, dy, dx); },
                  [&] { derived.forward(p, x, y); }, [&] { derived.backward(p, g, dy, dx); });
@@ -106,7 +106,7 @@ void compare_mse(std::size_t rows, std::size_t width, std::size_t repeats) {
   const auto x = random_view(kfsdp::nn::matrix<S>("x", rows, width), random);
   const auto target = random_view(kfsdp::nn::matrix<S>("t", rows, width), random);
   kfsdp::nn::matrix<S> dx("dx", rows, width);
-  kfsdp::compute_t<kfsdp::mse<>, S> hand(kfsdp::mse<>{});
+  kfsdp::hand_written_t<kfsdp::mse<>, S> hand(kfsdp::mse<>{});
   kfsdp::compute_t<kfsdp::derived::mse<>, S> derived(kfsdp::derived::mse<>{});
   time_and_print("mse", rows, width, repeats, [&] { (void)hand.forward(x, target); },
                  [&] { hand.backward(S(1) / S(rows), dx); }, [&] { (void)derived.forward(x, target); },

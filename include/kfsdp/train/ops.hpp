@@ -1,7 +1,8 @@
 #pragma once
 // The compute of each layer descriptor: kfsdp::compute_t<Layer, Scalar>. For the built-in layers
-// it is one of the ops below (each wraps the kfsdp::nn kernel of the same name); a user's layer
-// names its own as a member template `compute<Scalar>`.
+// it is one of the ops below (each wraps the kfsdp::nn kernel of the same name) or, for layer_norm,
+// the activations and mse, the kernels derived from their expression form (derived_op); a user's
+// layer names its own as a member template `compute<Scalar>`.
 //
 // The layer concept — a leaf descriptor L (model/descriptor.hpp: name, kind, params()) whose
 // compute C = compute_t<L, S> is constructed as C(layer) and, by what L takes and gives
@@ -238,6 +239,41 @@ template <class Layer, class S>
   requires rowwise_descriptor<Layer>
 struct compute_of<Layer, S> : detail::rowwise_compute<Layer, S> {};
 
+// A built-in layer computed from its expression form (kfsdp::derived, model/rowwise.hpp): the
+// derived kernels run at the hand-written ones' speed or faster (bench_derived), and check widths.
+template <class Derived, class S>
+struct derived_op : detail::rowwise_compute<Derived, S>::type {
+  template <class Layer>
+  explicit derived_op(const Layer& d) : detail::rowwise_compute<Derived, S>::type(as_derived(d)) {}
+
+ private:
+  template <class Layer>
+  static Derived as_derived(const Layer& d) {
+    if constexpr (requires { d.dim; }) return Derived(d.dim);
+    else return Derived{};
+  }
+};
+
+template <activation_fn F>
+using derived_activation = std::conditional_t<
+    F == activation_fn::gelu, derived::gelu<>,
+    std::conditional_t<F == activation_fn::gelu_tanh, derived::gelu_tanh<>,
+                       std::conditional_t<F == activation_fn::relu, derived::relu<>,
+                                          std::conditional_t<F == activation_fn::silu, derived::silu<>, derived::tanh_layer<>>>>>;
+
+// The hand-written op each of those had: the reference test/expr compares the derived ones with,
+// and what bench_derived times them against.
+template <class Layer, class S>
+struct hand_written_of : hand_written_of<typename Layer::anonymous, S> {};
+template <std::size_t D, class S>
+struct hand_written_of<layer_norm<"", D>, S> { using type = layer_norm_op<S>; };
+template <activation_fn F, class S>
+struct hand_written_of<activation<"", F>, S> { using type = activation_op<S>; };
+template <class S>
+struct hand_written_of<mse<"">, S> { using type = mse_op<S>; };
+template <class Layer, class S>
+using hand_written_t = typename hand_written_of<Layer, S>::type;
+
 // Static extents whose buffers cannot exist do not compile (dyn ones throw from the kernels).
 template <std::size_t I, std::size_t O, bool B, class S>
 struct compute_of<linear<"", I, O, B>, S> {
@@ -248,7 +284,7 @@ struct compute_of<linear<"", I, O, B>, S> {
 template <std::size_t D, class S>
 struct compute_of<layer_norm<"", D>, S> {
   static_assert(D == dyn || product_fits({D, sizeof(S)}), "kfsdp::layer_norm: the weight's bytes, Dim · sizeof(Scalar), overflow 64 bits");
-  using type = layer_norm_op<S>;
+  using type = derived_op<derived::layer_norm<"", D>, S>;
 };
 template <std::size_t V, std::size_t D, class S>
 struct compute_of<embedding<"", V, D>, S> {
@@ -263,7 +299,7 @@ struct compute_of<positional_embedding<"", T, D>, S> {
   using type = positional_embedding_op<S>;
 };
 template <activation_fn F, class S>
-struct compute_of<activation<"", F>, S> { using type = activation_op<S>; };
+struct compute_of<activation<"", F>, S> { using type = derived_op<derived_activation<F>, S>; };
 template <std::size_t D, std::size_t H, std::size_t T, class S>
 struct compute_of<causal_self_attention<"", D, H, T>, S> {
   static_assert(D == dyn || product_fits({3, D}), "kfsdp::causal_self_attention: its input features, 3 · Dim, overflow 64 bits");
@@ -274,7 +310,7 @@ struct compute_of<causal_self_attention<"", D, H, T>, S> {
 template <std::size_t C, class S>
 struct compute_of<cross_entropy<"", C>, S> { using type = cross_entropy_op<S>; };
 template <class S>
-struct compute_of<mse<"">, S> { using type = mse_op<S>; };
+struct compute_of<mse<"">, S> { using type = derived_op<derived::mse<>, S>; };
 
 template <class Layer, class S>
 using compute_t = typename compute_of<Layer, S>::type;
