@@ -372,6 +372,42 @@ class rowwise_runner {
         });
   }
 
+  struct rows_in {  // the rows a kernel reads: x and (a loss's) t
+    const S* x;
+    std::size_t x_pitch;
+    const S* t;
+    std::size_t t_pitch;
+    std::size_t rows;
+  };
+
+  // Backward's kernel 1: a public member, not a lambda (nvcc defines no device lambda inside a generic
+  // lambda or a private member function).
+  // params_pitch 0: no parameter sums.
+  template <bool WithInput, class Adjoint>
+  void backward_rows(const kernels_type k, const rows_in in, const std::array<const S*, max_params> param, const Adjoint dy,
+                     S* dx, std::size_t dx_pitch, int blocks, int params_pitch) {
+    const Kokkos::View<const S**, Kokkos::LayoutRight, nn::memory_space> reduced = reduced_;
+    const Kokkos::View<const int**, Kokkos::LayoutRight, nn::memory_space> argmax = argmax_;
+    const Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space> partial = partial_;
+    Kokkos::parallel_for(
+        "kfsdp::expr::backward_rows", Kokkos::RangePolicy<nn::execution_space>(0, blocks), KOKKOS_LAMBDA(int b) {
+          const std::size_t first = std::size_t(b) * rows_per_block;
+          const std::size_t last = first + rows_per_block < in.rows ? first + rows_per_block : in.rows;
+          S* block_partial = params_pitch > 0 ? &partial(b, 0) : nullptr;
+          for (std::size_t r = first; r < last; ++r) {
+            auto rw = k.row_at(in.x, in.x_pitch, in.t, in.t_pitch, param.data(), r);
+            for (int s = 0; s < N; ++s) rw.reduced[s] = reduced(r, s);
+            S adjoint[kernels_type::slots];
+            k.reduction_adjoints(rw, &argmax(r, 0), dy, r, adjoint);
+            S* dx_row = WithInput ? dx + r * dx_pitch : nullptr;
+            if constexpr (WithInput)
+              for (int j = 0; j < k.in_width; ++j) dx_row[j] = S(0);
+            k.template to_leaves<WithInput>(rw, &argmax(r, 0), dy, r, adjoint, dx_row, block_partial, params_pitch);
+          }
+        });
+  }
+
+
   // Accumulates the parameters' gradients into grad and overwrites dx (when it has data) with the
   // input's, for the adjoint dy of every output column.
   template <class Adjoint>
@@ -397,8 +433,6 @@ class rowwise_runner {
           });
       return;
     }
-    const Kokkos::View<const S**, Kokkos::LayoutRight, nn::memory_space> reduced = reduced_;
-    const Kokkos::View<const int**, Kokkos::LayoutRight, nn::memory_space> argmax = argmax_;
     // Blocks of rows_per_block rows: each block's parameter gradients are column sums of its own
     // (partial), added over the blocks in order afterwards; no atomics, and the same bits on every
     // backend and thread count.
@@ -415,26 +449,9 @@ class rowwise_runner {
     const Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space> partial = partial_;
     // Kernel 1: blocks of rows. Per row: sweep 1 (the reductions' adjoints), sweep 2 (dx, the block's
     // parameter sums).
-    auto launch_rows = [&]<bool WithInput>() {
-      Kokkos::parallel_for(
-          "kfsdp::expr::backward_rows", Kokkos::RangePolicy<nn::execution_space>(0, blocks), KOKKOS_LAMBDA(int b) {
-            const std::size_t first = std::size_t(b) * rows_per_block;
-            const std::size_t last = first + rows_per_block < rows ? first + rows_per_block : rows;
-            S* block_partial = with_params ? &partial(b, 0) : nullptr;
-            for (std::size_t r = first; r < last; ++r) {
-              auto rw = k.row_at(xp, x_pitch, tp, t_pitch, param.data(), r);
-              for (int s = 0; s < N; ++s) rw.reduced[s] = reduced(r, s);
-              S adjoint[kernels_type::slots];
-              k.reduction_adjoints(rw, &argmax(r, 0), dy, r, adjoint);
-              S* dx_row = WithInput ? dx + r * dx_pitch : nullptr;
-              if constexpr (WithInput)
-                for (int j = 0; j < k.in_width; ++j) dx_row[j] = S(0);
-              k.template to_leaves<WithInput>(rw, &argmax(r, 0), dy, r, adjoint, dx_row, block_partial, pitch);
-            }
-          });
-    };
-    if (dx != nullptr) launch_rows.template operator()<true>();
-    else if (with_params) launch_rows.template operator()<false>();
+    const rows_in in{xp, x_pitch, tp, t_pitch, rows};
+    if (dx != nullptr) backward_rows<true>(k, in, param, dy, dx, dx_pitch, blocks, with_params ? pitch : 0);
+    else if (with_params) backward_rows<false>(k, in, param, dy, dx, dx_pitch, blocks, pitch);
     // Kernel 2: each parameter element's gradient, the blocks' partial sums added in order.
     if (with_params && blocks > 0) {
       Kokkos::parallel_for(
