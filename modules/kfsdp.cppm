@@ -92,6 +92,8 @@ module;
 #ifdef KFSDP_MODULE_MPI
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/session.hpp>
+#include <kfsdp/train/fit.hpp>
 #endif
 // --- end of generated headers ---
 export module kfsdp;
@@ -654,10 +656,30 @@ using kfsdp::static_shard_plan;
 using kfsdp::to_dynamic;
 using kfsdp::to_string;
 }
+#ifdef KFSDP_MODULE_MPI
+// <kfsdp/session.hpp>
+export namespace kfsdp {
+using kfsdp::session;
+using kfsdp::session_options;
+using kfsdp::shard_per_node;
+}
+#endif
 // <kfsdp/train/activation_meter.hpp>
 export namespace kfsdp {
 using kfsdp::activation_meter;
 }
+#ifdef KFSDP_MODULE_MPI
+// <kfsdp/train/fit.hpp>
+export namespace kfsdp {
+using kfsdp::checkpoint_path;
+using kfsdp::checkpoint_steps;
+using kfsdp::eval_metrics;
+using kfsdp::fit;
+using kfsdp::fit_metric;
+using kfsdp::fit_options;
+using kfsdp::fit_result;
+}
+#endif
 // <kfsdp/train/gpt.hpp>
 export namespace kfsdp {
 using kfsdp::device_ids;

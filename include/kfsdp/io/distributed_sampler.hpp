@@ -36,11 +36,12 @@ class distributed_sampler {
   /// This rank's rows of the next step's global batch, then the step advances. `ranks` must divide
   /// the global batch (array_dataset::rank_slice says so otherwise).
   template <class Scalar>
-  [[nodiscard]] std::pair<nn::matrix<Scalar>, nn::matrix<Scalar>> next(const array_dataset& data, std::size_t rank,
-                                                                       std::size_t ranks) {
+  [[nodiscard]] std::pair<nn::matrix<Scalar>, nn::matrix<Scalar>> next(const array_dataset& data,
+                                                                       std::size_t rank, std::size_t ranks) {
     if (data.count() != samples_)
-      throw std::invalid_argument(fmt::format(
-          "kfsdp::io::distributed_sampler::next: data has {} samples, expected the sampler's {}", data.count(), samples_));
+      throw std::invalid_argument(
+          fmt::format("kfsdp::io::distributed_sampler::next: data has {} samples, expected the sampler's {}",
+                      data.count(), samples_));
     auto slice = data.rank_slice<Scalar>(data.micro_batch(seed_, step_, global_batch_), rank, ranks);
     ++step_;
     return slice;
@@ -49,7 +50,9 @@ class distributed_sampler {
   /// The step whose batch next() returns.
   [[nodiscard]] std::size_t step() const noexcept { return step_; }
   /// Passes over the data so far (fractional): step · global_batch / samples.
-  [[nodiscard]] double epoch() const noexcept { return double(step_) * double(global_batch_) / double(samples_); }
+  [[nodiscard]] double epoch() const noexcept {
+    return double(step_) * double(global_batch_) / double(samples_);
+  }
   [[nodiscard]] std::size_t global_batch() const noexcept { return global_batch_; }
   [[nodiscard]] std::uint64_t seed() const noexcept { return seed_; }
   /// Steps that make `epochs` passes over the data (the last batch may reach into the next pass).

@@ -19,8 +19,8 @@
 // the weights and restored IN PLACE by the load, so add_state is called before saving and before
 // loading alike; restore_state then sees the file's metadata. Core header: no MPI.
 
-#include <Kokkos_Core.hpp>
 #include <fmt/format.h>
+#include <Kokkos_Core.hpp>
 
 #include <charconv>
 #include <cstdint>
@@ -59,7 +59,8 @@ struct checkpoint_state {
 /// 1. add_state(state) const adds the object's views and metadata keys to `state`;
 /// 2. restore_state(metadata) reads them back after the views were restored in place.
 template <class T, class Scalar>
-concept stateful = requires(T& object, const T& saved, checkpoint_state<Scalar>& state, const metadata_map& metadata) {
+concept stateful = requires(T& object, const T& saved, checkpoint_state<Scalar>& state,
+                            const metadata_map& metadata) {
   saved.add_state(state);
   object.restore_state(metadata);
 };
@@ -70,7 +71,8 @@ concept stateful = requires(T& object, const T& saved, checkpoint_state<Scalar>&
 inline const std::string& metadata_text(const metadata_map& metadata, std::string_view key) {
   const auto found = metadata.find(key);
   if (found == metadata.end())
-    throw std::invalid_argument(fmt::format("checkpoint metadata: no '{}', expected it (a checkpoint of another program?)", key));
+    throw std::invalid_argument(
+        fmt::format("checkpoint metadata: no '{}', expected it (a checkpoint of another program?)", key));
   return found->second;
 }
 
