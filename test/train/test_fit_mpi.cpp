@@ -92,7 +92,7 @@ std::string error_of(const auto& run) {
 
 }  // namespace
 
-TEST_CASE("fit: the losses are the same at any world size (the sampler's global batches)") {
+TEST_CASE("fit: the losses are the same at any world size (the sampler's global batches), flat or HSDP") {
   kfsdp::session job;
   const auto dir = shared_dir(job.world(), "invariance");
   const auto data = samples(60, 1);
@@ -119,6 +119,16 @@ TEST_CASE("fit: the losses are the same at any world size (the sampler's global 
     CHECK(alone[step] == doctest::Approx(losses[step]).epsilon(1e-12));
   }
   CHECK(losses.back() < losses.front());
+  {
+    // HSDP: each rank its own shard group, replicated over all; checkpoints through the first group.
+    kfsdp::session hybrid({.hybrid_shard = 1});
+    options.metrics_file = dir / "hybrid.jsonl";
+    options.checkpoint_dir = dir / "hybrid";
+    const kfsdp::fit_result replicated = train(hybrid, data, options);
+    CHECK(replicated.loss == doctest::Approx(world.loss).epsilon(1e-12));
+    CHECK(kfsdp::checkpoint_steps(dir / "hybrid") == std::vector<std::size_t>{8});
+    CHECK(train(hybrid, data, options).resumed_from == 8);
+  }
   job.world().barrier();
   if (job.is_root()) std::filesystem::remove_all(dir);
 }
