@@ -84,7 +84,7 @@ struct fit_options {
   std::size_t eval_every = 0;                    // 0: only at the end
   std::vector<fit_metric> metrics{};             // computed at each evaluation besides the built-in ones
   std::size_t log_every = 0;                     // a progress line every k steps on rank 0 (0: ten per run)
-  std::filesystem::path metrics_file{};          // JSON lines, rank 0 (appended to when resuming)
+  std::filesystem::path metrics_file{};          // JSON lines, one a step, rank 0 (appended to when resuming)
   std::filesystem::path checkpoint_dir{};        // empty: no checkpoints, no resume
   std::size_t checkpoint_every = 0;              // 0: only at the end and on SIGTERM / SIGUSR1
   std::size_t keep_last = 3;                     // checkpoints kept in checkpoint_dir (the newest)
@@ -339,10 +339,10 @@ inline void check_options(const fit_options& options, std::size_t ranks) {
 /// NaN or infinite loss throws std::runtime_error naming the step (nothing is saved for it), as
 /// does a bad option (std::invalid_argument, naming the field, the value and what is expected).
 template <class Trainer, class Optimizer, class Schedule>
-requires io::stateful<Optimizer, typename Trainer::scalar_type> &&
-    std::is_invocable_r_v<double, const Schedule&, std::size_t>
-        fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Schedule& schedule,
-                       const io::array_dataset& data, const fit_options& options) {
+  requires io::stateful<Optimizer, typename Trainer::scalar_type> &&
+           std::is_invocable_r_v<double, const Schedule&, std::size_t>
+fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Schedule& schedule,
+               const io::array_dataset& data, const fit_options& options) {
   using Scalar = typename Trainer::scalar_type;
   comm::mpi& world = job.world();
   const std::size_t rank = std::size_t(world.rank()), ranks = std::size_t(world.size());
@@ -382,8 +382,8 @@ requires io::stateful<Optimizer, typename Trainer::scalar_type> &&
       std::filesystem::create_directories(options.checkpoint_dir, made);
       error[0] = std::uint64_t(made.value());
     }
-    comm::broadcast(world, std::span<std::uint64_t>(error),
-                    0);  // also: the directory exists before anyone lists it
+    // Also: the directory exists before any rank lists it.
+    comm::broadcast(world, std::span<std::uint64_t>(error), 0);
     if (error[0] != 0)
       throw std::invalid_argument(
           fmt::format("fit: checkpoint_dir is '{}', expected a directory that can be made ({})",
@@ -407,9 +407,14 @@ requires io::stateful<Optimizer, typename Trainer::scalar_type> &&
         if (root) fmt::print("fit: skipping {}: {}\n", path.string(), incomplete.what());
         continue;
       }
-      optimizer.restore_state(state.metadata);
-      sampler.restore_state(state.metadata);
-      const std::size_t step = io::metadata_count(state.metadata, "fit.step");
+      std::size_t step = 0;
+      try {  // another configuration is refused, naming the key
+        optimizer.restore_state(state.metadata);
+        sampler.restore_state(state.metadata);
+        step = io::metadata_count(state.metadata, "fit.step");
+      } catch (const std::invalid_argument& refused) {
+        throw std::invalid_argument(fmt::format("fit: resuming from {}: {}", path.string(), refused.what()));
+      }
       if (step != sampler.step())
         throw std::invalid_argument(
             fmt::format("fit: {}: 'fit.step' is {} and 'sampler.step' {}, expected equal", path.string(),
@@ -441,8 +446,7 @@ requires io::stateful<Optimizer, typename Trainer::scalar_type> &&
   const detail::stop_signals signals;
   std::size_t step = sampler.step(), last_saved = result.resumed_from > 0 ? step : total + 1,
               logged_step = step;
-  auto logged_time = std::chrono::steady_clock::now();
-  double seconds_per_step = 0;
+  auto logged_time = std::chrono::steady_clock::now(), step_started = logged_time;
   while (step < total) {
     // One agreement per step: a signal seen by any rank stops every rank at the same boundary.
     if (comm::any_rank(world, detail::fit_stop_signal != 0)) {
@@ -467,22 +471,23 @@ requires io::stateful<Optimizer, typename Trainer::scalar_type> &&
     ++step;
     result.loss = stepped.loss;
     const auto now = std::chrono::steady_clock::now();
-    if (step % log_every == 0 || step == total) {
-      const double elapsed = std::chrono::duration<double>(now - logged_time).count();
-      seconds_per_step = elapsed / double(step - logged_step);
-      const double samples_per_s = double(options.global_batch) / std::max(seconds_per_step, 1e-12);
-      metrics.write({{"step", std::to_string(step)},
-                     {"epoch", detail::json_number(sampler.epoch())},
-                     {"loss", detail::json_number(stepped.loss)},
-                     {"grad_norm", detail::json_number(stepped.grad_norm)},
-                     {"lr", detail::json_number(lr)},
-                     {"samples_per_s", detail::json_number(samples_per_s)}});
-      if (root) {
-        fmt::print("fit: step {}/{} | epoch {:.2f} | loss {:.6g} | lr {:.3g} | {:.0f} samples/s | eta {}\n",
-                   step, total, sampler.epoch(), stepped.loss, lr, samples_per_s,
-                   detail::duration_text(seconds_per_step * double(total - step)));
-        std::fflush(stdout);
-      }
+    const double step_seconds = std::chrono::duration<double>(now - step_started).count();
+    step_started = now;
+    metrics.write({{"step", std::to_string(step)},
+                   {"epoch", detail::json_number(sampler.epoch())},
+                   {"loss", detail::json_number(stepped.loss)},
+                   {"grad_norm", detail::json_number(stepped.grad_norm)},
+                   {"lr", detail::json_number(lr)},
+                   {"samples_per_s", detail::json_number(double(options.global_batch) / step_seconds)},
+                   {"step_time_s", detail::json_number(step_seconds)}});
+    if (root && (step % log_every == 0 || step == total)) {
+      // The rate over the steps since the last line (evaluations and checkpoints included).
+      const double seconds_per_step =
+          std::chrono::duration<double>(now - logged_time).count() / double(step - logged_step);
+      fmt::print("fit: step {}/{} | epoch {:.2f} | loss {:.6g} | lr {:.3g} | {:.0f} samples/s | eta {}\n", step,
+                 total, sampler.epoch(), stepped.loss, lr, double(options.global_batch) / seconds_per_step,
+                 detail::duration_text(seconds_per_step * double(total - step)));
+      std::fflush(stdout);
       logged_step = step;
       logged_time = now;
     }
