@@ -25,6 +25,8 @@ namespace {
 
 using mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 3, 16>, kfsdp::gelu<>, kfsdp::linear<"fc2", 16, 1>,
                               kfsdp::mse<>>;
+using wide_mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 3, 32>, kfsdp::gelu<>, kfsdp::linear<"fc2", 32, 1>,
+                                   kfsdp::mse<>>;
 using classifier = kfsdp::sequential<"", kfsdp::linear<"fc1", 3, 16>, kfsdp::gelu<>,
                                      kfsdp::linear<"fc2", 16, 3>, kfsdp::cross_entropy<"", 3>>;
 
@@ -179,13 +181,52 @@ TEST_CASE(
   CHECK(again.resumed_from == 6);
   CHECK(again.step == 6);
 
-  // Another configuration is refused, naming the key; resume = false starts afresh.
+  // Another configuration is refused before its data is read, naming the file and the key (not
+  // skipped as incomplete); resume = false starts afresh.
   kfsdp::fit_options other = options;
   other.seed = 4;
-  CHECK(error_of([&] { train(job, data, other); }).find("'sampler.seed' is '3', expected '4'") !=
-        std::string::npos);
+  const std::string seed_error = error_of([&] { train(job, data, other); });
+  CHECK(seed_error.find("fit: resuming from " + kfsdp::checkpoint_path(dir, 6).string()) != std::string::npos);
+  CHECK(seed_error.find("'sampler.seed' is '3', expected '4'") != std::string::npos);
+  {
+    kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
+    model.initialize(7);
+    kfsdp::optim::sgd<double> sgd(model.engine().plan().shard_numel, {.lr = 0.1, .momentum = 0.9});
+    CHECK(error_of([&] { kfsdp::fit(job, model, sgd, kfsdp::optim::constant(0.1), data, options); })
+              .find("'optimizer' is 'adamw', expected 'sgd'") != std::string::npos);
+    kfsdp::trainer<wide_mlp, double, kfsdp::zero3> wide(wide_mlp{}, job.shard_group(), job.fsdp());
+    kfsdp::optim::adamw<double> adam(wide);
+    CHECK(error_of([&] { kfsdp::fit(job, wide, adam, kfsdp::optim::constant(0.1), data, options); })
+              .find("'kfsdp.numel' is '81', expected '161'") != std::string::npos);
+  }
+  CHECK(kfsdp::checkpoint_steps(dir) == std::vector<std::size_t>{2, 4, 6});  // nothing written over
   other.resume = false;
   CHECK(train(job, data, other).resumed_from == 0);
+  job.world().barrier();
+  if (job.is_root()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("fit: SGD's momentum goes through the checkpoint protocol: resuming is bit for bit") {
+  kfsdp::session job;
+  const auto dir = shared_dir(job.world(), "sgd");
+  const auto data = samples(60, 6);
+  const kfsdp::fit_options options{.steps = 4, .global_batch = global_batch, .checkpoint_dir = dir,
+                                   .checkpoint_every = 2};
+  const auto run = [&] {
+    kfsdp::trainer<mlp, double, kfsdp::zero2> model(mlp{}, job.shard_group(), job.fsdp());
+    model.initialize(7);
+    kfsdp::optim::sgd<double> sgd(model.engine().plan().shard_numel, {.lr = 0.05, .momentum = 0.9});
+    const kfsdp::fit_result result = kfsdp::fit(job, model, sgd, kfsdp::optim::cosine(0.05, 4), data, options);
+    job.world().barrier();
+    return result;
+  };
+  CHECK(run().resumed_from == 0);
+  const std::string final_bytes = bytes_of(kfsdp::checkpoint_path(dir, 4));
+  job.world().barrier();
+  if (job.is_root()) std::filesystem::remove(kfsdp::checkpoint_path(dir, 4));
+  job.world().barrier();
+  CHECK(run().resumed_from == 2);
+  CHECK(bytes_of(kfsdp::checkpoint_path(dir, 4)) == final_bytes);
   job.world().barrier();
   if (job.is_root()) std::filesystem::remove_all(dir);
 }

@@ -21,7 +21,8 @@
 // user's metadata (normalisation statistics, say). The schedule is a function of the step, so the
 // step is its state; the sampler needs no RNG state beyond its seed and step. A file that does not
 // verify (cut short, corrupted) is skipped on resume, with a line saying why; a file of another
-// configuration (optimizer, seed, batch, shapes) is refused, naming the key or the tensor.
+// configuration (optimizer, seed, batch, data size, model size or dtype) is refused from its
+// header, naming the file and the key.
 //
 // Metrics at evaluation, over every sample of eval_data: loss, mse and relative L2 error
 // (||prediction - target|| / ||target||) for a model ending in mse; loss, accuracy and perplexity
@@ -298,6 +299,28 @@ inline std::string duration_text(double seconds) {
   return fmt::format("{}s", whole);
 }
 
+// Refuses (std::invalid_argument, naming the file and the key) a checkpoint whose configuration is
+// not this run's: every key that the parts write but progress (the optimizer and its kind, the
+// sampler's seed, batch and data size), and the model's parameter count, elements and dtype.
+template <class Scalar>
+void check_configuration(const std::filesystem::path& path, const io::metadata_map& saved,
+                         const io::metadata_map& ours, const io::metadata_map& user, fsdp_engine<Scalar>& engine) {
+  std::size_t numel = 0;
+  for (const param_info& param : engine.params()) numel += param.numel;
+  io::metadata_map expected{{std::string(io::parameters_key), std::to_string(engine.params().size())},
+                            {std::string(io::numel_key), std::to_string(numel)}};
+  if constexpr (std::is_same_v<Scalar, double> || std::is_same_v<Scalar, float>)
+    expected[std::string(io::dtype_key)] = std::is_same_v<Scalar, double> ? "F64" : "F32";
+  for (const auto& [key, value] : ours)
+    if (key != "fit.step" && key != "sampler.step" && key != "optimizer.step_count" && !user.contains(key))
+      expected[key] = value;
+  try {
+    for (const auto& [key, value] : expected) io::check_metadata(saved, key, value);
+  } catch (const std::invalid_argument& refused) {
+    throw std::invalid_argument(fmt::format("fit: resuming from {}: {}", path.string(), refused.what()));
+  }
+}
+
 inline void check_options(const fit_options& options, std::size_t ranks) {
   if ((options.steps == 0) == (options.epochs == 0))
     throw std::invalid_argument(
@@ -401,7 +424,11 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
     for (auto newest = steps.rbegin(); newest != steps.rend(); ++newest) {
       const std::filesystem::path path = checkpoint_path(options.checkpoint_dir, *newest);
       io::checkpoint_state<Scalar> state = checkpoint_parts(0);
+      // Header first: a file of another configuration is refused before its data is read, so
+      // that a load error below means a file cut short or corrupted, which is skipped.
       try {
+        detail::check_configuration(path, io::read_metadata(path, world), state.metadata, options.metadata,
+                                    trainer.engine());
         io::load_checkpoint(path, trainer.engine(), job.shard_group(), state);  // every rank alike
       } catch (const io::format_error& incomplete) {
         if (root) fmt::print("fit: skipping {}: {}\n", path.string(), incomplete.what());
