@@ -363,6 +363,12 @@ TEST_CASE("session: HSDP groups from the option; a bad setting is an error from 
     CHECK(job.run([] { return 7; }) == 7);
   }
   {
+    kfsdp::session per_node({.hybrid_shard = kfsdp::shard_per_node});  // the test's ranks share one node
+    CHECK(per_node.shard_group().size() == per_node.size());
+    REQUIRE(per_node.replicas() != nullptr);
+    CHECK(per_node.replicas()->size() == 1);
+  }
+  {
     kfsdp::session flat({.hybrid_shard = 0});
     CHECK(&flat.shard_group() == &flat.world());
     CHECK(flat.replicas() == nullptr);
