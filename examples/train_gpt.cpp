@@ -314,23 +314,15 @@ int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics
                                   kfsdp::optim::sgd_options{.lr = s.lr, .momentum = s.momentum, .weight_decay = s.weight_decay});
     const std::size_t optimizer_bytes = (s.optimizer == "adamw" ? 2 : (s.momentum > 0 ? 1 : 0)) * shard * sizeof(Scalar);
 
-    // A checkpoint: weights, the optimizer's state (same layout as the shards) and the progress.
-    auto optimizer_state = [&] {
-      std::vector<kfsdp::io::named_shard<Scalar>> views;
-      if (auto* adam = std::get_if<0>(&optimizer)) {
-        views.push_back({"optimizer.exp_avg", adam->exp_avg()});
-        views.push_back({"optimizer.exp_avg_sq", adam->exp_avg_sq()});
-      } else if (s.momentum > 0) {
-        views.push_back({"optimizer.momentum_buffer", std::get<1>(optimizer).momentum_buffer()});
-      }
-      return views;
+    // A checkpoint: the weights, then the optimizer's state through the checkpoint protocol
+    // (io/stateful.hpp: its moments or momentum, its kind, its step count) and the progress.
+    auto optimizer_state = [&](kfsdp::io::checkpoint_state<Scalar>& state) {
+      std::visit([&](const auto& opt) { opt.add_state(state); }, optimizer);
     };
     auto save = [&](std::size_t steps_done) {
-      kfsdp::io::checkpoint_state<Scalar> state{.metadata = {{"format", "pt"},
-                                                             {"step", std::to_string(steps_done)},
-                                                             {"optimizer", s.optimizer},
-                                                             {"seed", std::to_string(s.seed)}},
-                                                .shards = optimizer_state()};
+      kfsdp::io::checkpoint_state<Scalar> state{
+          .metadata = {{"format", "pt"}, {"step", std::to_string(steps_done)}, {"seed", std::to_string(s.seed)}}};
+      optimizer_state(state);
       for (const auto& [field, value] : model_config(s.model)) state.metadata[field] = value;  // checked on --resume, --load
       // A tied parameter is stored once, under its owner's name; the metadata says which.
       if (s.model.tie_weights) state.metadata["tied"] = "lm_head.weight=transformer.wte.weight";
@@ -339,25 +331,18 @@ int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics
     };
     std::size_t first_step = 0;
     if (!s.resume.empty()) {
-      kfsdp::io::checkpoint_state<Scalar> state{.metadata = {}, .shards = optimizer_state()};
+      kfsdp::io::checkpoint_state<Scalar> state;
+      optimizer_state(state);  // its views are restored in place
       kfsdp::io::load_checkpoint(s.resume, engine, sharding, state);  // every shard group reads the same file
-      // What resuming reads of the metadata, checked with messages that name the key.
-      auto key = [&](const std::string& name) -> const std::string& {
-        const auto it = state.metadata.find(name);
-        if (it == state.metadata.end())
-          throw std::invalid_argument(fmt::format("train_gpt: --resume {}: no '{}' in its metadata (not written by train_gpt --save)",
-                                                  s.resume, name));
-        return it->second;
-      };
-      if (key("optimizer") != s.optimizer)
-        throw std::invalid_argument("train_gpt: --resume " + s.resume + " was trained with --optimizer " + key("optimizer") +
-                                    ", not " + s.optimizer);
-      const std::string& step_text = key("step");
-      if (step_text.empty() || step_text.find_first_not_of("0123456789") != std::string::npos || step_text.size() > 18)
-        throw std::invalid_argument(fmt::format("train_gpt: --resume {}: metadata 'step' is '{}', expected a step count",
-                                                s.resume, step_text));
-      first_step = std::stoull(step_text);  // windows are keyed by step: the data resumes too
-      if (auto* adam = std::get_if<0>(&optimizer)) adam->set_step_count(static_cast<std::int64_t>(first_step));
+      // Files saved before the protocol kept AdamW's step count only as the run's step.
+      if (!state.metadata.contains("optimizer.step_count") && state.metadata.contains("step"))
+        state.metadata["optimizer.step_count"] = state.metadata["step"];
+      try {
+        std::visit([&](auto& opt) { opt.restore_state(state.metadata); }, optimizer);
+        first_step = kfsdp::io::metadata_count(state.metadata, "step");  // windows are keyed by step: the data resumes too
+      } catch (const std::invalid_argument& refused) {
+        throw std::invalid_argument(fmt::format("train_gpt: --resume {}: {}", s.resume, refused.what()));
+      }
       if (root) fmt::print("resumed {} at step {}\n", s.resume, first_step);
     }
 

@@ -42,8 +42,10 @@ module;
 #include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/io/array_dataset.hpp>
 #include <kfsdp/io/checksum.hpp>
+#include <kfsdp/io/distributed_sampler.hpp>
 #include <kfsdp/io/safetensors.hpp>
 #include <kfsdp/io/state_dict.hpp>
+#include <kfsdp/io/stateful.hpp>
 #include <kfsdp/io/text_dataset.hpp>
 #include <kfsdp/meta/checked.hpp>
 #include <kfsdp/meta/enum_names.hpp>
@@ -90,6 +92,8 @@ module;
 #ifdef KFSDP_MODULE_MPI
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/session.hpp>
+#include <kfsdp/train/fit.hpp>
 #endif
 // --- end of generated headers ---
 export module kfsdp;
@@ -338,11 +342,12 @@ using kfsdp::wrap_policy;
 // <kfsdp/io/array_dataset.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::array_dataset;
+using kfsdp::io::stats_from_metadata;
+using kfsdp::io::stats_metadata;
 }
 #ifdef KFSDP_MODULE_MPI
 // <kfsdp/io/checkpoint.hpp>
 export namespace kfsdp::io {
-using kfsdp::io::checkpoint_state;
 using kfsdp::io::checksum_key_prefix;
 using kfsdp::io::describe;
 using kfsdp::io::dtype_key;
@@ -352,7 +357,6 @@ using kfsdp::io::import_weights;
 using kfsdp::io::load_checkpoint;
 using kfsdp::io::load_model;
 using kfsdp::io::load_state_dict_file;
-using kfsdp::io::named_shard;
 using kfsdp::io::numel_key;
 using kfsdp::io::parameters_key;
 using kfsdp::io::read_metadata;
@@ -370,6 +374,10 @@ using kfsdp::io::checksum_of;
 using kfsdp::io::checksum_state;
 using kfsdp::io::checksum_update;
 using kfsdp::io::format_hex64;
+}
+// <kfsdp/io/distributed_sampler.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::distributed_sampler;
 }
 // <kfsdp/io/safetensors.hpp>
 export namespace kfsdp::io {
@@ -395,6 +403,15 @@ using kfsdp::io::tensor_info;
 export namespace kfsdp {
 using kfsdp::state_dict;
 using kfsdp::tensor;
+}
+// <kfsdp/io/stateful.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::check_metadata;
+using kfsdp::io::checkpoint_state;
+using kfsdp::io::metadata_count;
+using kfsdp::io::metadata_text;
+using kfsdp::io::named_shard;
+using kfsdp::io::stateful;
 }
 // <kfsdp/io/text_dataset.hpp>
 export namespace kfsdp::io {
@@ -639,10 +656,30 @@ using kfsdp::static_shard_plan;
 using kfsdp::to_dynamic;
 using kfsdp::to_string;
 }
+#ifdef KFSDP_MODULE_MPI
+// <kfsdp/session.hpp>
+export namespace kfsdp {
+using kfsdp::session;
+using kfsdp::session_options;
+using kfsdp::shard_per_node;
+}
+#endif
 // <kfsdp/train/activation_meter.hpp>
 export namespace kfsdp {
 using kfsdp::activation_meter;
 }
+#ifdef KFSDP_MODULE_MPI
+// <kfsdp/train/fit.hpp>
+export namespace kfsdp {
+using kfsdp::checkpoint_path;
+using kfsdp::checkpoint_steps;
+using kfsdp::eval_metrics;
+using kfsdp::fit;
+using kfsdp::fit_metric;
+using kfsdp::fit_options;
+using kfsdp::fit_result;
+}
+#endif
 // <kfsdp/train/gpt.hpp>
 export namespace kfsdp {
 using kfsdp::device_ids;

@@ -160,6 +160,35 @@ TEST_CASE("column statistics, and normalising a test set with the training set's
   CHECK_THROWS_AS(test.normalize({{0, 0}, {1, -1}}, ts), std::invalid_argument);
 }
 
+TEST_CASE("normalize() by the set's own statistics, kept as checkpoint metadata and read back") {
+  array_dataset train({1, 5, 3, 5}, 2, {0, 4}, 1), test({4, 7}, 2, {8}, 1);
+  const array_dataset::normalization stats = train.normalize();
+  CHECK(stats.features.mean == std::vector<double>{2, 5});
+  CHECK(stats.targets.stddev == std::vector<double>{2});
+  test.normalize(stats);
+  CHECK(host(test.rows<double>(0, 1).second) == std::vector<double>{3});
+
+  const kfsdp::io::metadata_map metadata = kfsdp::io::stats_metadata({{{0.1, 1.0 / 3}, {2, 0}}, {{-7.5}, {1e-300}}});
+  CHECK(metadata.at("normalization.features.mean") == "0.1,0.3333333333333333");
+  CHECK(metadata.at("normalization.targets.stddev") == "1e-300");
+  const array_dataset::normalization back = kfsdp::io::stats_from_metadata(metadata);  // every bit back
+  CHECK(back.features.mean == std::vector<double>{0.1, 1.0 / 3});
+  CHECK(back.features.stddev == std::vector<double>{2, 0});
+  CHECK(back.targets.mean == std::vector<double>{-7.5});
+  CHECK(back.targets.stddev == std::vector<double>{1e-300});
+
+  kfsdp::io::metadata_map broken = metadata;
+  broken["normalization.targets.mean"] = "1,x";
+  CHECK_THROWS_WITH_AS(kfsdp::io::stats_from_metadata(broken),
+                       "kfsdp::io::stats_from_metadata: 'normalization.targets.mean' is '1,x', expected numbers "
+                       "separated by commas",
+                       std::invalid_argument);
+  broken.erase("normalization.features.stddev");
+  CHECK_THROWS_WITH_AS(kfsdp::io::stats_from_metadata(broken),
+                       "kfsdp::io::stats_from_metadata: no 'normalization.features.stddev', expected it",
+                       std::invalid_argument);
+}
+
 TEST_CASE("bad sizes are clear errors naming the array") {
   CHECK_THROWS_WITH_AS(array_dataset({1, 2, 3, 4, 5, 6, 7}, 3, {1, 2}, 1),
                        "kfsdp::array_dataset: features has 7 values, expected a multiple of in_features = 3",

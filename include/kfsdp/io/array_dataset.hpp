@@ -15,14 +15,21 @@
 
 #include <cmath>
 #include <cstddef>
+#include <algorithm>
+#include <charconv>
 #include <cstdint>
+#include <initializer_list>
 #include <numeric>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <kfsdp/io/safetensors.hpp>  // metadata_map
 #include <kfsdp/nn/views.hpp>
 
 namespace kfsdp::io {
@@ -117,6 +124,19 @@ class array_dataset {
     apply(targets_, out_, targets);
   }
 
+  // Both columns' statistics, what a normalisation undoes (and a checkpoint keeps: stats_metadata).
+  struct normalization {
+    column_stats features{}, targets{};
+  };
+  // Normalises by this set's own statistics and returns them, for a test set to take:
+  //   const auto stats = train.normalize();  test.normalize(stats);
+  normalization normalize() {
+    normalization stats{feature_stats(), target_stats()};
+    normalize(stats);
+    return stats;
+  }
+  void normalize(const normalization& stats) { normalize(stats.features, stats.targets); }
+
  private:
   static std::uint64_t mix(std::uint64_t z) {  // splitmix64's finaliser
     z += 0x9e3779b97f4a7c15ull;
@@ -192,5 +212,48 @@ class array_dataset {
   std::vector<double> features_, targets_;
   std::size_t in_, out_, count_ = 0;
 };
+
+/// Normalisation statistics as checkpoint metadata (kept with the weights, for inference later):
+/// "normalization.features.mean", ".features.stddev", ".targets.mean", ".targets.stddev", the values
+/// comma-separated, each in shortest round-trip form.
+///
+///   kfsdp::io::stats_metadata(train.normalize())
+///   // {"normalization.features.mean": "0.5,0.5,...", ..., "normalization.targets.stddev": "0.042"}
+inline metadata_map stats_metadata(const array_dataset::normalization& stats) {
+  metadata_map metadata;
+  for (const auto& [name, columns] : {std::pair<std::string_view, const array_dataset::column_stats&>{"features", stats.features},
+                                      {"targets", stats.targets}}) {
+    metadata[fmt::format("normalization.{}.mean", name)] = fmt::format("{}", fmt::join(columns.mean, ","));
+    metadata[fmt::format("normalization.{}.stddev", name)] = fmt::format("{}", fmt::join(columns.stddev, ","));
+  }
+  return metadata;
+}
+
+/// The statistics that stats_metadata wrote (a checkpoint's metadata, say); throws
+/// std::invalid_argument naming the key when one is missing or not a list of numbers.
+///
+///   const auto stats = kfsdp::io::stats_from_metadata(result.metadata);
+inline array_dataset::normalization stats_from_metadata(const metadata_map& metadata) {
+  const auto numbers = [&](const std::string& key) {
+    const auto found = metadata.find(key);
+    if (found == metadata.end())
+      throw std::invalid_argument(fmt::format("kfsdp::io::stats_from_metadata: no '{}', expected it", key));
+    std::vector<double> values;
+    const std::string& text = found->second;
+    for (std::size_t begin = 0; begin <= text.size();) {
+      const std::size_t end = std::min(text.find(',', begin), text.size());
+      double value = 0;
+      const auto [stop, error] = std::from_chars(text.data() + begin, text.data() + end, value);
+      if (error != std::errc() || stop != text.data() + end)
+        throw std::invalid_argument(fmt::format(
+            "kfsdp::io::stats_from_metadata: '{}' is '{}', expected numbers separated by commas", key, text));
+      values.push_back(value);
+      begin = end + 1;
+    }
+    return values;
+  };
+  return {{numbers("normalization.features.mean"), numbers("normalization.features.stddev")},
+          {numbers("normalization.targets.mean"), numbers("normalization.targets.stddev")}};
+}
 
 }  // namespace kfsdp::io

@@ -47,31 +47,11 @@
 #include <kfsdp/io/checksum.hpp>
 #include <kfsdp/io/safetensors.hpp>
 #include <kfsdp/io/state_dict.hpp>
+#include <kfsdp/io/stateful.hpp>
 
 namespace kfsdp::io {
 
-/// A flat view with the layout of the engine's flat shard (optimizer moments, say), saved as one
-/// full tensor per parameter named "<name>.<parameter name>".
-///
-///   kfsdp::io::named_shard<float>{"optimizer.exp_avg", optimizer.exp_avg()}
-///   // -> tensors "optimizer.exp_avg.transformer.wte.weight", ...
-template <class Scalar>
-struct named_shard {
-  std::string name;
-  Kokkos::View<Scalar*> flat;  // plan().shard_numel elements, padding rows zero
-};
-
-/// What a checkpoint holds beside the weights: progress as strings in `__metadata__` (step, data
-/// position, RNG state, optimizer kind and hyper-parameters: the caller chooses the keys) and the
-/// flat views to save, and to restore in place on load.
-///
-///   checkpoint_state<double> state{.metadata = {{"step", "20"}},
-///                                  .shards = {{"optimizer.momentum_buffer", sgd.momentum_buffer()}}};
-template <class Scalar>
-struct checkpoint_state {
-  metadata_map metadata;
-  std::vector<named_shard<Scalar>> shards;
-};
+// named_shard and checkpoint_state (the checkpoint protocol's parts) are in stateful.hpp.
 
 /// Metadata keys that the writer sets itself; a caller's key equal to one of these (or starting
 /// with "checksum.") is an error.

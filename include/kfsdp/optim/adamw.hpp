@@ -27,6 +27,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/detail/kokkos_math.hpp>
+#include <kfsdp/io/stateful.hpp>
 #include <kfsdp/optim/param_groups.hpp>
 
 #include <cmath>
@@ -135,6 +136,20 @@ class adamw {
   [[nodiscard]] const view_type& exp_avg_sq() const noexcept { return exp_avg_sq_; }
   /// The parameter groups (none for the shard_size constructor).
   [[nodiscard]] const std::optional<param_group_layout>& groups() const noexcept { return groups_; }
+
+  /// The checkpoint protocol (io/stateful.hpp): the moments as "optimizer.exp_avg" and
+  /// "optimizer.exp_avg_sq" (restored in place), the kind and the step count as metadata.
+  void add_state(io::checkpoint_state<Scalar>& state) const {
+    state.shards.push_back({"optimizer.exp_avg", exp_avg_});
+    state.shards.push_back({"optimizer.exp_avg_sq", exp_avg_sq_});
+    state.metadata["optimizer"] = "adamw";
+    state.metadata["optimizer.step_count"] = std::to_string(step_count_);
+  }
+  /// Refuses a checkpoint of another optimizer, naming the key; sets the step count.
+  void restore_state(const io::metadata_map& metadata) {
+    io::check_metadata(metadata, "optimizer", "adamw");
+    set_step_count(static_cast<std::int64_t>(io::metadata_count(metadata, "optimizer.step_count")));
+  }
 
  private:
   std::size_t shard_size_;

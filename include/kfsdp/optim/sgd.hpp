@@ -17,6 +17,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <kfsdp/io/stateful.hpp>
+
 #include <cstddef>
 #include <string_view>
 #include <type_traits>
@@ -69,6 +71,16 @@ class sgd {
   [[nodiscard]] std::size_t shard_size() const noexcept { return shard_size_; }
   /// The momentum buffer (empty when momentum == 0), e.g. for a checkpoint.
   [[nodiscard]] const view_type& momentum_buffer() const noexcept { return momentum_buffer_; }
+
+  /// The checkpoint protocol (io/stateful.hpp): the momentum buffer as "optimizer.momentum_buffer"
+  /// (restored in place; none without momentum) and the kind as metadata.
+  void add_state(io::checkpoint_state<Scalar>& state) const {
+    if (momentum_buffer_.extent(0) > 0) state.shards.push_back({"optimizer.momentum_buffer", momentum_buffer_});
+    state.metadata["optimizer"] = "sgd";
+  }
+  /// Refuses a checkpoint of another optimizer, naming the key (a file without the momentum buffer
+  /// that this one needs is refused by the load, naming the tensor).
+  void restore_state(const io::metadata_map& metadata) { io::check_metadata(metadata, "optimizer", "sgd"); }
 
  private:
   std::size_t shard_size_;

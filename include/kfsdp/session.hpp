@@ -1,0 +1,185 @@
+#pragma once
+// kfsdp::session — one object brings a job up and takes it down (opt-in: this header includes
+// mpi.h): MPI at the thread level the engine needs, Kokkos, the world communicator with its
+// collective guards, and the HSDP groups. It is what a program passes around.
+//
+//   int main(int argc, char** argv) {
+//     kfsdp::session job(argc, argv);                   // or (argc, argv, {.hybrid_shard = 4})
+//     return job.run([&] {                              // a bad flag or KFSDP_* variable: "error: ..." and 2
+//       kfsdp::trainer<mlp, double> model(mlp{}, job.shard_group(), job.fsdp());
+//       ...
+//     });
+//   }                                                   // groups freed, Kokkos and MPI finalised
+//
+// The environment variables it reads (README: "Environment variables"):
+//   KFSDP_CHECK_COLLECTIVES   1|on|0|off   compare every collective across ranks first (default: on without
+//   NDEBUG) KFSDP_COLLECTIVE_TIMEOUT  seconds      a collective waiting longer throws, naming the call
+//   (default 600; 0: none) KFSDP_HYBRID_SHARD        N|node|0     HSDP shard groups of N consecutive ranks,
+//   or per node (default 0: flat)
+// A bad value is reported by run() as every bad input is: one "error:" line naming the variable, exit 2.
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <kfsdp/comm/any_communicator.hpp>
+#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/environment.hpp>
+#include <kfsdp/fsdp/options.hpp>
+
+namespace kfsdp {
+
+/// session_options::hybrid_shard for one shard group per node (the ranks sharing memory).
+inline constexpr std::size_t shard_per_node = std::numeric_limits<std::size_t>::max();
+
+/// How a session starts; every field has a default.
+///
+///   kfsdp::session job(argc, argv, {.hybrid_shard = kfsdp::shard_per_node});
+struct session_options {
+  // SERIALIZED: with overlap (comm::threaded) a worker thread makes the MPI calls.
+  int thread_level = MPI_THREAD_SERIALIZED;
+  // The job's ranks (duplicated): MPI_COMM_WORLD, or a part of it (MPI_COMM_SELF: a one-rank job).
+  MPI_Comm ranks = MPI_COMM_WORLD;
+  // HSDP: parameters sharded within groups of this many consecutive ranks (shard_per_node: within
+  // each node) and replicated across groups; 0: flat FSDP over the world. Unset: KFSDP_HYBRID_SHARD.
+  std::optional<std::size_t> hybrid_shard{};
+  // The world communicator's guards. Unset: comm::mpi_options{} (KFSDP_CHECK_COLLECTIVES,
+  // KFSDP_COLLECTIVE_TIMEOUT).
+  std::optional<comm::mpi_options> collectives{};
+};
+
+namespace detail {
+// KFSDP_HYBRID_SHARD: a count, "node", or unset/empty (flat).
+inline std::size_t hybrid_shard_from_environment() {
+  const char* value = std::getenv("KFSDP_HYBRID_SHARD");
+  if (value == nullptr || *value == '\0') return 0;
+  const std::string_view text(value);
+  if (text == "node") return shard_per_node;
+  std::size_t ranks = 0;
+  for (const char c : text) {
+    if (c < '0' || c > '9' || ranks > (std::numeric_limits<std::size_t>::max() - 9) / 10)
+      throw std::invalid_argument(fmt::format(
+          "KFSDP_HYBRID_SHARD is '{}', expected a number of ranks per shard group, node, or 0 (flat)", text));
+    ranks = ranks * 10 + std::size_t(c - '0');
+  }
+  return ranks;
+}
+}  // namespace detail
+
+class session {
+ public:
+  /// Starts MPI (unless it runs already: a test main) and Kokkos (likewise), then the world
+  /// communicator and the HSDP groups. A bad setting is kept and thrown by run(), so that every
+  /// rank reports it alike; the world then has the guards off.
+  session(int& argc, char**& argv, session_options options = {})
+      : mpi_up_(argc, argv, options.thread_level),
+        kokkos_up_(argc, argv),
+        world_(options.ranks, world_options(options)) {
+    make_groups(options);
+  }
+  explicit session(session_options options = {})
+      : mpi_up_(options.thread_level), world_(options.ranks, world_options(options)) {
+    make_groups(options);
+  }
+  session(const session&) = delete;
+  session& operator=(const session&) = delete;
+
+  /// Every rank of the job (session_options::ranks, duplicated).
+  [[nodiscard]] comm::mpi& world() noexcept { return world_; }
+  /// The ranks that shard the parameters among them: the world, or this rank's HSDP group.
+  [[nodiscard]] comm::mpi& shard_group() noexcept { return shard_group_ ? *shard_group_ : world_; }
+  /// Under HSDP the ranks holding the same shard as this one (one per group); else none.
+  [[nodiscard]] comm::mpi* replicas() noexcept { return replicas_ ? &*replicas_ : nullptr; }
+  [[nodiscard]] int rank() const noexcept { return world_.rank(); }
+  [[nodiscard]] int size() const noexcept { return world_.size(); }
+  /// True on the one rank that prints and writes logs.
+  [[nodiscard]] bool is_root() const noexcept { return world_.rank() == 0; }
+
+  /// `options` with this session's replica group set (HSDP); pass it with shard_group() to a trainer.
+  ///
+  ///   kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(),
+  ///                                                   job.fsdp({.broadcast_from = 0}));
+  [[nodiscard]] fsdp_options fsdp(fsdp_options options = {}) {
+    if (replicas_) options.replica_group = comm::any_communicator(*replicas_);
+    return options;
+  }
+
+  /// Runs program() on every rank under comm::run_or_abort: its result (0 for a void program), or
+  /// 2 after an error (a bad setting of this session's included), printed once when every rank
+  /// failed alike, by the failing rank otherwise (which then ends the job instead of hanging).
+  template <class Program>
+  int run(Program&& program) {
+    return comm::run_or_abort(world_, [&]() -> int {
+      if (!bad_setting_.empty()) throw std::invalid_argument(bad_setting_);
+      if constexpr (std::is_void_v<std::invoke_result_t<Program&>>) {
+        program();
+        return 0;
+      } else {
+        return static_cast<int>(program());
+      }
+    });
+  }
+
+ private:
+  // The options' guards, or the environment's; a bad variable leaves the guards off and run() reports it.
+  comm::mpi_options world_options(const session_options& options) {
+    if (options.collectives) return *options.collectives;
+    try {
+      return comm::mpi_options{};
+    } catch (const std::invalid_argument& bad) {
+      bad_setting_ = bad.what();
+      return comm::mpi_options{.check_collectives = false, .timeout = std::chrono::duration<double>(0)};
+    }
+  }
+
+  void make_groups(const session_options& options) {
+    std::size_t group = 0;
+    try {
+      group = options.hybrid_shard ? *options.hybrid_shard : detail::hybrid_shard_from_environment();
+    } catch (const std::invalid_argument& bad) {
+      if (bad_setting_.empty()) bad_setting_ = bad.what();
+      return;
+    }
+    if (group == 0 || !bad_setting_.empty()) return;
+    if (group == shard_per_node) {
+      shard_group_.emplace(world_.split_shared());
+      // Every node must hold as many ranks, so that the groups shard alike (every rank sees the same answer).
+      const comm::value_range per_node = comm::range_over_ranks(world_, std::uint64_t(shard_group_->size()));
+      if (per_node.lowest != per_node.highest) {
+        bad_setting_ = fmt::format(
+            "session: hybrid_shard is node, and the nodes hold {} to {} ranks, expected as "
+            "many on every node",
+            per_node.lowest, per_node.highest);
+        shard_group_.reset();
+        return;
+      }
+    } else if (std::size_t(world_.size()) % group != 0) {
+      bad_setting_ =
+          fmt::format("session: hybrid_shard is {}, expected a divisor of the {} ranks (or 0: flat)", group,
+                      world_.size());
+      return;
+    } else {
+      const int ranks = static_cast<int>(group);
+      shard_group_.emplace(world_.split(world_.rank() / ranks, world_.rank()));
+    }
+    replicas_.emplace(world_.split(shard_group_->rank(), world_.rank()));
+  }
+
+  comm::mpi::environment mpi_up_;
+  environment kokkos_up_;
+  std::string bad_setting_;  // thrown by run() on every rank
+  comm::mpi world_;
+  std::optional<comm::mpi> shard_group_, replicas_;
+};
+
+}  // namespace kfsdp

@@ -1,0 +1,535 @@
+#pragma once
+// kfsdp::fit — the training loop users expect, around a trainer (opt-in: this header includes
+// mpi.h, through session.hpp and io/checkpoint.hpp): steps or epochs over an array_dataset with a
+// distributed sampler (the same global batches at any world size), a learning-rate schedule,
+// evaluation every K steps, a progress line on rank 0 and JSON-lines metrics, checkpoints every K
+// steps keeping the last N, resuming on its own from the newest complete one, and preemption:
+// SIGTERM or SIGUSR1 (what Slurm sends before a time limit) writes a checkpoint at the next step
+// boundary and returns, every rank alike.
+//
+//   kfsdp::session job(argc, argv);
+//   kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
+//   model.initialize(1);
+//   kfsdp::optim::adamw<double> adam(model, {.weight_decay = 0.0});
+//   const kfsdp::fit_result result = kfsdp::fit(job, model, adam, kfsdp::optim::cosine(3e-3, 4000), data,
+//       {.steps = 4000, .global_batch = 256, .eval_data = &test, .eval_every = 500,
+//        .checkpoint_dir = "checkpoints", .checkpoint_every = 500, .keep_last = 2});
+//   if (result.preempted) return 0;           // the checkpoint is written: requeue the job
+//
+// A checkpoint, checkpoint_dir/step-00000500.safetensors, is the union of the checkpoint protocol's
+// parts (io/stateful.hpp): the model, the optimizer's state, the sampler's, "fit.step" and the
+// user's metadata (normalisation statistics, say). The schedule is a function of the step, so the
+// step is its state; the sampler needs no RNG state beyond its seed and step. A file that does not
+// verify (cut short, corrupted) is skipped on resume, with a line saying why; a file of another
+// configuration (optimizer, seed, batch, data size, model size or dtype) is refused from its
+// header, naming the file and the key.
+//
+// Metrics at evaluation, over every sample of eval_data: loss, mse and relative L2 error
+// (||prediction - target|| / ||target||) for a model ending in mse; loss, accuracy and perplexity
+// (exp(loss)) for one ending in cross_entropy (the target column holds class ids); and each
+// fit_metric, the mean over samples of a function of one prediction and its target.
+
+#include <signal.h>
+#include <csignal>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <Kokkos_Core.hpp>
+
+#include <kfsdp/io/array_dataset.hpp>
+#include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/io/distributed_sampler.hpp>
+#include <kfsdp/io/stateful.hpp>
+#include <kfsdp/optim/adamw.hpp>     // what a fit program steps with: the optimizers
+#include <kfsdp/optim/schedule.hpp>  // and the schedules
+#include <kfsdp/optim/sgd.hpp>
+#include <kfsdp/session.hpp>
+#include <kfsdp/train/trainer.hpp>
+
+namespace kfsdp {
+
+/// A user metric: the mean over evaluation samples of per_sample(prediction row, target row).
+///
+///   kfsdp::fit_metric{.name = "max_abs_error", .per_sample = [](auto p, auto t) { return std::abs(p[0] -
+///   t[0]); }}
+struct fit_metric {
+  std::string name{};  // its JSON key and label: snake_case
+  std::function<double(std::span<const double> prediction, std::span<const double> target)> per_sample{};
+};
+
+/// What fit does; every field has a default. Exactly one of steps and epochs is set.
+struct fit_options {
+  std::size_t steps = 0;         // optimizer steps in all (a resumed run continues to this step)
+  std::size_t epochs = 0;        // or passes over the data: steps = ceil(epochs · samples / global_batch)
+  std::size_t global_batch = 0;  // samples per step over every rank: a multiple of the ranks
+  std::uint64_t seed = 0;        // the sampler's shuffle
+  double max_norm = 0;           // clip the global gradient norm to this (0: no clipping)
+  const io::array_dataset* eval_data = nullptr;  // evaluated every eval_every steps and at the end
+  std::size_t eval_every = 0;                    // 0: only at the end
+  std::vector<fit_metric> metrics{};             // computed at each evaluation besides the built-in ones
+  std::size_t log_every = 0;                     // a progress line every k steps on rank 0 (0: ten per run)
+  std::filesystem::path metrics_file{};          // JSON lines, one a step, rank 0 (appended to when resuming)
+  std::filesystem::path checkpoint_dir{};        // empty: no checkpoints, no resume
+  std::size_t checkpoint_every = 0;              // 0: only at the end and on SIGTERM / SIGUSR1
+  std::size_t keep_last = 3;                     // checkpoints kept in checkpoint_dir (the newest)
+  bool resume = true;                            // continue from the newest complete checkpoint there
+  io::metadata_map metadata{};                   // the user's keys, written into every checkpoint
+};
+
+/// Evaluation metrics; those that do not apply to the model's loss are NaN.
+struct eval_metrics {
+  double loss = std::numeric_limits<double>::quiet_NaN();
+  double mse = std::numeric_limits<double>::quiet_NaN();          // mse models
+  double relative_l2 = std::numeric_limits<double>::quiet_NaN();  // mse models
+  double accuracy = std::numeric_limits<double>::quiet_NaN();     // cross_entropy models
+  double perplexity = std::numeric_limits<double>::quiet_NaN();   // cross_entropy models
+  std::vector<std::pair<std::string, double>> user{};             // fit_options::metrics, in order
+};
+
+/// How a fit ended.
+struct fit_result {
+  std::size_t step = 0;          // steps done: the options' total, unless preempted
+  std::size_t resumed_from = 0;  // the step of the checkpoint it resumed from (0: a fresh start)
+  bool preempted = false;        // SIGTERM / SIGUSR1: a checkpoint at `step` was written, then fit returned
+  double loss = std::numeric_limits<double>::quiet_NaN();  // the last training step's
+  eval_metrics eval{};                                     // the last evaluation (all NaN: none)
+  std::filesystem::path checkpoint{};                      // the last checkpoint written or resumed
+  io::metadata_map metadata{};                             // the resumed checkpoint's (user keys included)
+};
+
+/// checkpoint_dir/step-00000500.safetensors: the name fit gives the checkpoint of a step.
+inline std::filesystem::path checkpoint_path(const std::filesystem::path& dir, std::size_t step) {
+  return dir / fmt::format("step-{:08}.safetensors", step);
+}
+
+/// The steps of the checkpoints in `dir`, ascending (a name fit gives; its temporary files are not listed).
+inline std::vector<std::size_t> checkpoint_steps(const std::filesystem::path& dir) {
+  std::vector<std::size_t> steps;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    constexpr std::string_view prefix = "step-", suffix = ".safetensors";
+    if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) || !name.ends_with(suffix))
+      continue;
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    steps.push_back(std::stoull(digits));
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+namespace detail {
+
+// The signal that asked fit to stop (0: none); written by the handler, read between steps.
+inline volatile std::sig_atomic_t fit_stop_signal = 0;
+inline void record_stop_signal(int signal) { fit_stop_signal = signal; }
+
+// SIGTERM and SIGUSR1 set fit_stop_signal while a fit runs; the program's own handlers come back after.
+class stop_signals {
+ public:
+  stop_signals() {
+    fit_stop_signal = 0;
+    struct sigaction action {};
+    action.sa_handler = &record_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;  // MPI's and the file system's calls go on
+    sigaction(SIGTERM, &action, &previous_term_);
+    sigaction(SIGUSR1, &action, &previous_usr1_);
+  }
+  ~stop_signals() {
+    sigaction(SIGTERM, &previous_term_, nullptr);
+    sigaction(SIGUSR1, &previous_usr1_, nullptr);
+  }
+  stop_signals(const stop_signals&) = delete;
+  stop_signals& operator=(const stop_signals&) = delete;
+
+ private:
+  struct sigaction previous_term_ {
+  }, previous_usr1_{};
+};
+
+// JSON text of a number: shortest round trip, null for NaN and infinities (JSON has neither).
+inline std::string json_number(double value) {
+  return std::isfinite(value) ? fmt::format("{}", value) : "null";
+}
+
+// Rank 0's JSON-lines file, one flushed line per record so that a killed run leaves whole lines.
+class json_lines {
+ public:
+  json_lines(comm::mpi& world, const std::filesystem::path& path, bool append) {
+    if (path.empty()) return;
+    std::uint64_t error[1] = {0};
+    if (world.rank() == 0) {
+      file_ = std::fopen(path.c_str(), append ? "a" : "w");
+      if (file_ == nullptr) error[0] = std::uint64_t(errno);
+    }
+    comm::broadcast(world, std::span<std::uint64_t>(error), 0);  // a bad path stops every rank alike
+    if (error[0] != 0)
+      throw std::invalid_argument(
+          fmt::format("fit: metrics_file is '{}', expected a file that can be written ({})", path.string(),
+                      std::generic_category().message(int(error[0]))));
+  }
+  ~json_lines() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+  json_lines(const json_lines&) = delete;
+  json_lines& operator=(const json_lines&) = delete;
+
+  void write(const std::vector<std::pair<std::string, std::string>>& fields) {
+    if (file_ == nullptr) return;
+    std::string line = "{";
+    for (const auto& [key, json] : fields)
+      line += fmt::format("{}\"{}\": {}", line.size() > 1 ? ", " : "", key, json);
+    line += "}\n";
+    std::fputs(line.c_str(), file_);
+    std::fflush(file_);
+  }
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+template <class Trainer>
+inline constexpr bool classifies = std::is_same_v<typename Trainer::target_type, nn::const_index_vector>;
+
+// The trainer's targets from a dataset's target matrix: the matrix, or its first column as class ids.
+template <class Trainer, class Scalar>
+typename Trainer::target_type targets_of(const nn::matrix<Scalar>& y) {
+  if constexpr (classifies<Trainer>) {
+    const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+    nn::index_vector ids(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::fit::class_ids"),
+                         y.extent(0));
+    const auto host_ids = Kokkos::create_mirror_view(ids);
+    for (std::size_t r = 0; r < y.extent(0); ++r)
+      host_ids(r) = static_cast<int>(std::lround(double(host(r, 0))));
+    Kokkos::deep_copy(ids, host_ids);
+    return ids;
+  } else {
+    return y;
+  }
+}
+
+// Every metric over every sample of `data`, each rank computing on its contiguous share.
+template <class Trainer>
+eval_metrics evaluate(session& job, Trainer& trainer, const io::array_dataset& data,
+                      const std::vector<fit_metric>& user) {
+  using Scalar = typename Trainer::scalar_type;
+  comm::mpi& world = job.world();
+  const std::size_t samples = data.count(), ranks = std::size_t(world.size()),
+                    rank = std::size_t(world.rank());
+  if (samples < ranks)
+    throw std::invalid_argument(fmt::format(
+        "fit: eval_data has {} samples, expected at least one per rank ({} ranks)", samples, ranks));
+  const std::size_t first = samples * rank / ranks, last = samples * (rank + 1) / ranks;
+  auto [x, y] = data.rows<Scalar>(first, last - first);
+  const typename Trainer::batch batch{x, targets_of<Trainer>(y)};
+  eval_metrics result;
+  result.loss = trainer.evaluate({batch});
+  const auto predictions = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), trainer.predict(x));
+  const auto targets = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+  // [squared error, squared target, correct, elements, samples, user metrics...]
+  std::vector<double> sums(5 + user.size(), 0.0);
+  std::vector<double> prediction_row(predictions.extent(1)), target_row(targets.extent(1));
+  for (std::size_t r = 0; r < predictions.extent(0); ++r) {
+    for (std::size_t c = 0; c < prediction_row.size(); ++c) prediction_row[c] = double(predictions(r, c));
+    for (std::size_t c = 0; c < target_row.size(); ++c) target_row[c] = double(targets(r, c));
+    if constexpr (classifies<Trainer>) {
+      const auto best =
+          std::max_element(prediction_row.begin(), prediction_row.end()) - prediction_row.begin();
+      sums[2] += best == std::lround(target_row[0]) ? 1.0 : 0.0;
+    } else {
+      for (std::size_t c = 0; c < target_row.size(); ++c) {
+        const double error = prediction_row[c] - target_row[c];
+        sums[0] += error * error;
+        sums[1] += target_row[c] * target_row[c];
+      }
+      sums[3] += double(target_row.size());
+    }
+    sums[4] += 1.0;
+    for (std::size_t m = 0; m < user.size(); ++m)
+      sums[5 + m] += user[m].per_sample(prediction_row, target_row);
+  }
+  comm::all_reduce_sum(world, std::span<double>(sums));
+  if constexpr (classifies<Trainer>) {
+    result.accuracy = sums[2] / sums[4];
+    result.perplexity = std::exp(result.loss);
+  } else {
+    result.mse = sums[0] / sums[3];
+    result.relative_l2 = std::sqrt(sums[0] / sums[1]);
+  }
+  for (std::size_t m = 0; m < user.size(); ++m) result.user.emplace_back(user[m].name, sums[5 + m] / sums[4]);
+  return result;
+}
+
+// "loss 0.0123 | mse 0.0123 | relative_l2 0.045" and the JSON fields of the same, for the metrics that apply.
+inline std::vector<std::pair<std::string, double>> named_metrics(const eval_metrics& m) {
+  std::vector<std::pair<std::string, double>> named;
+  for (const auto& [name, value] : {std::pair<std::string, double>{"loss", m.loss},
+                                    {"mse", m.mse},
+                                    {"relative_l2", m.relative_l2},
+                                    {"accuracy", m.accuracy},
+                                    {"perplexity", m.perplexity}})
+    if (!std::isnan(value) || name == "loss") named.emplace_back(name, value);
+  for (const auto& user : m.user) named.push_back(user);
+  return named;
+}
+
+inline std::string duration_text(double seconds) {
+  const auto whole = static_cast<long long>(seconds + 0.5);
+  if (whole >= 3600) return fmt::format("{}h{:02}m", whole / 3600, whole % 3600 / 60);
+  if (whole >= 60) return fmt::format("{}m{:02}s", whole / 60, whole % 60);
+  return fmt::format("{}s", whole);
+}
+
+// Refuses (std::invalid_argument, naming the file and the key) a checkpoint whose configuration is
+// not this run's: every key that the parts write but progress (the optimizer and its kind, the
+// sampler's seed, batch and data size), and the model's parameter count, elements and dtype.
+template <class Scalar>
+void check_configuration(const std::filesystem::path& path, const io::metadata_map& saved,
+                         const io::metadata_map& ours, const io::metadata_map& user, fsdp_engine<Scalar>& engine) {
+  std::size_t numel = 0;
+  for (const param_info& param : engine.params()) numel += param.numel;
+  io::metadata_map expected{{std::string(io::parameters_key), std::to_string(engine.params().size())},
+                            {std::string(io::numel_key), std::to_string(numel)}};
+  if constexpr (std::is_same_v<Scalar, double> || std::is_same_v<Scalar, float>)
+    expected[std::string(io::dtype_key)] = std::is_same_v<Scalar, double> ? "F64" : "F32";
+  for (const auto& [key, value] : ours)
+    if (key != "fit.step" && key != "sampler.step" && key != "optimizer.step_count" && !user.contains(key))
+      expected[key] = value;
+  try {
+    for (const auto& [key, value] : expected) io::check_metadata(saved, key, value);
+  } catch (const std::invalid_argument& refused) {
+    throw std::invalid_argument(fmt::format("fit: resuming from {}: {}", path.string(), refused.what()));
+  }
+}
+
+inline void check_options(const fit_options& options, std::size_t ranks) {
+  if ((options.steps == 0) == (options.epochs == 0))
+    throw std::invalid_argument(
+        fmt::format("fit: steps is {} and epochs is {}, expected exactly one of them above 0", options.steps,
+                    options.epochs));
+  if (options.global_batch == 0 || options.global_batch % ranks != 0)
+    throw std::invalid_argument(
+        fmt::format("fit: global_batch is {}, expected a positive multiple of the {} ranks",
+                    options.global_batch, ranks));
+  if (options.eval_every > 0 && options.eval_data == nullptr)
+    throw std::invalid_argument(fmt::format(
+        "fit: eval_every is {}, and eval_data is unset: expected eval_data too", options.eval_every));
+  if (options.checkpoint_every > 0 && options.checkpoint_dir.empty())
+    throw std::invalid_argument(
+        fmt::format("fit: checkpoint_every is {}, and checkpoint_dir is empty: expected a directory too",
+                    options.checkpoint_every));
+  if (options.keep_last == 0)
+    throw std::invalid_argument("fit: keep_last is 0, expected at least 1 (the newest)");
+  if (!(options.max_norm >= 0) || std::isinf(options.max_norm))
+    throw std::invalid_argument(
+        fmt::format("fit: max_norm is {}, expected a finite value >= 0", options.max_norm));
+  for (const auto& [key, value] : options.metadata)
+    for (const std::string_view reserved : {"fit.", "sampler.", "optimizer", "kfsdp.", "checksum."})
+      if (key.starts_with(reserved))
+        throw std::invalid_argument(fmt::format(
+            "fit: metadata key '{}' starts with '{}', expected a key of your own (fit writes those)", key,
+            reserved));
+  for (const fit_metric& metric : options.metrics)
+    if (metric.name.empty() || !metric.per_sample)
+      throw std::invalid_argument(
+          fmt::format("fit: a metric named '{}' has {}, expected a name and a per_sample function",
+                      metric.name, metric.per_sample ? "a function" : "no function"));
+}
+
+}  // namespace detail
+
+/// Trains `trainer` with `optimizer` (any stateful optimizer: adamw, sgd) at lr = schedule(step)
+/// over `data` as `options` say; collective over the session's ranks. Returns how it ended; a
+/// NaN or infinite loss throws std::runtime_error naming the step (nothing is saved for it), as
+/// does a bad option (std::invalid_argument, naming the field, the value and what is expected).
+template <class Trainer, class Optimizer, class Schedule>
+  requires io::stateful<Optimizer, typename Trainer::scalar_type> &&
+           std::is_invocable_r_v<double, const Schedule&, std::size_t>
+fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Schedule& schedule,
+               const io::array_dataset& data, const fit_options& options) {
+  using Scalar = typename Trainer::scalar_type;
+  comm::mpi& world = job.world();
+  const std::size_t rank = std::size_t(world.rank()), ranks = std::size_t(world.size());
+  const bool root = rank == 0;
+  detail::check_options(options, ranks);
+  io::distributed_sampler sampler(data, options.global_batch, options.seed);
+  const std::size_t total = options.steps > 0 ? options.steps : sampler.steps_for_epochs(options.epochs);
+  const bool checkpoints = !options.checkpoint_dir.empty();
+  fit_result result;
+
+  // The parts of a checkpoint, listed alike for saving and loading (views are restored in place).
+  const auto checkpoint_parts = [&](std::size_t step) {
+    io::checkpoint_state<Scalar> state;
+    optimizer.add_state(state);
+    sampler.add_state(state);
+    state.metadata["fit.step"] = std::to_string(step);
+    for (const auto& [key, value] : options.metadata) state.metadata[key] = value;
+    return state;
+  };
+  const auto save = [&](std::size_t step) {
+    const std::filesystem::path path = checkpoint_path(options.checkpoint_dir, step);
+    io::save_checkpoint(path, trainer.engine(), job.shard_group(), checkpoint_parts(step));
+    result.checkpoint = path;
+    if (root) {  // the newest keep_last stay; save_checkpoint returned on every rank, so none is being read
+      const std::vector<std::size_t> saved = checkpoint_steps(options.checkpoint_dir);
+      for (std::size_t k = 0; k + options.keep_last < saved.size(); ++k) {
+        std::error_code ignored;  // a file another process removed first is gone all the same
+        std::filesystem::remove(checkpoint_path(options.checkpoint_dir, saved[k]), ignored);
+      }
+    }
+  };
+
+  if (checkpoints) {
+    std::uint64_t error[1] = {0};
+    if (root) {
+      std::error_code made;
+      std::filesystem::create_directories(options.checkpoint_dir, made);
+      error[0] = std::uint64_t(made.value());
+    }
+    // Also: the directory exists before any rank lists it.
+    comm::broadcast(world, std::span<std::uint64_t>(error), 0);
+    if (error[0] != 0)
+      throw std::invalid_argument(
+          fmt::format("fit: checkpoint_dir is '{}', expected a directory that can be made ({})",
+                      options.checkpoint_dir.string(), std::generic_category().message(int(error[0]))));
+  }
+  if (checkpoints && options.resume) {
+    // Rank 0's listing for every rank, newest first: all try the same files in the same order.
+    std::vector<std::size_t> listed =
+        root ? checkpoint_steps(options.checkpoint_dir) : std::vector<std::size_t>{};
+    std::uint64_t count[1] = {listed.size()};
+    comm::broadcast(world, std::span<std::uint64_t>(count), 0);
+    std::vector<std::uint64_t> steps(listed.begin(), listed.end());
+    steps.resize(count[0]);
+    if (!steps.empty()) comm::broadcast(world, std::span<std::uint64_t>(steps), 0);
+    for (auto newest = steps.rbegin(); newest != steps.rend(); ++newest) {
+      const std::filesystem::path path = checkpoint_path(options.checkpoint_dir, *newest);
+      io::checkpoint_state<Scalar> state = checkpoint_parts(0);
+      // Header first: a file of another configuration is refused before its data is read, so
+      // that a load error below means a file cut short or corrupted, which is skipped.
+      try {
+        detail::check_configuration(path, io::read_metadata(path, world), state.metadata, options.metadata,
+                                    trainer.engine());
+        io::load_checkpoint(path, trainer.engine(), job.shard_group(), state);  // every rank alike
+      } catch (const io::format_error& incomplete) {
+        if (root) fmt::print("fit: skipping {}: {}\n", path.string(), incomplete.what());
+        continue;
+      }
+      std::size_t step = 0;
+      try {  // another configuration is refused, naming the key
+        optimizer.restore_state(state.metadata);
+        sampler.restore_state(state.metadata);
+        step = io::metadata_count(state.metadata, "fit.step");
+      } catch (const std::invalid_argument& refused) {
+        throw std::invalid_argument(fmt::format("fit: resuming from {}: {}", path.string(), refused.what()));
+      }
+      if (step != sampler.step())
+        throw std::invalid_argument(
+            fmt::format("fit: {}: 'fit.step' is {} and 'sampler.step' {}, expected equal", path.string(),
+                        step, sampler.step()));
+      result.resumed_from = step;
+      result.checkpoint = path;
+      result.metadata = std::move(state.metadata);
+      if (root) fmt::print("fit: resumed from {} at step {}\n", path.string(), step);
+      break;
+    }
+  }
+
+  detail::json_lines metrics(world, options.metrics_file, /*append=*/result.resumed_from > 0);
+  const auto evaluate = [&](std::size_t step) {
+    result.eval = detail::evaluate(job, trainer, *options.eval_data, options.metrics);
+    const auto named = detail::named_metrics(result.eval);
+    std::vector<std::pair<std::string, std::string>> fields{{"step", std::to_string(step)}};
+    std::string line = fmt::format("fit: eval at step {}", step);
+    for (const auto& [name, value] : named) {
+      fields.emplace_back("eval_" + name, detail::json_number(value));
+      line += fmt::format(" | {} {:.6g}", name, value);
+    }
+    metrics.write(fields);
+    if (root) fmt::print("{}\n", line);
+  };
+
+  const std::size_t log_every =
+      options.log_every > 0 ? options.log_every : std::max<std::size_t>(1, total / 10);
+  const detail::stop_signals signals;
+  std::size_t step = sampler.step(), last_saved = result.resumed_from > 0 ? step : total + 1,
+              logged_step = step;
+  auto logged_time = std::chrono::steady_clock::now(), step_started = logged_time;
+  while (step < total) {
+    // One agreement per step: a signal seen by any rank stops every rank at the same boundary.
+    if (comm::any_rank(world, detail::fit_stop_signal != 0)) {
+      if (checkpoints && last_saved != step) save(step);
+      result.preempted = true;
+      if (root)
+        fmt::print("fit: stopped by a signal at step {}{}\n", step,
+                   checkpoints ? fmt::format(", checkpoint {}", result.checkpoint.string()) : std::string());
+      break;
+    }
+    const double lr = schedule(step);
+    optimizer.set_lr(lr);
+    auto [x, y] = sampler.next<Scalar>(data, rank, ranks);
+    step_result stepped;
+    try {
+      stepped = trainer.step({typename Trainer::batch{x, detail::targets_of<Trainer>(y)}}, optimizer,
+                             options.max_norm);
+    } catch (const non_finite_loss& diverged) {  // every rank alike: the sums are global
+      throw std::runtime_error(
+          fmt::format("fit: step {} of {} (lr {}): {}", step + 1, total, lr, diverged.what()));
+    }
+    ++step;
+    result.loss = stepped.loss;
+    const auto now = std::chrono::steady_clock::now();
+    const double step_seconds = std::chrono::duration<double>(now - step_started).count();
+    step_started = now;
+    metrics.write({{"step", std::to_string(step)},
+                   {"epoch", detail::json_number(sampler.epoch())},
+                   {"loss", detail::json_number(stepped.loss)},
+                   {"grad_norm", detail::json_number(stepped.grad_norm)},
+                   {"lr", detail::json_number(lr)},
+                   {"samples_per_s", detail::json_number(double(options.global_batch) / step_seconds)},
+                   {"step_time_s", detail::json_number(step_seconds)}});
+    if (root && (step % log_every == 0 || step == total)) {
+      // The rate over the steps since the last line (evaluations and checkpoints included).
+      const double seconds_per_step =
+          std::chrono::duration<double>(now - logged_time).count() / double(step - logged_step);
+      fmt::print("fit: step {}/{} | epoch {:.2f} | loss {:.6g} | lr {:.3g} | {:.0f} samples/s | eta {}\n", step,
+                 total, sampler.epoch(), stepped.loss, lr, double(options.global_batch) / seconds_per_step,
+                 detail::duration_text(seconds_per_step * double(total - step)));
+      std::fflush(stdout);
+      logged_step = step;
+      logged_time = now;
+    }
+    if (options.eval_every > 0 && step % options.eval_every == 0 && step < total) evaluate(step);
+    if (options.checkpoint_every > 0 && step % options.checkpoint_every == 0 && step < total) {
+      save(step);
+      last_saved = step;
+    }
+  }
+  result.step = step;
+  if (!result.preempted) {
+    if (options.eval_data != nullptr) evaluate(step);
+    if (checkpoints && last_saved != step) save(step);
+  }
+  return result;
+}
+
+}  // namespace kfsdp

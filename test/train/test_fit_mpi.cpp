@@ -1,0 +1,389 @@
+// kfsdp::fit and kfsdp::session: the same losses at any world size (against a one-rank session on
+// every rank), resuming from the newest complete checkpoint, keeping the last N, refusing another
+// configuration, the evaluation metrics against hand-computed ones, a NaN loss named by its step, a
+// signal on one rank stopping every rank, and the session's HSDP groups and bad settings.
+// Run with 1, 2 and 3 ranks.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <kfsdp/session.hpp>
+#include <kfsdp/train/fit.hpp>
+
+namespace {
+
+using mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 3, 16>, kfsdp::gelu<>, kfsdp::linear<"fc2", 16, 1>,
+                              kfsdp::mse<>>;
+using wide_mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 3, 32>, kfsdp::gelu<>, kfsdp::linear<"fc2", 32, 1>,
+                                   kfsdp::mse<>>;
+using classifier = kfsdp::sequential<"", kfsdp::linear<"fc1", 3, 16>, kfsdp::gelu<>,
+                                     kfsdp::linear<"fc2", 16, 3>, kfsdp::cross_entropy<"", 3>>;
+
+constexpr std::size_t global_batch = 12;  // splits over 1, 2 and 3 ranks
+
+// y = sin(x0) + x1·x2 (regression), or the class of the largest feature (classification).
+kfsdp::io::array_dataset samples(std::size_t count, std::uint64_t seed, bool classes = false) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> x(count * 3), y(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    for (std::size_t j = 0; j < 3; ++j) x[i * 3 + j] = u(rng);
+    const double* row = &x[i * 3];
+    y[i] = classes ? double(std::max_element(row, row + 3) - row) : std::sin(row[0]) + row[1] * row[2];
+  }
+  return kfsdp::io::array_dataset(x, 3, y, 1);
+}
+
+// A directory every rank names alike (from rank 0's process id), empty at the start.
+std::filesystem::path shared_dir(kfsdp::comm::mpi& world, const std::string& name) {
+  std::uint64_t id[1] = {std::uint64_t(::getpid())};
+  kfsdp::comm::broadcast(world, std::span<std::uint64_t>(id), 0);
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("kfsdp-test-fit-{}-{}", id[0], name);
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+  world.barrier();
+  return dir;
+}
+
+std::string bytes_of(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The training losses of a fit's metrics file (its "loss" fields, not "eval_loss").
+std::vector<double> losses_in(const std::filesystem::path& path) {
+  std::vector<double> losses;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto at = line.find("\"loss\": ");
+    if (at != std::string::npos) losses.push_back(std::stod(line.substr(at + 8)));
+  }
+  return losses;
+}
+
+kfsdp::fit_result train(kfsdp::session& job, const kfsdp::io::array_dataset& data,
+                        const kfsdp::fit_options& options) {
+  kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> model(mlp{}, job.shard_group(),
+                                                                          job.fsdp());
+  model.initialize(7);
+  kfsdp::optim::adamw<double> adam(model, {.weight_decay = 0.01});
+  const kfsdp::fit_result result =
+      kfsdp::fit(job, model, adam, kfsdp::optim::cosine(1e-2, 40), data, options);
+  job.world().barrier();  // rank 0's files are complete and closed for every rank to read
+  return result;
+}
+
+std::string error_of(const auto& run) {
+  try {
+    run();
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("fit: the losses are the same at any world size (the sampler's global batches), flat or HSDP") {
+  kfsdp::session job;
+  const auto dir = shared_dir(job.world(), "invariance");
+  const auto data = samples(60, 1);
+  kfsdp::fit_options options{.steps = 8,
+                             .global_batch = global_batch,
+                             .seed = 3,
+                             .log_every = 1,
+                             .metrics_file = dir / "world.jsonl"};
+  if (job.is_root()) std::filesystem::create_directories(dir);
+  job.world().barrier();
+  const kfsdp::fit_result world = train(job, data, options);
+  {
+    kfsdp::session alone({.ranks = MPI_COMM_SELF});  // every rank, a job of one rank
+    options.metrics_file = dir / fmt::format("alone{}.jsonl", job.rank());
+    const kfsdp::fit_result one = train(alone, data, options);
+    CHECK(one.loss == doctest::Approx(world.loss).epsilon(1e-12));
+  }
+  const std::vector<double> losses = losses_in(dir / "world.jsonl");
+  const std::vector<double> alone = losses_in(dir / fmt::format("alone{}.jsonl", job.rank()));
+  REQUIRE(losses.size() == 8);
+  REQUIRE(alone.size() == 8);
+  for (std::size_t step = 0; step < losses.size(); ++step) {
+    CAPTURE(step);
+    CHECK(alone[step] == doctest::Approx(losses[step]).epsilon(1e-12));
+  }
+  CHECK(losses.back() < losses.front());
+  {
+    // HSDP: each rank its own shard group, replicated over all; checkpoints through the first group.
+    kfsdp::session hybrid({.hybrid_shard = 1});
+    options.metrics_file = dir / "hybrid.jsonl";
+    options.checkpoint_dir = dir / "hybrid";
+    const kfsdp::fit_result replicated = train(hybrid, data, options);
+    CHECK(replicated.loss == doctest::Approx(world.loss).epsilon(1e-12));
+    CHECK(kfsdp::checkpoint_steps(dir / "hybrid") == std::vector<std::size_t>{8});
+    CHECK(train(hybrid, data, options).resumed_from == 8);
+  }
+  job.world().barrier();
+  if (job.is_root()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "fit: resumes from the newest complete checkpoint; one cut short and a half-written one are skipped") {
+  kfsdp::session job;
+  const auto dir = shared_dir(job.world(), "resume");
+  const auto data = samples(60, 2);
+  const kfsdp::fit_options options{.steps = 6,
+                                   .global_batch = global_batch,
+                                   .seed = 3,
+                                   .checkpoint_dir = dir,
+                                   .checkpoint_every = 2,
+                                   .keep_last = 10,
+                                   .metadata = {{"user.note", "kept"}}};
+  const kfsdp::fit_result first = train(job, data, options);
+  CHECK(first.resumed_from == 0);
+  CHECK(first.step == 6);
+  CHECK(kfsdp::checkpoint_steps(dir) == std::vector<std::size_t>{2, 4, 6});
+  const std::string final_bytes = bytes_of(kfsdp::checkpoint_path(dir, 6));
+  job.world().barrier();  // every rank has read it before rank 0 cuts it
+
+  // The last checkpoint cut to half its size (a copy interrupted), and a save killed after its header.
+  if (job.is_root()) std::filesystem::resize_file(kfsdp::checkpoint_path(dir, 6), final_bytes.size() / 2);
+  {
+    kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> model(mlp{}, job.shard_group(),
+                                                                            job.fsdp());
+    model.initialize(7);
+    kfsdp::io::testing::set_stop_after_header([](const std::filesystem::path&) { return true; });
+    CHECK_THROWS_AS(kfsdp::io::save_model(kfsdp::checkpoint_path(dir, 8), model.engine(), job.shard_group()),
+                    std::runtime_error);
+    kfsdp::io::testing::set_stop_after_header({});
+  }
+  job.world().barrier();
+  CHECK(kfsdp::checkpoint_steps(dir) ==
+        std::vector<std::size_t>{2, 4, 6});  // the half-written file is not listed
+
+  const kfsdp::fit_result resumed = train(job, data, options);
+  CHECK(resumed.resumed_from == 4);
+  CHECK(resumed.step == 6);
+  CHECK(resumed.metadata.at("user.note") == "kept");
+  CHECK(resumed.loss == first.loss);
+  CHECK(bytes_of(kfsdp::checkpoint_path(dir, 6)) == final_bytes);
+
+  // Nothing left to do: it resumes at the last step and trains no more.
+  const kfsdp::fit_result again = train(job, data, options);
+  CHECK(again.resumed_from == 6);
+  CHECK(again.step == 6);
+
+  // Another configuration is refused before its data is read, naming the file and the key (not
+  // skipped as incomplete); resume = false starts afresh.
+  kfsdp::fit_options other = options;
+  other.seed = 4;
+  const std::string seed_error = error_of([&] { train(job, data, other); });
+  CHECK(seed_error.find("fit: resuming from " + kfsdp::checkpoint_path(dir, 6).string()) != std::string::npos);
+  CHECK(seed_error.find("'sampler.seed' is '3', expected '4'") != std::string::npos);
+  {
+    kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
+    model.initialize(7);
+    kfsdp::optim::sgd<double> sgd(model.engine().plan().shard_numel, {.lr = 0.1, .momentum = 0.9});
+    CHECK(error_of([&] { kfsdp::fit(job, model, sgd, kfsdp::optim::constant(0.1), data, options); })
+              .find("'optimizer' is 'adamw', expected 'sgd'") != std::string::npos);
+    kfsdp::trainer<wide_mlp, double, kfsdp::zero3> wide(wide_mlp{}, job.shard_group(), job.fsdp());
+    kfsdp::optim::adamw<double> adam(wide);
+    CHECK(error_of([&] { kfsdp::fit(job, wide, adam, kfsdp::optim::constant(0.1), data, options); })
+              .find("'kfsdp.numel' is '81', expected '161'") != std::string::npos);
+  }
+  CHECK(kfsdp::checkpoint_steps(dir) == std::vector<std::size_t>{2, 4, 6});  // nothing written over
+  other.resume = false;
+  CHECK(train(job, data, other).resumed_from == 0);
+  job.world().barrier();
+  if (job.is_root()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("fit: SGD's momentum goes through the checkpoint protocol: resuming is bit for bit") {
+  kfsdp::session job;
+  const auto dir = shared_dir(job.world(), "sgd");
+  const auto data = samples(60, 6);
+  const kfsdp::fit_options options{.steps = 4, .global_batch = global_batch, .checkpoint_dir = dir,
+                                   .checkpoint_every = 2};
+  const auto run = [&] {
+    kfsdp::trainer<mlp, double, kfsdp::zero2> model(mlp{}, job.shard_group(), job.fsdp());
+    model.initialize(7);
+    kfsdp::optim::sgd<double> sgd(model.engine().plan().shard_numel, {.lr = 0.05, .momentum = 0.9});
+    const kfsdp::fit_result result = kfsdp::fit(job, model, sgd, kfsdp::optim::cosine(0.05, 4), data, options);
+    job.world().barrier();
+    return result;
+  };
+  CHECK(run().resumed_from == 0);
+  const std::string final_bytes = bytes_of(kfsdp::checkpoint_path(dir, 4));
+  job.world().barrier();
+  if (job.is_root()) std::filesystem::remove(kfsdp::checkpoint_path(dir, 4));
+  job.world().barrier();
+  CHECK(run().resumed_from == 2);
+  CHECK(bytes_of(kfsdp::checkpoint_path(dir, 4)) == final_bytes);
+  job.world().barrier();
+  if (job.is_root()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("fit: keeps the last N checkpoints") {
+  kfsdp::session job;
+  const auto dir = shared_dir(job.world(), "keep");
+  const kfsdp::fit_result result = train(job, samples(60, 3),
+                                         {.steps = 10,
+                                          .global_batch = global_batch,
+                                          .checkpoint_dir = dir,
+                                          .checkpoint_every = 2,
+                                          .keep_last = 2});
+  CHECK(result.checkpoint == kfsdp::checkpoint_path(dir, 10));
+  CHECK(kfsdp::checkpoint_steps(dir) == std::vector<std::size_t>{8, 10});
+  job.world().barrier();
+  if (job.is_root()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("fit: evaluation metrics equal the hand-computed ones") {
+  kfsdp::session job;
+  const auto test = samples(20, 9);
+  const auto test_classes = samples(20, 9, /*classes=*/true);
+  const kfsdp::fit_metric mean_abs_error{
+      .name = "mean_abs_error", .per_sample = [](std::span<const double> p, std::span<const double> t) {
+        return std::abs(p[0] - t[0]);
+      }};
+  SUBCASE("mse: loss, mse, relative L2, a user metric") {
+    kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
+    model.initialize(5);
+    kfsdp::optim::adamw<double> adam(model);
+    const kfsdp::fit_result result = kfsdp::fit(
+        job, model, adam, kfsdp::optim::constant(1e-2), samples(60, 4),
+        {.steps = 3, .global_batch = global_batch, .eval_data = &test, .metrics = {mean_abs_error}});
+    // Every rank predicts every sample (each call collective alike).
+    auto [x, y] = test.rows<double>(0, test.count());
+    const auto p = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.predict(x));
+    const auto t = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+    double squared = 0, target = 0, absolute = 0;
+    for (std::size_t r = 0; r < test.count(); ++r) {
+      squared += (p(r, 0) - t(r, 0)) * (p(r, 0) - t(r, 0));
+      target += t(r, 0) * t(r, 0);
+      absolute += std::abs(p(r, 0) - t(r, 0));
+    }
+    const double n = double(test.count());
+    CHECK(result.eval.mse == doctest::Approx(squared / n).epsilon(1e-12));
+    CHECK(result.eval.loss == doctest::Approx(squared / n).epsilon(1e-12));
+    CHECK(result.eval.relative_l2 == doctest::Approx(std::sqrt(squared / target)).epsilon(1e-12));
+    REQUIRE(result.eval.user.size() == 1);
+    CHECK(result.eval.user[0].first == "mean_abs_error");
+    CHECK(result.eval.user[0].second == doctest::Approx(absolute / n).epsilon(1e-12));
+    CHECK(std::isnan(result.eval.accuracy));
+    CHECK(std::isnan(result.eval.perplexity));
+  }
+  SUBCASE("cross-entropy: loss, accuracy, perplexity") {
+    kfsdp::trainer<classifier, double, kfsdp::zero3> model(classifier{}, job.shard_group(), job.fsdp());
+    model.initialize(5);
+    kfsdp::optim::adamw<double> adam(model);
+    const kfsdp::fit_result result =
+        kfsdp::fit(job, model, adam, kfsdp::optim::constant(1e-2), samples(60, 4, true),
+                   {.steps = 3, .global_batch = global_batch, .eval_data = &test_classes});
+    auto [x, y] = test_classes.rows<double>(0, test_classes.count());
+    const auto logits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.predict(x));
+    const auto t = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+    double correct = 0, loss = 0;
+    for (std::size_t r = 0; r < test_classes.count(); ++r) {
+      std::size_t best = 0;
+      double largest = logits(r, 0), sum = 0;
+      for (std::size_t c = 1; c < 3; ++c)
+        if (logits(r, c) > largest) largest = logits(r, best = c);
+      for (std::size_t c = 0; c < 3; ++c) sum += std::exp(logits(r, c) - largest);
+      const auto label = std::size_t(t(r, 0));
+      correct += best == label ? 1 : 0;
+      loss += std::log(sum) + largest - logits(r, label);
+    }
+    const double n = double(test_classes.count());
+    CHECK(result.eval.loss == doctest::Approx(loss / n).epsilon(1e-10));
+    CHECK(result.eval.accuracy == doctest::Approx(correct / n).epsilon(1e-12));
+    CHECK(result.eval.perplexity == doctest::Approx(std::exp(loss / n)).epsilon(1e-10));
+    CHECK(std::isnan(result.eval.mse));
+  }
+}
+
+TEST_CASE("fit: a NaN loss stops training, naming the step, and saves nothing") {
+  kfsdp::session job;
+  const auto dir = shared_dir(job.world(), "nan");
+  std::vector<double> x(24 * 3, 0.5), y(24, std::nan(""));
+  const kfsdp::io::array_dataset poisoned(x, 3, y, 1);
+  const std::string error = error_of([&] {
+    train(job, poisoned,
+          {.steps = 5, .global_batch = global_batch, .checkpoint_dir = dir, .checkpoint_every = 1});
+  });
+  CHECK(error.find("fit: step 1 of 5") != std::string::npos);
+  CHECK(error.find("the loss is nan") != std::string::npos);
+  CHECK(kfsdp::checkpoint_steps(dir).empty());
+  job.world().barrier();
+  if (job.is_root()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("fit: SIGUSR1 on one rank stops every rank at the next step boundary, after a checkpoint") {
+  kfsdp::session job;
+  const auto dir = shared_dir(job.world(), "signal");
+  const auto test = samples(20, 9);
+  const int signalling = job.size() - 1;
+  bool raised = false;
+  // Raised on the last rank only, during the evaluation after step 4.
+  const kfsdp::fit_metric signal_once{.name = "signal", .per_sample = [&](auto, auto) {
+                                        if (job.rank() == signalling && !raised)
+                                          raised = std::raise(SIGUSR1) == 0;
+                                        return 0.0;
+                                      }};
+  const kfsdp::fit_result result = train(job, samples(60, 5),
+                                         {.steps = 10,
+                                          .global_batch = global_batch,
+                                          .eval_data = &test,
+                                          .eval_every = 4,
+                                          .metrics = {signal_once},
+                                          .checkpoint_dir = dir});
+  CHECK(result.preempted);
+  CHECK(result.step == 4);
+  CHECK(result.checkpoint == kfsdp::checkpoint_path(dir, 4));
+  CHECK(kfsdp::checkpoint_steps(dir) == std::vector<std::size_t>{4});
+  job.world().barrier();
+  if (job.is_root()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("session: HSDP groups from the option; a bad setting is an error from run()") {
+  {
+    kfsdp::session job({.hybrid_shard = 1});  // every rank its own shard group, replicated over all
+    CHECK(job.shard_group().size() == 1);
+    REQUIRE(job.replicas() != nullptr);
+    CHECK(job.replicas()->size() == job.size());
+    CHECK(job.fsdp().replica_group.has_value());
+    CHECK(job.run([] { return 7; }) == 7);
+  }
+  {
+    kfsdp::session per_node({.hybrid_shard = kfsdp::shard_per_node});  // the test's ranks share one node
+    CHECK(per_node.shard_group().size() == per_node.size());
+    REQUIRE(per_node.replicas() != nullptr);
+    CHECK(per_node.replicas()->size() == 1);
+  }
+  {
+    kfsdp::session flat({.hybrid_shard = 0});
+    CHECK(&flat.shard_group() == &flat.world());
+    CHECK(flat.replicas() == nullptr);
+  }
+  {
+    kfsdp::session job(
+        {.hybrid_shard = std::size_t(kfsdp::comm::mpi().size() + 1)});  // divides no world size
+    bool ran = false;
+    CHECK(job.run([&] { ran = true; }) == 2);
+    CHECK_FALSE(ran);
+  }
+  {
+    ::setenv("KFSDP_HYBRID_SHARD", "abc", 1);
+    kfsdp::session job;
+    ::unsetenv("KFSDP_HYBRID_SHARD");
+    CHECK(job.run([] {}) == 2);
+  }
+}
