@@ -325,20 +325,15 @@ class rowwise_runner {
   // y = expression(x, t, params) row by row; keeps each row's reductions for backward.
   void forward(const nn::const_matrix<S>& x, const nn::const_matrix<S>& t, const std::array<const S*, max_params>& param,
                S* y, std::size_t y_pitch) {
-    const std::size_t rows = x.extent(0);
-    keep(rows);
+    const rows_in in = rows_of(x, t);
+    keep(in.rows);
     const kernels_type k = k_;
-    const S* xp = x.data();
-    const S* tp = t.data();
-    const std::size_t x_pitch = pitch(x), t_pitch = t.data() != nullptr ? pitch(t) : 0;
     if (k.elementwise && contiguous(x, t) && y_pitch == std::size_t(k.out_width)) {
       Kokkos::parallel_for(
           "kfsdp::expr::forward_elements",
           Kokkos::RangePolicy<nn::execution_space, Kokkos::IndexType<std::int64_t>>(0, std::int64_t(x.size())),
           KOKKOS_LAMBDA(std::int64_t i) {
-            typename kernels_type::row_type rw = k.row_at(xp, 0, tp, 0, param.data(), 0);
-            rw.input[0] = xp + i;
-            rw.input[1] = tp != nullptr ? tp + i : nullptr;
+            typename kernels_type::row_type rw = k.row_at(in.x + i, 0, in.t != nullptr ? in.t + i : nullptr, 0, param.data(), 0);
             y[i] = k.expr.value(rw, 0);
           });
       return;
@@ -346,8 +341,8 @@ class rowwise_runner {
     const Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space> reduced = reduced_;
     const Kokkos::View<int**, Kokkos::LayoutRight, nn::memory_space> argmax = argmax_;
     Kokkos::parallel_for(
-        "kfsdp::expr::forward", Kokkos::RangePolicy<nn::execution_space>(0, int(rows)), KOKKOS_LAMBDA(int r) {
-          auto rw = k.row_at(xp, x_pitch, tp, t_pitch, param.data(), std::size_t(r));
+        "kfsdp::expr::forward", Kokkos::RangePolicy<nn::execution_space>(0, int(in.rows)), KOKKOS_LAMBDA(int r) {
+          auto rw = k.row_at(in.x, in.x_pitch, in.t, in.t_pitch, param.data(), std::size_t(r));
           k.forward_row(rw, &reduced(r, 0), &argmax(r, 0), y != nullptr ? y + std::size_t(r) * y_pitch : nullptr);
         });
   }
@@ -356,17 +351,14 @@ class rowwise_runner {
   // row's reductions for backward.
   void forward_sums(const nn::const_matrix<S>& x, const nn::const_matrix<S>& t, const std::array<const S*, max_params>& param,
                     S* sums) {
-    const std::size_t rows = x.extent(0);
-    keep(rows);
+    const rows_in in = rows_of(x, t);
+    keep(in.rows);
     const kernels_type k = k_;
-    const S* xp = x.data();
-    const S* tp = t.data();
-    const std::size_t x_pitch = pitch(x), t_pitch = t.data() != nullptr ? pitch(t) : 0;
     const Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space> reduced = reduced_;
     const Kokkos::View<int**, Kokkos::LayoutRight, nn::memory_space> argmax = argmax_;
     Kokkos::parallel_for(
-        "kfsdp::expr::forward_sums", Kokkos::RangePolicy<nn::execution_space>(0, int(rows)), KOKKOS_LAMBDA(int r) {
-          auto rw = k.row_at(xp, x_pitch, tp, t_pitch, param.data(), std::size_t(r));
+        "kfsdp::expr::forward_sums", Kokkos::RangePolicy<nn::execution_space>(0, int(in.rows)), KOKKOS_LAMBDA(int r) {
+          auto rw = k.row_at(in.x, in.x_pitch, in.t, in.t_pitch, param.data(), std::size_t(r));
           k.forward_row(rw, &reduced(r, 0), &argmax(r, 0), nullptr);
           sums[r] = lane_sum<S>(k.out_width, [&](int j) { return k.expr.value(rw, j); });
         });
@@ -379,6 +371,9 @@ class rowwise_runner {
     std::size_t t_pitch;
     std::size_t rows;
   };
+  static rows_in rows_of(const nn::const_matrix<S>& x, const nn::const_matrix<S>& t) {
+    return {x.data(), pitch(x), t.data(), t.data() != nullptr ? pitch(t) : 0, x.extent(0)};
+  }
 
   // Backward's kernel 1: a public member, not a lambda (nvcc defines no device lambda inside a generic
   // lambda or a private member function).
@@ -413,11 +408,9 @@ class rowwise_runner {
   template <class Adjoint>
   void backward(const nn::const_matrix<S>& x, const nn::const_matrix<S>& t, const std::array<const S*, max_params>& param,
                 const std::array<S*, max_params>& grad, const Adjoint& dy, S* dx, std::size_t dx_pitch) {
-    const std::size_t rows = x.extent(0);
+    const rows_in in = rows_of(x, t);
+    const std::size_t rows = in.rows;
     const kernels_type k = k_;
-    const S* xp = x.data();
-    const S* tp = t.data();
-    const std::size_t x_pitch = pitch(x), t_pitch = t.data() != nullptr ? pitch(t) : 0;
     if (k.elementwise && contiguous(x, t) && dx_pitch == std::size_t(k.in_width) && dy.packed(k.in_width)) {
       if (dx == nullptr) return;
       Kokkos::parallel_for(
@@ -425,8 +418,8 @@ class rowwise_runner {
           Kokkos::RangePolicy<nn::execution_space, Kokkos::IndexType<std::int64_t>>(0, std::int64_t(x.size())),
           KOKKOS_LAMBDA(std::int64_t i) {
             typename kernels_type::row_type rw;
-            rw.input[0] = xp + i;
-            rw.input[1] = tp != nullptr ? tp + i : nullptr;
+            rw.input[0] = in.x + i;
+            rw.input[1] = in.t != nullptr ? in.t + i : nullptr;
             element_sink<S> sink;
             k.expr.reverse(rw, 0, record(k.expr, rw, 0), dy.flat(i), sink);
             dx[i] = sink.dx;
@@ -449,7 +442,6 @@ class rowwise_runner {
     const Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space> partial = partial_;
     // Kernel 1: blocks of rows. Per row: sweep 1 (the reductions' adjoints), sweep 2 (dx, the block's
     // parameter sums).
-    const rows_in in{xp, x_pitch, tp, t_pitch, rows};
     if (dx != nullptr) backward_rows<true>(k, in, param, dy, dx, dx_pitch, blocks, with_params ? pitch : 0);
     else if (with_params) backward_rows<false>(k, in, param, dy, dx, dx_pitch, blocks, pitch);
     // Kernel 2: each parameter element's gradient, the blocks' partial sums added in order.
