@@ -202,3 +202,39 @@ TEST_CASE("set_frozen names the parameter; make_param_groups checks the frozen m
   CHECK(adam.state_size() ==
         t.engine().plan().shard_numel - t.engine().mapping().chunk(t.engine().param_index("out.weight")).count);
 }
+
+TEST_CASE("a bucket with some parameters frozen reduce-scatters only the others (sharded accumulation, bf16 too)") {
+  kfsdp::comm::mpi world;
+  for (const kfsdp::wire_precision reduce_dtype : {kfsdp::wire_precision::scalar, kfsdp::wire_precision::bf16}) {
+    CAPTURE(int(reduce_dtype));
+    const kfsdp::fsdp_options options{.reduce_dtype = reduce_dtype};
+    trainer_type frozen(mlp{}, world, options), plain(mlp{}, world, options);
+    frozen.initialize(5);
+    plain.initialize(5);
+    // fc2.weight frozen, fc2.bias in the same bucket (layer bucketing) not.
+    kfsdp::optim::adamw<double> frozen_adam(frozen, adam_options, {{.name_contains = "fc2.weight", .frozen = true}});
+    kfsdp::optim::adamw<double> plain_adam(plain, adam_options);
+    auto& engine = frozen.engine();
+    const std::size_t weight = engine.param_index("fc2.weight");
+    CHECK(engine.plan().params[weight].bucket == engine.plan().params[engine.param_index("fc2.bias")].bucket);
+    const auto before = chunk(frozen, engine.shards(), "fc2.weight");
+    // Two micro-batches reduced one by one: the second adds into the gradient shards.
+    const std::vector<trainer_type::batch> batches{batch_of(world, 0), batch_of(world, 1)};
+    const std::size_t frozen_start = engine.bytes_communicated(), plain_start = plain.engine().bytes_communicated();
+    const auto frozen_result = frozen.step(batches, frozen_adam, 0, kfsdp::grad_accumulation::sharded);
+    const auto plain_result = plain.step(batches, plain_adam, 0, kfsdp::grad_accumulation::sharded);
+    const std::size_t wire = reduce_dtype == kfsdp::wire_precision::scalar ? sizeof(double) : 2;
+    CHECK((plain.engine().bytes_communicated() - plain_start) - (engine.bytes_communicated() - frozen_start) ==
+          2 * engine.mapping().padded(weight).count * wire);  // fc2.weight's reduce-scatter, twice
+    CHECK(frozen_result.loss == plain_result.loss);
+    CHECK(chunk(frozen, engine.shards(), "fc2.weight") == before);
+    for (const char* name : all_params) {
+      CAPTURE(name);
+      const auto g = chunk(frozen, engine.grads(), name);
+      if (std::string_view(name) == "fc2.weight")
+        for (double x : g) CHECK(x == 0.0);
+      else
+        CHECK(g == chunk(plain, plain.engine().grads(), name));
+    }
+  }
+}
