@@ -212,3 +212,32 @@ TEST_CASE_TEMPLATE("a frozen group: no moments, its elements untouched, the othe
     CHECK(after[i] == (is_frozen ? start[i] : reference[i]));
   }
 }
+
+TEST_CASE("sgd from an engine: a frozen group holds no momentum and is untouched, the others are plain sgd's") {
+  kfsdp::comm::self one;
+  kfsdp::fsdp_engine<double> engine(kfsdp::make_param_table(model{}), one, {});
+  const std::size_t n = engine.plan().shard_numel;
+  const sgd_options options{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.1, .nesterov = true};
+  kfsdp::optim::sgd<double> frozen(engine, options, {{.name_contains = "fc.", .frozen = true}});
+  kfsdp::optim::sgd<double> plain(n, options);
+  CHECK(engine.is_frozen(engine.param_index("fc.weight")));
+  const auto fc_weight = engine.mapping().chunk(engine.param_index("fc.weight"));
+  const auto fc_bias = engine.mapping().chunk(engine.param_index("fc.bias"));
+  CHECK(frozen.momentum_buffer().extent(0) == n - fc_weight.count - fc_bias.count);
+  auto frozen_params = to_view(test_values<double>(n, 7), "frozen");
+  auto plain_params = to_view(test_values<double>(n, 7), "plain");
+  for (unsigned step = 1; step <= 10; ++step) {
+    const auto grads = to_view(test_values<double>(n, 200 + step), "grads");
+    frozen.step(frozen_params, grads);
+    plain.step(plain_params, grads);
+  }
+  const auto start = test_values<double>(n, 7), after = to_vector(frozen_params), reference = to_vector(plain_params);
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool is_frozen = (i >= fc_weight.first && i < fc_weight.last()) || (i >= fc_bias.first && i < fc_bias.last());
+    CAPTURE(i);
+    CHECK(after[i] == (is_frozen ? start[i] : reference[i]));
+  }
+  // SGD has one lr and weight decay: a group may only freeze.
+  CHECK(invalid_argument_message([&] { kfsdp::optim::sgd<double> bad(engine, options, {{.name_contains = "ln.", .lr_scale = 0.5}}); }) ==
+        "sgd: group 0 sets lr_scale = 0.5, expected 1 (SGD's groups may only freeze)");
+}

@@ -238,3 +238,31 @@ TEST_CASE("a bucket with some parameters frozen reduce-scatters only the others 
     }
   }
 }
+
+TEST_CASE("sgd with momentum and weight decay: the frozen group is unchanged, the momentum round-trips") {
+  kfsdp::comm::mpi world;
+  const std::string path = "test_train_frozen_sgd_mpi_np" + std::to_string(world.size()) + ".safetensors";
+  const kfsdp::optim::sgd_options options{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.1};
+  std::vector<double> momentum;
+  {
+    trainer_type t(mlp{}, world);
+    t.initialize(9);
+    kfsdp::optim::sgd<double> sgd(t, options, frozen_fc2);
+    const auto before = chunk(t, t.engine().shards(), "fc2.weight");
+    for (std::size_t step = 0; step < 10; ++step) t.step({batch_of(world, step)}, sgd, 1.0);
+    CHECK(chunk(t, t.engine().shards(), "fc2.weight") == before);
+    kfsdp::io::checkpoint_state<double> state;
+    sgd.add_state(state);
+    kfsdp::io::save_checkpoint(path, t.engine(), world, state);
+    momentum = host(sgd.momentum_buffer());
+  }
+  trainer_type resumed(mlp{}, world);
+  kfsdp::optim::sgd<double> sgd(resumed, options, frozen_fc2);
+  kfsdp::io::checkpoint_state<double> state;
+  sgd.add_state(state);
+  kfsdp::io::load_checkpoint(path, resumed.engine(), world, state);
+  sgd.restore_state(state.metadata);
+  CHECK(host(sgd.momentum_buffer()) == momentum);
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove(path);
+}

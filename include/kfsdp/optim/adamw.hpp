@@ -81,26 +81,6 @@ void adamw_step(const Kokkos::View<Scalar*>& params,
                 const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg_sq,
                 const adamw_options& options, std::int64_t step, const param_group_layout& groups);
 
-namespace detail {
-// The layout of an engine's parameters with `groups`; the parameters of frozen groups are frozen in
-// the engine too, and those frozen there are frozen in the layout.
-template <class Engine>
-param_group_layout groups_freezing(Engine& engine, double weight_decay, const std::vector<param_group>& groups) {
-  param_group_layout layout = make_param_groups(engine.params(), engine.plan(), weight_decay, groups, engine.frozen());
-  for (std::size_t p = 0; p < layout.frozen_param.size(); ++p)
-    if (layout.frozen_param[p] && !engine.is_frozen(p)) engine.set_frozen(p);
-  return layout;
-}
-
-// A trainer's engine, or the engine itself.
-template <class Owner>
-decltype(auto) engine_of(Owner& owner) {
-  if constexpr (requires { owner.engine(); })
-    return (owner.engine());
-  else
-    return (owner);
-}
-}  // namespace detail
 
 /// AdamW with its two moment buffers (zero at the start) and its step counter, for a shard of fixed
 /// length.
