@@ -621,6 +621,7 @@ using kfsdp::optim::make_param_groups;
 using kfsdp::optim::max_param_groups;
 using kfsdp::optim::param_group;
 using kfsdp::optim::param_group_layout;
+using kfsdp::optim::state_segment;
 }
 // <kfsdp/optim/schedule.hpp>
 export namespace kfsdp::optim {

@@ -47,19 +47,22 @@ void bucket_unit<Scalar>::wrong_phase(const char* transition, std::string_view s
 
 template <class Scalar>
 typename bucket_unit<Scalar>::view bucket_unit<Scalar>::acquire_wire(unit_context<Scalar>& ctx, const char* label,
-                                                                     std::size_t numel, wire_precision wire) {
+                                                                     std::size_t numel, wire_precision wire,
+                                                                     typename buffer_pool<Scalar>::fill how) {
   const std::size_t bytes = numel * wire_bytes(wire, sizeof(Scalar));
-  return ctx.pool.acquire(label, (bytes + sizeof(Scalar) - 1) / sizeof(Scalar));
+  return ctx.pool.acquire(label, (bytes + sizeof(Scalar) - 1) / sizeof(Scalar), how);
 }
 
 template <class Scalar>
 template <class T, class Issue, class From, class To>
-comm::request bucket_unit<Scalar>::per_param(const Kokkos::View<T*>& from, const Kokkos::View<T*>& to, Issue issue,
-                                             From from_range, To to_range) const {
+comm::request bucket_unit<Scalar>::per_param(const unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
+                                             const Kokkos::View<T*>& to, Issue issue, From from_range,
+                                             To to_range) const {
   std::vector<comm::request> parts;
   parts.reserve(param_count_);
   for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p)
-    parts.push_back(issue(const_span_of(Kokkos::subview(from, from_range(p).pair())),
+    if (!ctx.is_frozen(p))
+      parts.push_back(issue(const_span_of(Kokkos::subview(from, from_range(p).pair())),
                           span_of(Kokkos::subview(to, to_range(p).pair()))));
   return comm::when_all(std::move(parts));
 }
@@ -154,8 +157,23 @@ typename bucket_unit<Scalar>::view bucket_unit<Scalar>::grad(unit_context<Scalar
 template <class Scalar>
 void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before, Scalar after) {
   if (grads_ == grad_phase::reducing) wrong_phase("begin its reduce-scatter", to_string(grads_), "none or accumulating");
+  // What the reduce-scatters carry: every parameter's padded gradient but the frozen ones'.
+  std::size_t reduced_numel = 0, frozen_count = 0;
+  for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p) {
+    if (ctx.is_frozen(p)) ++frozen_count;
+    else reduced_numel += ctx.map.padded(p).count;
+  }
+  if (frozen_count == param_count_) {
+    // Nothing to reduce: the gradients computed for frozen parameters are dropped.
+    ctx.pool.release(full_grads_);
+    grads_ = grad_phase::none;
+    return;
+  }
   if (grads_ == grad_phase::none) (void)grad(ctx, first_param_);  // no gradient reached it: zeros
   const std::size_t shard = ctx.map.bucket(bucket_).count, numel = ctx.map.gathered_numel(bucket_);
+  // Frozen chunks of a pooled reduce buffer are never written by a collective: zeros, so that the
+  // add leaves their gradient shard at zero.
+  const auto reduced_fill = frozen_count > 0 ? buffer_pool<Scalar>::fill::zeros : buffer_pool<Scalar>::fill::none;
   const auto padded = [&](std::size_t p) { return ctx.map.padded(p); };
   const auto chunk = [&](std::size_t p) { return ctx.map.bucket_chunk(p); };
   const auto reduce_scatter = [&](auto send, auto recv) { return ctx.comm.ireduce_scatter_sum(send, recv); };
@@ -165,7 +183,7 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
   // to sum over next, the reduce-scatters multiply by `after` too (mpi's ring in its last addition).
   reduces_in_place_ = shard_grads_zero_ && reduced_as_ == wire_precision::scalar;
   const bool folds_after = reduces_in_place_ && !ctx.replicated();
-  reduced_grads_ = reduces_in_place_ ? ctx.grads.bucket(bucket_) : acquire_wire(ctx, "kfsdp::reduced_grads", shard, reduced_as_);
+  reduced_grads_ = reduces_in_place_ ? ctx.grads.bucket(bucket_) : acquire_wire(ctx, "kfsdp::reduced_grads", shard, reduced_as_, reduced_fill);
   if (reduced_as_ == wire_precision::scalar) {
     if (before != Scalar(1)) KokkosBlas::scal(full_grads_, before, full_grads_);
     Kokkos::fence();
@@ -173,7 +191,7 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
     const auto reduce_scatter_scaled = [&](auto send, auto recv) {
       return folds_after ? ctx.comm.ireduce_scatter_sum(send, recv, after) : ctx.comm.ireduce_scatter_sum(send, recv);
     };
-    reduce_pending_ = per_param(full_grads_, reduced_grads_, reduce_scatter_scaled, padded, chunk);
+    reduce_pending_ = per_param(ctx, full_grads_, reduced_grads_, reduce_scatter_scaled, padded, chunk);
   } else {
     with_wire(reduced_as_, [&]<class Wire>(Wire) {
       // Divided in Scalar, then rounded once: the wire copy replaces the Scalar one.
@@ -182,11 +200,11 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
       Kokkos::fence();
       ctx.pool.release(full_grads_);
       if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
-      reduce_pending_ = per_param(wire_view<Wire>(packed_grads_, numel), wire_view<Wire>(reduced_grads_, shard),
+      reduce_pending_ = per_param(ctx, wire_view<Wire>(packed_grads_, numel), wire_view<Wire>(reduced_grads_, shard),
                                   reduce_scatter, padded, chunk);
     });
   }
-  reduce_bytes_ = numel * wire_bytes(reduced_as_, sizeof(Scalar));
+  reduce_bytes_ = reduced_numel * wire_bytes(reduced_as_, sizeof(Scalar));
   ctx.bytes_communicated += reduce_bytes_;
   grads_ = grad_phase::reducing;
 }

@@ -75,6 +75,7 @@ fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_commun
   division_ = division_of(options_.gradient_division, std::size_t(data_parallel_size()));
   context_.param_dtype = options_.param_dtype;
   context_.reduce_dtype = options_.reduce_dtype;
+  context_.frozen.assign(table_.size(), 0);
   units_.reserve(plan_.buckets.size());
   for (std::size_t b = 0; b < plan_.buckets.size(); ++b) units_.emplace_back(b, map_);
 }
@@ -186,6 +187,25 @@ template <class Scalar>
 void fsdp_engine<Scalar>::finish_reduce_gradients(std::size_t b) {
   check_bucket(b, "finish_reduce_gradients");
   if (units_[b].grads() == grad_phase::reducing) units_[b].finish_reduce(context_);
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::set_frozen(std::size_t p, bool frozen) {
+  check_param(p, "set_frozen");
+  const std::size_t b = plan_.params[p].bucket;
+  if (units_[b].grads() != grad_phase::none)
+    throw std::logic_error(fmt::format("kfsdp::fsdp::set_frozen: '{}' (bucket {}) has gradients that are {}, expected "
+                                       "none (freeze between steps)",
+                                       table_[p].name.view(), b, to_string(units_[b].grads())));
+  context_.frozen[p] = frozen ? 1 : 0;
+  // A frozen gradient shard is zero: what an earlier reduction left there goes.
+  if (frozen) Kokkos::deep_copy(grads_.chunk(p), Scalar(0));
+}
+
+template <class Scalar>
+bool fsdp_engine<Scalar>::is_frozen(std::size_t p) const {
+  check_param(p, "is_frozen");
+  return context_.is_frozen(p);
 }
 
 template <class Scalar>

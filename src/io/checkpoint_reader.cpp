@@ -165,7 +165,7 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
   // Every rank verified everything: commit, padding rows zero.
   together(comm, [&] {
     for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const index_range chunk = engine.mapping().chunk(tensors[t].param);
+      const index_range chunk{tensors[t].flat_first, engine.mapping().chunk(tensors[t].param).count};
       const std::size_t valid = tensors[t].local_bytes / sizeof(Scalar);
       Kokkos::deep_copy(Kokkos::subview(tensors[t].flat, std::make_pair(chunk.first, chunk.first + valid)),
                         Kokkos::View<const Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(

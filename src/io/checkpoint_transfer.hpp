@@ -3,6 +3,8 @@
 // followed by one, so no rank waits alone in a collective), the collective MPI-IO transfers, and
 // the engine's shards as the tensors of a file. Included by checkpoint_writer.cpp and
 // checkpoint_reader.cpp only.
+#include <algorithm>
+
 #include "checkpoint_files.hpp"
 
 namespace kfsdp::io::checkpoint_detail {
@@ -195,6 +197,7 @@ struct sharded_tensor {
   Kokkos::View<Scalar*> flat;
   std::uint64_t staging_offset = 0;  // where this rank's rows sit in the staging buffer
   std::uint64_t local_bytes = 0;     // this rank's rows, padding left out
+  std::size_t flat_first = 0;        // where the parameter's chunk starts in `flat`
 };
 
 // The tensors of a checkpoint in file order: every weight, then every named shard's tensors.
@@ -203,30 +206,48 @@ std::vector<sharded_tensor<Scalar>> sharded_tensors(fsdp_engine<Scalar>& engine,
                                                     std::span<const named_shard<Scalar>> shards,
                                                     std::string_view function) {
   const shard_plan& plan = engine.plan();
-  std::vector<std::pair<std::string, Kokkos::View<Scalar*>>> groups{{"", engine.shards().flat()}};
+  struct group {
+    std::string prefix;
+    Kokkos::View<Scalar*> flat;
+    std::vector<std::size_t> absent;
+  };
+  std::vector<group> groups{{"", engine.shards().flat(), {}}};
   for (const named_shard<Scalar>& shard : shards) {
     if (shard.name.empty())
       throw std::invalid_argument(fmt::format("{}: a named shard has an empty name, expected a "
                                               "prefix such as \"optimizer.exp_avg\"",
                                               function));
-    for (const auto& [seen, view] : groups)
-      if (seen == shard.name)
+    for (const group& seen : groups)
+      if (seen.prefix == shard.name)
         throw std::invalid_argument(
-            fmt::format("{}: named shard '{}' appears twice, expected unique names", function, seen));
-    if (shard.flat.extent(0) != plan.shard_numel)
+            fmt::format("{}: named shard '{}' appears twice, expected unique names", function, seen.prefix));
+    std::size_t absent_numel = 0;
+    for (std::size_t i = 0; i < shard.absent.size(); ++i) {
+      if (shard.absent[i] >= plan.params.size() || (i > 0 && shard.absent[i] <= shard.absent[i - 1]))
+        throw std::invalid_argument(fmt::format(
+            "{}: named shard '{}' has absent parameter {} at position {}, expected ascending indices below {}",
+            function, shard.name, shard.absent[i], i, plan.params.size()));
+      absent_numel += engine.mapping().chunk(shard.absent[i]).count;
+    }
+    if (shard.flat.extent(0) != plan.shard_numel - absent_numel)
       throw std::invalid_argument(fmt::format(
-          "{}: named shard '{}' has {} elements, expected {} (the engine's flat shard)", function,
-          shard.name, shard.flat.extent(0), plan.shard_numel));
-    groups.emplace_back(shard.name, shard.flat);
+          "{}: named shard '{}' has {} elements, expected {} (the engine's flat shard less {} absent parameters)",
+          function, shard.name, shard.flat.extent(0), plan.shard_numel - absent_numel, shard.absent.size()));
+    groups.push_back({shard.name, shard.flat, shard.absent});
   }
   std::vector<sharded_tensor<Scalar>> tensors;
   std::uint64_t staging = 0;
   const auto rank = static_cast<std::size_t>(engine.rank());
-  for (const auto& [prefix, view] : groups)
+  for (const group& g : groups)
     for (std::size_t p = 0; p < engine.params().size(); ++p) {
+      if (std::find(g.absent.begin(), g.absent.end(), p) != g.absent.end()) continue;
+      // The chunk's offset less the absent chunks stored before it.
+      std::size_t flat_first = engine.mapping().chunk(p).first;
+      for (std::size_t q : g.absent)
+        if (engine.mapping().chunk(q).first < engine.mapping().chunk(p).first) flat_first -= engine.mapping().chunk(q).count;
       const std::uint64_t bytes = engine.mapping().elements(p, rank).count * sizeof(Scalar);
       std::string name(engine.params()[p].name.view());
-      tensors.push_back({prefix.empty() ? name : prefix + "." + name, p, view, staging, bytes});
+      tensors.push_back({g.prefix.empty() ? name : g.prefix + "." + name, p, g.flat, staging, bytes, flat_first});
       staging += bytes;
     }
   return tensors;

@@ -37,7 +37,7 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
                           tensor.flat);
         copied = tensor.flat;
       }
-      const std::size_t first = engine.mapping().chunk(tensor.param).first;
+      const std::size_t first = tensor.flat_first;
       check_finite(std::span<const Scalar>(host.data() + first, tensor.local_bytes / sizeof(Scalar)), tensor.name,
                    function, requested);
       std::memcpy(staging.data() + tensor.staging_offset, host.data() + first, tensor.local_bytes);

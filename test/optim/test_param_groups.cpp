@@ -163,7 +163,7 @@ TEST_CASE("README: a schedule and parameter groups on a trainer") {
   const auto before = to_vector(trainer.engine().shards().flat());
   // --- README snippet
   kfsdp::optim::adamw<double> adam(trainer, {.lr = 1e-3, .weight_decay = 0.1},  // 1-D parameters: no decay
-                                   {{.name_contains = "out.", .lr_scale = 0.0}});  // the output layer frozen
+                                   {{.name_contains = "out.", .frozen = true}});    // the output layer frozen
   auto lr = kfsdp::optim::warmup_cosine(1e-3, /*warmup_steps=*/5, /*total_steps=*/steps, /*min_lr=*/1e-4);
   for (std::size_t step = 0; step < steps; ++step) {
     adam.set_lr(lr(step));
@@ -177,4 +177,67 @@ TEST_CASE("README: a schedule and parameter groups on a trainer") {
   CHECK(param_values(engine, after, "out.bias") == param_values(engine, before, "out.bias"));
   CHECK(param_values(engine, after, "fc.weight") != param_values(engine, before, "fc.weight"));
   CHECK(adam.options().lr == lr(steps - 1));
+}
+
+TEST_CASE_TEMPLATE("a frozen group: no moments, its elements untouched, the others bit for bit an unfrozen adamw's",
+                   Scalar, double, float) {
+  kfsdp::comm::self one;
+  kfsdp::fsdp_engine<Scalar> engine(kfsdp::make_param_table(model{}), one, {});
+  kfsdp::fsdp_engine<Scalar> reference_engine(kfsdp::make_param_table(model{}), one, {});
+  const std::size_t n = engine.plan().shard_numel;
+  const adamw_options options{.lr = 3e-3, .weight_decay = 0.1};
+  kfsdp::optim::adamw<Scalar> frozen(engine, options, {{.name_contains = "ln.", .frozen = true}});
+  kfsdp::optim::adamw<Scalar> plain(reference_engine, options);
+  // The optimizer froze them in the engine too: their gradients will not be reduced.
+  CHECK(engine.is_frozen(engine.param_index("ln.weight")));
+  CHECK(engine.is_frozen(engine.param_index("ln.bias")));
+  CHECK_FALSE(engine.is_frozen(engine.param_index("fc.weight")));
+  const auto ln_weight = engine.mapping().chunk(engine.param_index("ln.weight"));
+  const auto ln_bias = engine.mapping().chunk(engine.param_index("ln.bias"));
+  CHECK(frozen.state_size() == n - ln_weight.count - ln_bias.count);
+  CHECK(frozen.exp_avg().extent(0) == frozen.state_size());
+  CHECK(plain.state_size() == n);
+
+  auto frozen_params = to_view(test_values<Scalar>(n, 5), "frozen");
+  auto plain_params = to_view(test_values<Scalar>(n, 5), "plain");
+  for (unsigned step = 1; step <= 10; ++step) {
+    const auto grads = to_view(test_values<Scalar>(n, 100 + step), "grads");  // nonzero on the frozen too
+    frozen.step(frozen_params, grads);
+    plain.step(plain_params, grads);
+  }
+  const auto start = test_values<Scalar>(n, 5), after = to_vector(frozen_params), reference = to_vector(plain_params);
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool is_frozen = (i >= ln_weight.first && i < ln_weight.last()) || (i >= ln_bias.first && i < ln_bias.last());
+    CAPTURE(i);
+    CHECK(after[i] == (is_frozen ? start[i] : reference[i]));
+  }
+}
+
+TEST_CASE("sgd from an engine: a frozen group holds no momentum and is untouched, the others are plain sgd's") {
+  kfsdp::comm::self one;
+  kfsdp::fsdp_engine<double> engine(kfsdp::make_param_table(model{}), one, {});
+  const std::size_t n = engine.plan().shard_numel;
+  const sgd_options options{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.1, .nesterov = true};
+  kfsdp::optim::sgd<double> frozen(engine, options, {{.name_contains = "fc.", .frozen = true}});
+  kfsdp::optim::sgd<double> plain(n, options);
+  CHECK(engine.is_frozen(engine.param_index("fc.weight")));
+  const auto fc_weight = engine.mapping().chunk(engine.param_index("fc.weight"));
+  const auto fc_bias = engine.mapping().chunk(engine.param_index("fc.bias"));
+  CHECK(frozen.momentum_buffer().extent(0) == n - fc_weight.count - fc_bias.count);
+  auto frozen_params = to_view(test_values<double>(n, 7), "frozen");
+  auto plain_params = to_view(test_values<double>(n, 7), "plain");
+  for (unsigned step = 1; step <= 10; ++step) {
+    const auto grads = to_view(test_values<double>(n, 200 + step), "grads");
+    frozen.step(frozen_params, grads);
+    plain.step(plain_params, grads);
+  }
+  const auto start = test_values<double>(n, 7), after = to_vector(frozen_params), reference = to_vector(plain_params);
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool is_frozen = (i >= fc_weight.first && i < fc_weight.last()) || (i >= fc_bias.first && i < fc_bias.last());
+    CAPTURE(i);
+    CHECK(after[i] == (is_frozen ? start[i] : reference[i]));
+  }
+  // SGD has one lr and weight decay: a group may only freeze.
+  CHECK(invalid_argument_message([&] { kfsdp::optim::sgd<double> bad(engine, options, {{.name_contains = "ln.", .lr_scale = 0.5}}); }) ==
+        "sgd: group 0 sets lr_scale = 0.5, expected 1 (SGD's groups may only freeze)");
 }

@@ -22,7 +22,9 @@
 // (mixed precision) the shard is converted before and the gathered buffer after, flat.
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
+#include <vector>
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/comm/any_communicator.hpp>
@@ -67,6 +69,8 @@ struct unit_context {
   wire_precision param_dtype = wire_precision::scalar;   // what the all-gathers carry
   wire_precision reduce_dtype = wire_precision::scalar;  // what the reduce-scatters carry
   comm::any_communicator* replicas = nullptr;             // HSDP: the shard's replicas in other groups
+  std::vector<std::uint8_t> frozen{};                     // per parameter: 1 = its gradient is never reduced
+  [[nodiscard]] bool is_frozen(std::size_t p) const { return p < frozen.size() && frozen[p] != 0; }
   // Whether a reduced shard is summed over replicas next (HSDP with more than one group).
   [[nodiscard]] bool replicated() const { return replicas != nullptr && replicas->size() > 1; }
 };
@@ -91,6 +95,8 @@ class bucket_unit {
   // Parameter p's full gradient, accumulated into (none → accumulating; not while reducing: the
   // reduce-scatter may still read the buffer).
   [[nodiscard]] view grad(unit_context<Scalar>& ctx, std::size_t p);
+  // Frozen parameters (ctx.frozen) are left out: their gradient shard stays zero and no byte of
+  // theirs is sent; a bucket of frozen parameters only goes back to none without a collective.
   // none | accumulating → reducing (no gradient: zeros); the packed gradients are multiplied by
   // `before` first, the reduced shard by `after` (1: not at all; before · after = 1 / world size:
   // the average). Where the shard receives the sums itself, the reduce-scatters multiply by `after`.
@@ -110,11 +116,14 @@ class bucket_unit {
   [[nodiscard]] comm::request gather_params(unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
                                             const Kokkos::View<T*>& to) const;
   // One collective per parameter: from[from_range(p)] to[to_range(p)], as one request.
+  // Frozen parameters are skipped.
   template <class T, class Issue, class From, class To>
-  [[nodiscard]] comm::request per_param(const Kokkos::View<T*>& from, const Kokkos::View<T*>& to, Issue issue,
-                                        From from_range, To to_range) const;
+  [[nodiscard]] comm::request per_param(const unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
+                                        const Kokkos::View<T*>& to, Issue issue, From from_range,
+                                        To to_range) const;
   // A pooled Scalar buffer with room for numel elements of `wire`.
-  [[nodiscard]] view acquire_wire(unit_context<Scalar>& ctx, const char* label, std::size_t numel, wire_precision wire);
+  [[nodiscard]] view acquire_wire(unit_context<Scalar>& ctx, const char* label, std::size_t numel, wire_precision wire,
+                                  typename buffer_pool<Scalar>::fill how = buffer_pool<Scalar>::fill::none);
   [[noreturn]] void wrong_phase(const char* transition, std::string_view seen, std::string_view expected) const;
 
   std::size_t bucket_;

@@ -161,6 +161,18 @@ class fsdp_engine {
   // adding into it (the same sums, without the add's pass and buffer).
   void zero_grad();
 
+  // --- frozen parameters (fine-tuning part of a model: FSDP2's requires_grad=False) ---
+  // A frozen parameter is still gathered and still passes gradients to the layers below it, but
+  // its own gradient is never reduce-scattered (a bucket of frozen parameters sends nothing) and
+  // its gradient shard stays zero, so norms and clipping leave it out. (Its layer still computes
+  // that gradient into the bucket's full-gradient buffer, which is then dropped; under HSDP a
+  // bucket with some parameters frozen all-reduces its whole shard over the replicas, zeros too.) Every rank must freeze the
+  // same parameters; throws std::logic_error while its bucket holds unreduced gradients.
+  void set_frozen(std::size_t param, bool frozen = true);
+  [[nodiscard]] bool is_frozen(std::size_t param) const;
+  // Per parameter: 1 where frozen.
+  [[nodiscard]] std::span<const std::uint8_t> frozen() const noexcept { return context_.frozen; }
+
   // Buckets a range of parameters touches.
   [[nodiscard]] std::pair<std::size_t, std::size_t> buckets_of(param_range range) const;
 
@@ -174,7 +186,8 @@ class fsdp_engine {
 
   [[nodiscard]] memory_report memory() const noexcept;
   void reset_peak_memory() noexcept { pool_.reset_peak(); }
-  // Bytes of every collective buffer so far (all-gathers and reduce-scatters of the full bucket).
+  // Bytes of every collective buffer so far (all-gathers of the full bucket, reduce-scatters of
+  // its parameters that are not frozen).
   [[nodiscard]] std::size_t bytes_communicated() const noexcept { return context_.bytes_communicated; }
 
  private:

@@ -38,10 +38,15 @@ namespace kfsdp::io {
 ///
 ///   kfsdp::io::named_shard<float>{"optimizer.exp_avg", optimizer.exp_avg()}
 ///   // -> tensors "optimizer.exp_avg.transformer.wte.weight", ...
+///
+/// A view may leave parameters out (frozen ones: an optimizer keeps no state for them): `absent`
+/// lists them, `flat` then holds the other parameters' chunks back to back in shard order, and the
+/// file has no tensor for them.
 template <class Scalar>
 struct named_shard {
   std::string name{};
-  Kokkos::View<Scalar*> flat{};  // plan().shard_numel elements, padding rows zero
+  Kokkos::View<Scalar*> flat{};          // plan().shard_numel elements less absent ones', padding rows zero
+  std::vector<std::size_t> absent{};     // parameter indices without elements here, ascending
 };
 
 /// What a checkpoint holds beside the weights: progress as strings in `__metadata__` (step, data

@@ -81,16 +81,6 @@ void adamw_step(const Kokkos::View<Scalar*>& params,
                 const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg_sq,
                 const adamw_options& options, std::int64_t step, const param_group_layout& groups);
 
-namespace detail {
-// A trainer's engine, or the engine itself.
-template <class Owner>
-decltype(auto) engine_of(Owner& owner) {
-  if constexpr (requires { owner.engine(); })
-    return (owner.engine());
-  else
-    return (owner);
-}
-}  // namespace detail
 
 /// AdamW with its two moment buffers (zero at the start) and its step counter, for a shard of fixed
 /// length.
@@ -115,14 +105,15 @@ class adamw {
   /// Groups from a layout of make_param_groups (shard_size is its length).
   adamw(param_group_layout groups, adamw_options options);
   /// Groups from a trainer's (or an engine's) parameters and shard plan: the default rule, then `groups`.
+  /// Parameters frozen in the engine, and those of frozen groups, hold no state; the latter are
+  /// frozen in the engine too (their gradients are not reduce-scattered).
   template <class Owner>
     requires requires(Owner& o) { detail::engine_of(o).plan(); detail::engine_of(o).params(); }
   adamw(Owner& owner, adamw_options options = {}, const std::vector<param_group>& groups = {})
-      : adamw(make_param_groups(detail::engine_of(owner).params(), detail::engine_of(owner).plan(),
-                                options.weight_decay, groups),
-              options) {}
+      : adamw(detail::groups_freezing(detail::engine_of(owner), options.weight_decay, groups), options) {}
 
   /// One step (the counter goes up first, as in PyTorch); both views have shard_size() elements.
+  /// Frozen elements are neither read nor written.
   void step(const view_type& params, const const_view_type& grads);
 
   void set_lr(double lr);
@@ -132,16 +123,20 @@ class adamw {
   [[nodiscard]] const adamw_options& options() const noexcept { return options_; }
   [[nodiscard]] std::size_t shard_size() const noexcept { return shard_size_; }
   [[nodiscard]] std::int64_t step_count() const noexcept { return step_count_; }
+  /// The moments: shard_size() elements, or, with frozen parameters, state_size() (the shard's runs
+  /// that train, groups()->trained, back to back).
+  [[nodiscard]] std::size_t state_size() const noexcept { return exp_avg_.extent(0); }
   [[nodiscard]] const view_type& exp_avg() const noexcept { return exp_avg_; }
   [[nodiscard]] const view_type& exp_avg_sq() const noexcept { return exp_avg_sq_; }
   /// The parameter groups (none for the shard_size constructor).
   [[nodiscard]] const std::optional<param_group_layout>& groups() const noexcept { return groups_; }
 
   /// The checkpoint protocol (io/stateful.hpp): the moments as "optimizer.exp_avg" and
-  /// "optimizer.exp_avg_sq" (restored in place), the kind and the step count as metadata.
+  /// "optimizer.exp_avg_sq" (restored in place; frozen parameters have none), the kind and the
+  /// step count as metadata.
   void add_state(io::checkpoint_state<Scalar>& state) const {
-    state.shards.push_back({"optimizer.exp_avg", exp_avg_});
-    state.shards.push_back({"optimizer.exp_avg_sq", exp_avg_sq_});
+    state.shards.push_back({"optimizer.exp_avg", exp_avg_, frozen_params()});
+    state.shards.push_back({"optimizer.exp_avg_sq", exp_avg_sq_, frozen_params()});
     state.metadata["optimizer"] = "adamw";
     state.metadata["optimizer.step_count"] = std::to_string(step_count_);
   }
@@ -152,12 +147,21 @@ class adamw {
   }
 
  private:
+  [[nodiscard]] std::vector<std::size_t> frozen_params() const {
+    std::vector<std::size_t> frozen;
+    if (groups_)
+      for (std::size_t p = 0; p < groups_->frozen_param.size(); ++p)
+        if (groups_->frozen_param[p]) frozen.push_back(p);
+    return frozen;
+  }
+
   std::size_t shard_size_;
   adamw_options options_;
   std::int64_t step_count_ = 0;
   view_type exp_avg_;
   view_type exp_avg_sq_;
   std::optional<param_group_layout> groups_;
+  std::vector<param_group_layout> segment_groups_;  // per run of groups_->trained: its slice of the ids
 };
 
 namespace detail {
@@ -286,20 +290,51 @@ adamw<Scalar>::adamw(std::size_t shard_size, adamw_options options)
 }
 
 template <class Scalar>
-adamw<Scalar>::adamw(param_group_layout groups, adamw_options options) : adamw(groups.group_of.extent(0), options) {
+adamw<Scalar>::adamw(param_group_layout groups, adamw_options options)
+    : shard_size_(groups.group_of.extent(0)), options_(options) {
+  validate(options_, "adamw");
   // The kernel indexes fixed arrays by group id: a layout not made by make_param_groups is checked here.
   if (groups.lr_scale.size() > max_param_groups || groups.weight_decay.size() != groups.lr_scale.size())
     throw std::invalid_argument("adamw: groups has " + std::to_string(groups.lr_scale.size()) + " lr scales and " +
                                 std::to_string(groups.weight_decay.size()) +
                                 " weight decays, expected as many of each, at most " +
                                 std::to_string(max_param_groups));
+  // Frozen parameters hold no moments: the state is the runs that train, back to back.
+  std::size_t state_size = shard_size_;
+  if (groups.any_frozen()) {
+    state_size = 0;
+    for (const state_segment& run : groups.trained) {
+      if (run.first + run.count > shard_size_ || run.state_first != state_size)
+        throw std::invalid_argument("adamw: groups.trained has a run [" + std::to_string(run.first) + ", " +
+                                    std::to_string(run.first + run.count) + ") at state offset " +
+                                    std::to_string(run.state_first) + ", expected one within the shard's " +
+                                    std::to_string(shard_size_) + " elements at state offset " +
+                                    std::to_string(state_size));
+      segment_groups_.push_back({Kokkos::subview(groups.group_of, std::pair(run.first, run.first + run.count)),
+                                 groups.lr_scale, groups.weight_decay, {}, {}, {}, 0});
+      state_size += run.count;
+    }
+  }
+  exp_avg_ = view_type("kfsdp::optim::adamw::exp_avg", state_size);
+  exp_avg_sq_ = view_type("kfsdp::optim::adamw::exp_avg_sq", state_size);
   groups_ = std::move(groups);
 }
 
 template <class Scalar>
 void adamw<Scalar>::step(const view_type& params, const const_view_type& grads) {
   detail::check_length("adamw::step", "params", params.extent(0), "shard_size", shard_size_);
-  if (groups_)
+  if (groups_ && groups_->any_frozen()) {
+    // The same kernel on each run that trains: frozen elements are neither read nor written.
+    detail::check_length("adamw::step", "grads", grads.extent(0), "params", shard_size_);
+    for (std::size_t s = 0; s < segment_groups_.size(); ++s) {
+      const state_segment& run = groups_->trained[s];
+      const auto in_shard = std::pair(run.first, run.first + run.count);
+      const auto in_state = std::pair(run.state_first, run.state_first + run.count);
+      adamw_step<Scalar>(Kokkos::subview(params, in_shard), Kokkos::subview(grads, in_shard),
+                         Kokkos::subview(exp_avg_, in_state), Kokkos::subview(exp_avg_sq_, in_state), options_,
+                         step_count_ + 1, segment_groups_[s]);
+    }
+  } else if (groups_)
     adamw_step<Scalar>(params, grads, exp_avg_, exp_avg_sq_, options_, step_count_ + 1, *groups_);
   else
     adamw_step<Scalar>(params, grads, exp_avg_, exp_avg_sq_, options_, step_count_ + 1);

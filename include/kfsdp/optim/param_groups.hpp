@@ -10,6 +10,12 @@
 //   kfsdp::optim::adamw<float> adam(trainer, {.lr = 6e-4, .weight_decay = 0.1},
 //                                   {{.name_contains = "wte", .lr_scale = 0.0}});   // embeddings frozen
 //
+// A frozen group (fine-tuning part of a model: FSDP2's requires_grad=False) is never updated and
+// holds no optimizer state; an optimizer built from a trainer also freezes it in the engine, so
+// that its gradients are not reduce-scattered either:
+//
+//   kfsdp::optim::adamw<float> adam(trainer, {.lr = 1e-4}, {{.name_contains = "transformer.h.0.", .frozen = true}});
+//
 // Each distinct (lr scale, weight decay) pair is one group id; the shard holds one byte per element
 // saying which, so the fused kernel reads a byte more per element and launches once.
 
@@ -19,6 +25,7 @@
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -45,6 +52,15 @@ struct param_group {
   std::function<bool(const param_info&)> select{}; // or those for which this is true
   double lr_scale = 1.0;                          // lr = optimizer's lr · lr_scale
   std::optional<double> weight_decay{};            // unset: the default rule (2-D and up decay, 1-D not)
+  bool frozen = false;                             // never updated, no optimizer state, no gradient reduction
+};
+
+/// A run of a rank's flat shard whose parameters are not frozen, and where it sits in the
+/// optimizer's state (which holds these runs back to back).
+struct state_segment {
+  std::size_t first = 0;        // offset in the flat shard
+  std::size_t count = 0;        // elements
+  std::size_t state_first = 0;  // offset in the optimizer's state
 };
 
 /// Per element of a rank's flat shard: its group id; per group id: its lr scale and weight decay.
@@ -53,18 +69,27 @@ struct param_group_layout {
   std::vector<double> lr_scale;          // per group id
   std::vector<double> weight_decay;      // per group id
   std::vector<std::size_t> group_of_param;  // per parameter of the table, its group id
+  std::vector<std::uint8_t> frozen_param{};  // per parameter of the table: 1 where frozen
+  std::vector<state_segment> trained{};      // the shard's runs that are not frozen; empty when none is frozen
+  std::size_t frozen_numel = 0;              // elements of the shard in frozen parameters
+  [[nodiscard]] bool any_frozen() const noexcept { return frozen_numel > 0; }
 };
 
-/// The layout for a shard plan of `params` at the optimizer's `weight_decay`.
+/// The layout for a shard plan of `params` at the optimizer's `weight_decay`; parameters where
+/// `frozen` (per parameter, e.g. the engine's) is 1 are frozen as if a frozen group selected them.
 /// Throws std::invalid_argument for a group that selects nothing by construction or no parameter at all,
 /// a negative or non-finite lr_scale or weight_decay, or more than max_param_groups distinct pairs.
 ///
 ///   auto layout = kfsdp::optim::make_param_groups(engine.params(), engine.plan(), 0.1, groups);
 inline param_group_layout make_param_groups(std::span<const param_info> params, const shard_plan& plan,
-                                            double weight_decay, std::span<const param_group> groups = {}) {
+                                            double weight_decay, std::span<const param_group> groups = {},
+                                            std::span<const std::uint8_t> frozen = {}) {
   if (params.size() != plan.params.size())
     throw std::invalid_argument(fmt::format("make_param_groups: params has {} parameters, expected the plan's {}",
                                             params.size(), plan.params.size()));
+  if (!frozen.empty() && frozen.size() != params.size())
+    throw std::invalid_argument(fmt::format("make_param_groups: frozen has {} entries, expected one per parameter ({})",
+                                            frozen.size(), params.size()));
   auto check_factor = [](std::size_t g, const char* name, double value) {
     // Negated comparison so that NaN is rejected too.
     if (!(value >= 0.0) || std::isinf(value))
@@ -81,9 +106,11 @@ inline param_group_layout make_param_groups(std::span<const param_info> params, 
 
   param_group_layout layout;
   std::vector<std::size_t> selected(groups.size(), 0);
-  for (const param_info& p : params) {
+  for (std::size_t index = 0; index < params.size(); ++index) {
+    const param_info& p = params[index];
     double lr_scale = 1.0;
     double decay = p.rank >= 2 ? weight_decay : 0.0;
+    bool is_frozen = !frozen.empty() && frozen[index] != 0;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const bool by_name = !groups[g].name_contains.empty() &&
                            p.name.view().find(groups[g].name_contains) != std::string_view::npos;
@@ -91,7 +118,14 @@ inline param_group_layout make_param_groups(std::span<const param_info> params, 
       ++selected[g];
       lr_scale = groups[g].lr_scale;
       if (groups[g].weight_decay) decay = *groups[g].weight_decay;
+      is_frozen = is_frozen || groups[g].frozen;
       break;
+    }
+    layout.frozen_param.push_back(is_frozen ? 1 : 0);
+    // A frozen parameter is never stepped: it takes group 0's id rather than a pair of its own.
+    if (is_frozen) {
+      layout.group_of_param.push_back(0);
+      continue;
     }
     std::size_t id = 0;
     while (id < layout.lr_scale.size() && !(layout.lr_scale[id] == lr_scale && layout.weight_decay[id] == decay)) ++id;
@@ -112,6 +146,28 @@ inline param_group_layout make_param_groups(std::span<const param_info> params, 
           "make_param_groups: group {} (name_contains = '{}') selects no parameter, expected at least one", g,
           groups[g].name_contains));
 
+  if (layout.lr_scale.empty()) {  // every parameter frozen: one pair for the ids to name
+    layout.lr_scale.push_back(1.0);
+    layout.weight_decay.push_back(0.0);
+  }
+  // The runs of the shard that train, in shard order, adjacent chunks merged.
+  std::vector<std::pair<std::size_t, std::size_t>> chunks;  // (offset, elements) of parameters that train
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    if (layout.frozen_param[p]) layout.frozen_numel += plan.params[p].chunk_numel();
+    else if (plan.params[p].chunk_numel() > 0) chunks.emplace_back(plan.params[p].storage_offset, plan.params[p].chunk_numel());
+  }
+  if (layout.frozen_numel > 0) {
+    std::sort(chunks.begin(), chunks.end());
+    std::size_t state = 0;
+    for (const auto& [offset, count] : chunks) {
+      if (!layout.trained.empty() && layout.trained.back().first + layout.trained.back().count == offset)
+        layout.trained.back().count += count;
+      else
+        layout.trained.push_back({offset, count, state});
+      state += count;
+    }
+  }
+
   layout.group_of = Kokkos::View<std::uint8_t*>("kfsdp::optim::param_groups", plan.shard_numel);
   auto host = Kokkos::create_mirror_view(layout.group_of);
   for (std::size_t p = 0; p < params.size(); ++p) {
@@ -121,5 +177,26 @@ inline param_group_layout make_param_groups(std::span<const param_info> params, 
   Kokkos::deep_copy(layout.group_of, host);
   return layout;
 }
+
+namespace detail {
+// The layout of an engine's parameters with `groups`; the parameters of frozen groups are frozen in
+// the engine too, and those frozen there are frozen in the layout.
+template <class Engine>
+param_group_layout groups_freezing(Engine& engine, double weight_decay, const std::vector<param_group>& groups) {
+  param_group_layout layout = make_param_groups(engine.params(), engine.plan(), weight_decay, groups, engine.frozen());
+  for (std::size_t p = 0; p < layout.frozen_param.size(); ++p)
+    if (layout.frozen_param[p] && !engine.is_frozen(p)) engine.set_frozen(p);
+  return layout;
+}
+
+// A trainer's engine, or the engine itself.
+template <class Owner>
+decltype(auto) engine_of(Owner& owner) {
+  if constexpr (requires { owner.engine(); })
+    return (owner.engine());
+  else
+    return (owner);
+}
+}  // namespace detail
 
 }  // namespace kfsdp::optim

@@ -16,12 +16,18 @@
 // — with weight decay on too. The optimizer needs no knowledge of where the padding is.
 
 #include <Kokkos_Core.hpp>
+#include <fmt/format.h>
 
 #include <kfsdp/io/stateful.hpp>
+#include <kfsdp/optim/param_groups.hpp>
 
 #include <cstddef>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace kfsdp::optim {
 
@@ -50,11 +56,30 @@ void sgd_step(const Kokkos::View<Scalar*>& params,
               const std::type_identity_t<Kokkos::View<Scalar*>>& momentum_buffer,
               const sgd_options& options);
 
+namespace detail {
+// SGD has one lr and one weight decay: its groups may only freeze.
+inline void check_sgd_groups(const std::vector<param_group>& groups) {
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].lr_scale != 1.0)
+      throw std::invalid_argument(fmt::format("sgd: group {} sets lr_scale = {}, expected 1 (SGD's groups may only freeze)",
+                                              g, groups[g].lr_scale));
+    if (groups[g].weight_decay)
+      throw std::invalid_argument(fmt::format(
+          "sgd: group {} sets weight_decay = {}, expected it unset (SGD's groups may only freeze)", g, *groups[g].weight_decay));
+  }
+}
+}  // namespace detail
+
 /// SGD with its momentum buffer (allocated, zero, when momentum != 0) for a shard of fixed length.
 ///
 ///   kfsdp::optim::sgd<double> optimizer(1024, {.lr = 0.1, .momentum = 0.9});
 ///   optimizer.step(params, grads);
 ///   optimizer.set_lr(0.05);                 // a schedule changes lr between steps
+///
+/// Built from a trainer (or an engine), parameters frozen there, and those of frozen groups (which
+/// it freezes there too), hold no momentum and are never updated:
+///
+///   kfsdp::optim::sgd<double> optimizer(trainer, {.lr = 0.1, .momentum = 0.9}, {{.name_contains = "fc1.", .frozen = true}});
 template <class Scalar>
 class sgd {
  public:
@@ -62,6 +87,14 @@ class sgd {
   using const_view_type = Kokkos::View<const Scalar*>;
 
   explicit sgd(std::size_t shard_size, sgd_options options = {});
+  /// Frozen parameters from a layout of make_param_groups (shard_size is its length); its lr scales
+  /// and weight decays are not used.
+  sgd(const param_group_layout& frozen, sgd_options options);
+  template <class Owner>
+    requires requires(Owner& o) { detail::engine_of(o).plan(); detail::engine_of(o).params(); }
+  sgd(Owner& owner, sgd_options options = {}, const std::vector<param_group>& groups = {})
+      : sgd((detail::check_sgd_groups(groups), detail::groups_freezing(detail::engine_of(owner), 0.0, groups)),
+            options) {}
 
   /// One step; `params` and `grads` must both have shard_size() elements.
   void step(const view_type& params, const const_view_type& grads);
@@ -69,23 +102,31 @@ class sgd {
   void set_lr(double lr);
   [[nodiscard]] const sgd_options& options() const noexcept { return options_; }
   [[nodiscard]] std::size_t shard_size() const noexcept { return shard_size_; }
-  /// The momentum buffer (empty when momentum == 0), e.g. for a checkpoint.
+  /// The momentum buffer (empty when momentum == 0), e.g. for a checkpoint; with frozen parameters
+  /// it holds the shard's runs that train (trained()) back to back.
   [[nodiscard]] const view_type& momentum_buffer() const noexcept { return momentum_buffer_; }
 
   /// The checkpoint protocol (io/stateful.hpp): the momentum buffer as "optimizer.momentum_buffer"
   /// (restored in place; none without momentum) and the kind as metadata.
   void add_state(io::checkpoint_state<Scalar>& state) const {
-    if (momentum_buffer_.extent(0) > 0) state.shards.push_back({"optimizer.momentum_buffer", momentum_buffer_});
+    if (momentum_buffer_.extent(0) > 0)
+      state.shards.push_back({"optimizer.momentum_buffer", momentum_buffer_, frozen_params_});
     state.metadata["optimizer"] = "sgd";
   }
   /// Refuses a checkpoint of another optimizer, naming the key (a file without the momentum buffer
   /// that this one needs is refused by the load, naming the tensor).
   void restore_state(const io::metadata_map& metadata) { io::check_metadata(metadata, "optimizer", "sgd"); }
 
+  /// With frozen parameters: the shard's runs that are stepped; empty otherwise.
+  [[nodiscard]] const std::vector<state_segment>& trained() const noexcept { return trained_; }
+
  private:
   std::size_t shard_size_;
   sgd_options options_;
   view_type momentum_buffer_;
+  bool any_frozen_ = false;
+  std::vector<state_segment> trained_;
+  std::vector<std::size_t> frozen_params_;  // ascending
 };
 
 namespace detail {
@@ -138,9 +179,36 @@ sgd<Scalar>::sgd(std::size_t shard_size, sgd_options options)
 }
 
 template <class Scalar>
+sgd<Scalar>::sgd(const param_group_layout& frozen, sgd_options options)
+    : shard_size_(frozen.group_of.extent(0)), options_(options), any_frozen_(frozen.any_frozen()) {
+  validate(options_, "sgd");
+  std::size_t state_size = shard_size_;
+  if (any_frozen_) {
+    trained_ = frozen.trained;
+    state_size = 0;
+    for (const state_segment& run : trained_) state_size += run.count;
+    for (std::size_t p = 0; p < frozen.frozen_param.size(); ++p)
+      if (frozen.frozen_param[p]) frozen_params_.push_back(p);
+  }
+  if (options_.momentum != 0.0) momentum_buffer_ = view_type("kfsdp::optim::sgd::momentum_buffer", state_size);
+}
+
+template <class Scalar>
 void sgd<Scalar>::step(const view_type& params, const const_view_type& grads) {
   detail::check_length("sgd::step", "params", params.extent(0), "shard_size", shard_size_);
-  sgd_step<Scalar>(params, grads, momentum_buffer_, options_);
+  if (!any_frozen_) {
+    sgd_step<Scalar>(params, grads, momentum_buffer_, options_);
+    return;
+  }
+  // The same kernel on each run that trains: frozen elements are neither read nor written.
+  detail::check_length("sgd::step", "grads", grads.extent(0), "params", shard_size_);
+  for (const state_segment& run : trained_) {
+    const auto in_shard = std::pair(run.first, run.first + run.count);
+    const view_type buffer = momentum_buffer_.extent(0) > 0
+                                 ? view_type(Kokkos::subview(momentum_buffer_, std::pair(run.state_first, run.state_first + run.count)))
+                                 : view_type();
+    sgd_step<Scalar>(Kokkos::subview(params, in_shard), Kokkos::subview(grads, in_shard), buffer, options_);
+  }
 }
 
 template <class Scalar>
