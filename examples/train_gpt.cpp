@@ -13,12 +13,9 @@
 
 #include <chrono>
 #include <cstdio>
-#include <exception>
-#include <optional>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include <Kokkos_Core.hpp>
@@ -27,43 +24,34 @@
 #ifdef KFSDP_IMPORT_MODULE  // the module build (-Dmodules=enabled) compiles the same program through the module
 import kfsdp;
 #else
-#include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/comm/threaded.hpp>
 #ifdef KFSDP_HAVE_NCCL
 #include <kfsdp/comm/nccl.hpp>
 #endif
-#include <kfsdp/environment.hpp>
-#include <kfsdp/fsdp/memory_fit.hpp>
 #include <kfsdp/io/checkpoint.hpp>
 #include <kfsdp/io/text_dataset.hpp>
-#include <kfsdp/model/gpt.hpp>
-#include <kfsdp/optim/adamw.hpp>
-#include <kfsdp/optim/sgd.hpp>
+#include <kfsdp/optim/any_optimizer.hpp>
+#include <kfsdp/session.hpp>
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/trainer.hpp>
 #endif
 
 #include "cli.hpp"
 #include "metrics.hpp"
-#include "mpi_program.hpp"
 
 namespace {
 
 using kfsdp::examples::cli;
 
 struct settings {
-  std::string data, save, load, trace, resume, metrics;
-  std::size_t save_every = 0;
-  std::string backend;
-  std::size_t hybrid_shard = 0;  // ranks per shard group (HSDP); 0: flat
-  bool hybrid_node = false;      // --hybrid-shard node: a shard group per node
-  bool overlap = true;
+  std::string data, save, load, trace, resume, metrics, backend, dtype;
+  std::size_t save_every, hybrid_shard, batch, steps, grad_accum, eval_windows, sample_bytes, log_every;
+  bool overlap;
+  double clip;
+  std::uint64_t seed;
   kfsdp::trainer_options training;
   kfsdp::gpt_config model;
-  std::size_t batch, steps, grad_accum, eval_windows, sample_bytes, log_every;
-  double lr, momentum, weight_decay, clip;
-  std::string optimizer, dtype;
-  std::uint64_t seed;
+  kfsdp::optim::optimizer_choice optimizer;
   kfsdp::io::window_sampling sampling;
   kfsdp::grad_accumulation accumulation;
   kfsdp::fsdp_options fsdp;
@@ -105,41 +93,27 @@ cli make_cli() {
 }
 
 settings read(const cli& c, int world_size) {
-  settings s;
-  s.data = c.str("data");
-  s.model = kfsdp::examples::gpt_config_of(c);
-  s.batch = c.size("batch");
-  s.steps = c.size("steps");
-  s.grad_accum = c.size("grad-accum");
-  s.eval_windows = c.size("eval");
-  s.sample_bytes = c.size("sample");
-  s.log_every = std::max<std::size_t>(1, c.size("log-every"));
-  s.lr = c.real_at_least("lr", 0);
-  s.momentum = c.real_at_least("momentum", 0);
-  s.weight_decay = c.real_at_least("weight-decay", 0);
-  s.clip = c.real_at_least("clip", 0);
-  s.optimizer = c.choice("optimizer", {"adamw", "sgd"});
-  s.dtype = c.choice("dtype", {"f32", "f64"});
-  s.seed = c.size("seed");
-  s.sampling = kfsdp::io::parse_sampling(c.str("sampling"));
-  s.accumulation = kfsdp::parse_grad_accumulation(c.str("grad-accum-mode"));
-  s.fsdp.sharding_strategy = kfsdp::parse_sharding(c.str("sharding"));
-  s.fsdp.bucketing_strategy = kfsdp::parse_bucketing(c.str("bucketing"));
+  settings s{.data = c.str("data"), .save = c.str("save"), .load = c.str("load"), .trace = c.str("trace"),
+             .resume = c.str("resume"), .metrics = c.str("metrics"), .backend = c.choice("backend", {"mpi", "nccl"}),
+             .dtype = c.choice("dtype", {"f32", "f64"}), .save_every = c.size("save-every"),
+             .hybrid_shard = c.str("hybrid-shard") == "node" ? kfsdp::shard_per_node : c.size("hybrid-shard"),
+             .batch = c.size("batch"), .steps = c.size("steps"), .grad_accum = c.size("grad-accum"),
+             .eval_windows = c.size("eval"), .sample_bytes = c.size("sample"),
+             .log_every = std::max<std::size_t>(1, c.size("log-every")), .overlap = false,
+             .clip = c.real_at_least("clip", 0), .seed = c.size("seed"),
+             .training = {.checkpointing = c.choice("checkpointing", {"on", "off"}) == "on"},
+             .model = kfsdp::examples::gpt_config_of(c),
+             .optimizer = {.kind = c.choice("optimizer", {"adamw", "sgd"}), .lr = c.real_at_least("lr", 0),
+                           .momentum = c.real_at_least("momentum", 0), .weight_decay = c.real_at_least("weight-decay", 0)},
+             .sampling = kfsdp::io::parse_sampling(c.str("sampling")),
+             .accumulation = kfsdp::parse_grad_accumulation(c.str("grad-accum-mode")),
+             .fsdp = {.sharding_strategy = kfsdp::parse_sharding(c.str("sharding")),
+                      .bucketing_strategy = kfsdp::parse_bucketing(c.str("bucketing")),
+                      .gradient_division = kfsdp::parse_gradient_division(c.str("gradient-division")),
+                      .param_dtype = kfsdp::parse_wire_precision(c.str("param-dtype")),
+                      .reduce_dtype = kfsdp::parse_wire_precision(c.str("reduce-dtype"))}};
   if (!c.str("broadcast-from").empty()) s.fsdp.broadcast_from = static_cast<int>(c.size("broadcast-from"));
-  s.fsdp.gradient_division = kfsdp::parse_gradient_division(c.str("gradient-division"));
-  s.hybrid_node = c.str("hybrid-shard") == "node";
-  s.hybrid_shard = s.hybrid_node ? 0 : c.size("hybrid-shard");
-  s.fsdp.param_dtype = kfsdp::parse_wire_precision(c.str("param-dtype"));
-  s.fsdp.reduce_dtype = kfsdp::parse_wire_precision(c.str("reduce-dtype"));
   s.overlap = kfsdp::examples::read_schedule_flags(c, s.fsdp);
-  s.trace = c.str("trace");
-  s.metrics = c.str("metrics");
-  s.training.checkpointing = c.choice("checkpointing", {"on", "off"}) == "on";
-  s.backend = c.choice("backend", {"mpi", "nccl"});
-  s.save = c.str("save");
-  s.save_every = c.size("save-every");
-  s.resume = c.str("resume");
-  s.load = c.str("load");
   auto fail = [](const std::string& m) { throw std::invalid_argument("train_gpt: " + m); };
   if (s.eval_windows == 0 && (s.batch == 0 || s.batch % std::size_t(world_size) != 0))
     fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
@@ -148,9 +122,7 @@ settings read(const cli& c, int world_size) {
   if (!s.resume.empty() && !s.load.empty()) fail("--resume and --load both given: --resume restores the weights too");
   if (s.save_every > 0 && s.save.empty()) fail("--save-every needs --save FILE");
   if (s.eval_windows > 0 && !s.metrics.empty()) fail("--metrics and --eval both given: --eval trains no steps");
-  if (s.hybrid_shard > 0 && std::size_t(world_size) % s.hybrid_shard != 0)
-    fail(fmt::format("--hybrid-shard is {}, expected a divisor of the {} ranks", s.hybrid_shard, world_size));
-  if ((s.hybrid_shard > 0 || s.hybrid_node) && s.backend != "mpi") fail("--hybrid-shard works with --backend mpi only for now");
+  if (s.hybrid_shard > 0 && s.backend != "mpi") fail("--hybrid-shard works with --backend mpi only for now");
   return s;
 }
 
@@ -159,113 +131,42 @@ std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0
 // The flags that size a rank's memory, for the message of a model that does not fit.
 std::string sizing_flags(const settings& s) {
   return fmt::format("--layers {} --dim {} --heads {} --seq {} --batch {} --dtype {} --optimizer {} --sharding {} "
-                     "--checkpointing {}",
-                     s.model.layers, s.model.dim, s.model.heads, s.model.seq, s.batch, s.dtype, s.optimizer,
+                     "--checkpointing {} (more ranks, --sharding zero3, --checkpointing on or smaller sizes need less)",
+                     s.model.layers, s.model.dim, s.model.heads, s.model.seq, s.batch, s.dtype, s.optimizer.kind,
                      kfsdp::to_string(s.fsdp.sharding_strategy), s.training.checkpointing ? "on" : "off");
 }
 
-// Stops, before anything is allocated, a model that cannot fit this rank's share of its node's
-// memory: the need per rank from the shard plan, with the activations measured for this GPT (per
-// token, about twice what the blocks keep for backward: 18·dim + heads·seq per block, or one block
-// plus each block's input with --checkpointing, and the logits). Every rank decides alike.
-// Returns the estimate (zero where the shards live on a GPU: only the host's memory is known here).
 template <class Scalar>
-kfsdp::memory_need check_fits(const settings& s, kfsdp::comm::mpi& world) {
-  const double ws = double(world.size()), bytes = sizeof(Scalar), d = double(s.model.dim), layers = double(s.model.layers);
-  const double shard_ranks = s.hybrid_shard > 0 ? double(s.hybrid_shard) : ws;  // what the parameters are split over
-  const std::size_t states = s.optimizer == "adamw" ? 2 : (s.momentum > 0 ? 1 : 0);
-  const int node_ranks = world.ranks_on_node();  // collective: once, on every rank, before any verdict
-  const double available = kfsdp::available_host_memory() / double(node_ranks);
-  double verdict[1] = {0};  // how many ranks the model does not fit
-  const auto refuse = [&](const std::string& need) {
-    verdict[0] = 1;
-    kfsdp::comm::all_reduce_sum(world, std::span<double>(verdict));
-    throw std::invalid_argument(fmt::format(
-        "train_gpt: the model does not fit: it needs {} per rank, and {} of memory is available to each of the {} "
-        "ranks on this node; set by {} (more ranks, --sharding zero3, --checkpointing on or smaller sizes need less)",
-        need, kfsdp::format_bytes(available), node_ranks, sizing_flags(s)));
-  };
-  // A first bound from the sizes alone, before the parameter table (12·dim² per block) is built.
-  const double table_bytes = layers * 16 * 2 * sizeof(kfsdp::param_info);  // the table and the plan, ~16 entries a block
-  const double quick = layers * 12 * d * d * bytes * double(2 + states) / shard_ranks + table_bytes;
-  if (quick > available) refuse(fmt::format("more than {}", kfsdp::format_bytes(quick)));
-  kfsdp::memory_need need;
-  if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
-    const auto table = kfsdp::make_param_table(kfsdp::make_gpt(s.model));
-    const auto plan = kfsdp::make_shard_plan(table, s.hybrid_shard > 0 ? s.hybrid_shard : std::size_t(world.size()),
-                                             s.fsdp.bucketing_strategy);
-    const auto units = kfsdp::make_units(table, plan, s.fsdp.wrap);
-    const double block = 18 * d + double(s.model.heads) * double(s.model.seq);
-    const double per_token = 2 * ((s.training.checkpointing ? block + layers * d : layers * block) + 2 * double(s.model.vocab));
-    const double tokens = double(s.batch) / ws * double(s.model.seq);
-    need = kfsdp::estimate_memory(plan, units, sizeof(Scalar), states, s.fsdp, per_token * tokens * bytes);
-    if (need.total() > available) refuse(kfsdp::describe(need));
-  }
-  kfsdp::comm::all_reduce_sum(world, std::span<double>(verdict));
-  if (verdict[0] > 0)
-    throw std::invalid_argument(fmt::format("train_gpt: the model does not fit the memory of another rank's node; set by {}",
-                                            sizing_flags(s)));
-  return need;
-}
-
-// The model's configuration as a checkpoint's metadata records it: a file holds weights for one
-// configuration only (heads, say, change no shape, but every attention's meaning).
-std::vector<std::pair<std::string, std::string>> model_config(const kfsdp::gpt_config& model) {
-  return {{"layers", std::to_string(model.layers)}, {"dim", std::to_string(model.dim)},
-          {"heads", std::to_string(model.heads)},   {"seq", std::to_string(model.seq)},
-          {"vocab", std::to_string(model.vocab)},   {"tie_weights", model.tie_weights ? "on" : "off"}};
-}
-
-// Refuses a file saved for another configuration, naming the field, before its weights are read.
-// A file that records no configuration (a plain safetensors file) passes unless it is `required`.
-void check_model_config(const std::string& flag, const std::string& path, const settings& s, kfsdp::comm::mpi& world,
-                        bool required) {
-  const kfsdp::io::metadata_map metadata = kfsdp::io::read_metadata(path, world);
-  for (const auto& [field, value] : model_config(s.model)) {
-    auto saved = metadata.find(field);
-    std::string found = saved != metadata.end() ? saved->second : std::string();
-    if (field == "tie_weights" && saved == metadata.end() && metadata.contains("layers"))  // saved before the key
-      found = metadata.contains("tied") ? "on" : "off";
-    if (found.empty() && !required) continue;
-    if (found.empty())
-      throw std::invalid_argument(fmt::format("train_gpt: {} {}: no '{}' in its metadata (not written by train_gpt --save)",
-                                              flag, path, field));
-    if (found != value)
-      throw std::invalid_argument(fmt::format("train_gpt: checkpoint {} ({}) was saved with {} = {}, this model has {} = {}",
-                                              path, flag, field, found, field, value));
-  }
-}
-
-template <class Scalar>
-int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics_file& metrics) {
-  settings s = given;
-  if (s.hybrid_node) {  // a shard group per node: every node must hold as many ranks
-    s.hybrid_shard = std::size_t(world.ranks_on_node());
-    kfsdp::comm::check_agreement(world, s.hybrid_shard, "the ranks per node (--hybrid-shard node)");
-  }
-  const kfsdp::memory_need need = check_fits<Scalar>(s, world);
-  const bool root = world.rank() == 0;
-  const auto data = kfsdp::io::text_windows::from_file(s.data, s.model.seq);
-  const auto model = kfsdp::make_gpt(s.model);
-  if (!s.resume.empty()) check_model_config("--resume", s.resume, s, world, /*required=*/true);
-  if (!s.load.empty()) check_model_config("--load", s.load, s, world, /*required=*/false);
+int run(const settings& s, kfsdp::session& job, kfsdp::examples::metrics_file& metrics) {
+  kfsdp::comm::mpi& world = job.world();
+  job.set_hybrid_shard(s.hybrid_shard);  // HSDP: shard within groups, replicate across them
   const std::size_t ws = std::size_t(world.size());
-
-  // HSDP: shard groups of consecutive ranks, or the ranks of each node; across them, the ranks
-  // holding the same shard (the same rank in their group).
-  const int group = int(s.hybrid_shard);
-  std::optional<kfsdp::comm::mpi> shard_group, replicas;
-  if (group > 0) {
-    shard_group.emplace(s.hybrid_node ? world.split_shared() : world.split(world.rank() / group, world.rank()));
-    replicas.emplace(world.split(shard_group->rank(), world.rank()));
+  const bool root = job.is_root();
+  // Stops, before anything is allocated, a model that cannot fit this rank's share of its node's memory.
+  const kfsdp::memory_need need = kfsdp::estimate_gpt_memory(
+      s.model,
+      {.scalar_bytes = sizeof(Scalar), .shard_ranks = std::size_t(job.shard_group().size()), .windows_per_rank = s.batch / ws,
+       .optimizer_states = s.optimizer.kind == "adamw" ? 2u : s.optimizer.momentum > 0 ? 1u : 0u,
+       .checkpointing = s.training.checkpointing, .fsdp = s.fsdp},
+      job.host_memory_per_rank());
+  job.require_memory(need, sizing_flags(s));
+  const auto data = kfsdp::io::text_windows::from_file(s.data, s.model.seq);
+  // A checkpoint records the model's configuration; one saved for another is refused, naming the field.
+  const auto config = kfsdp::gpt_metadata(s.model);
+  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--resume", s.resume}, {"--load", s.load}}) {
+    if (path.empty()) continue;
+    const kfsdp::io::metadata_map saved = kfsdp::io::read_metadata(path, world);
+    try {
+      kfsdp::io::check_config(saved, config, /*required=*/flag == "--resume");
+    } catch (const std::invalid_argument& refused) {
+      throw std::invalid_argument(fmt::format("train_gpt: checkpoint {} ({}) {}", path, flag, refused.what()));
+    }
   }
-  kfsdp::comm::mpi& sharding = shard_group ? *shard_group : world;
   // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
-  kfsdp::comm::threaded overlapped(sharding);
+  kfsdp::comm::threaded overlapped(job.shard_group());
   kfsdp::comm::any_communicator engine_comm = s.overlap ? kfsdp::comm::any_communicator(overlapped)
-                                                        : kfsdp::comm::any_communicator(sharding);
-  kfsdp::fsdp_options options = s.fsdp;
-  if (replicas) options.replica_group = kfsdp::comm::any_communicator(*replicas);
+                                                        : kfsdp::comm::any_communicator(job.shard_group());
+  kfsdp::fsdp_options options = job.fsdp(s.fsdp);
 #ifdef KFSDP_HAVE_NCCL
   std::optional<kfsdp::comm::nccl> gpus;
   if (s.backend == "nccl") {
@@ -279,67 +180,36 @@ int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics
   if (s.backend == "nccl") throw std::invalid_argument("train_gpt: this build has no NCCL backend (configure with -Dnccl=enabled)");
 #endif
   kfsdp::trace_recorder trace(world.rank());
-  return kfsdp::with_trainer<Scalar>(model, engine_comm, options, s.training, [&](auto& trainer) {
+  return kfsdp::with_trainer<Scalar>(kfsdp::make_gpt(s.model), engine_comm, options, s.training, [&](auto& trainer) {
     auto& engine = trainer.engine();
     using batch = typename std::remove_reference_t<decltype(trainer)>::batch;
     if (!s.trace.empty()) engine.set_trace(&trace);
     if (s.load.empty())
       trainer.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
-    else if (!kfsdp::io::load_model(s.load, engine, sharding).contains(std::string(kfsdp::io::header_checksum_key)) &&
-             world.rank() == 0)
+    else if (!kfsdp::io::load_model(s.load, engine, job.shard_group()).contains(std::string(kfsdp::io::header_checksum_key)) &&
+             root)
       fmt::print("train_gpt: {} has no kfsdp checksums (a standard safetensors file): its layout was "
                  "checked, its data could not be verified\n", s.load);
 
-    if (s.eval_windows > 0) {  // evaluation only: this rank's windows are rank, rank + N, ...
-      double totals[2] = {0, 0};  // the sum of per-byte losses, the bytes
-      trainer.with_full_model([&] {  // ranks hold different counts of windows: gather once, compute locally
-        for (std::size_t w = std::size_t(world.rank()); w < std::min(s.eval_windows, data.count()); w += ws) {
-          std::vector<int> tokens, targets;
-          data.append(w, tokens, targets);
-          totals[0] += trainer.forward_loss({kfsdp::device_ids(tokens), kfsdp::device_ids(targets)}) * double(tokens.size());
-          totals[1] += double(tokens.size());
-        }
-      });
-      kfsdp::comm::all_reduce_sum(world, std::span<double>(totals));
-      if (root) fmt::print("eval_loss {:.12g}\n", totals[0] / totals[1]);
+    if (s.eval_windows > 0) {  // evaluation only
+      const double loss = kfsdp::evaluate_windows(trainer, data, s.eval_windows, world);
+      if (root) fmt::print("eval_loss {:.12g}\n", loss);
       return 0;
     }
 
-    const std::size_t shard = engine.plan().shard_numel;
-    std::variant<kfsdp::optim::adamw<Scalar>, kfsdp::optim::sgd<Scalar>> optimizer =
-        s.optimizer == "adamw"
-            ? decltype(optimizer)(std::in_place_index<0>, shard,
-                                  kfsdp::optim::adamw_options{.lr = s.lr, .weight_decay = s.weight_decay})
-            : decltype(optimizer)(std::in_place_index<1>, shard,
-                                  kfsdp::optim::sgd_options{.lr = s.lr, .momentum = s.momentum, .weight_decay = s.weight_decay});
-    const std::size_t optimizer_bytes = (s.optimizer == "adamw" ? 2 : (s.momentum > 0 ? 1 : 0)) * shard * sizeof(Scalar);
-
-    // A checkpoint: the weights, then the optimizer's state through the checkpoint protocol
-    // (io/stateful.hpp: its moments or momentum, its kind, its step count) and the progress.
-    auto optimizer_state = [&](kfsdp::io::checkpoint_state<Scalar>& state) {
-      std::visit([&](const auto& opt) { opt.add_state(state); }, optimizer);
+    kfsdp::optim::any_optimizer<Scalar> optimizer(trainer, s.optimizer);  // 2-D weights decay, 1-D parameters not
+    // A checkpoint: the weights, the optimizer's state (the checkpoint protocol), the step and the configuration.
+    // Under HSDP the first shard group writes the (flat) file; every group resumes from it.
+    const auto save = [&](std::size_t steps_done) {
+      kfsdp::io::metadata_map metadata{{"format", "pt"}, {"step", std::to_string(steps_done)}, {"seed", std::to_string(s.seed)}};
+      metadata.insert(config.begin(), config.end());
+      kfsdp::io::save_training_state(s.save, engine, job.shard_group(), metadata, optimizer);
     };
-    auto save = [&](std::size_t steps_done) {
-      kfsdp::io::checkpoint_state<Scalar> state{
-          .metadata = {{"format", "pt"}, {"step", std::to_string(steps_done)}, {"seed", std::to_string(s.seed)}}};
-      optimizer_state(state);
-      for (const auto& [field, value] : model_config(s.model)) state.metadata[field] = value;  // checked on --resume, --load
-      // A tied parameter is stored once, under its owner's name; the metadata says which.
-      if (s.model.tie_weights) state.metadata["tied"] = "lm_head.weight=transformer.wte.weight";
-      // Under HSDP the first shard group writes the (flat) file; every group resumes from it.
-      kfsdp::io::save_checkpoint(s.save, engine, sharding, state);
-    };
-    std::size_t first_step = 0;
+    std::size_t first_step = 0;  // windows are keyed by step: the data resumes too
     if (!s.resume.empty()) {
-      kfsdp::io::checkpoint_state<Scalar> state;
-      optimizer_state(state);  // its views are restored in place
-      kfsdp::io::load_checkpoint(s.resume, engine, sharding, state);  // every shard group reads the same file
-      // Files saved before the protocol kept AdamW's step count only as the run's step.
-      if (!state.metadata.contains("optimizer.step_count") && state.metadata.contains("step"))
-        state.metadata["optimizer.step_count"] = state.metadata["step"];
       try {
-        std::visit([&](auto& opt) { opt.restore_state(state.metadata); }, optimizer);
-        first_step = kfsdp::io::metadata_count(state.metadata, "step");  // windows are keyed by step: the data resumes too
+        first_step = kfsdp::io::metadata_count(
+            kfsdp::io::load_training_state(s.resume, engine, job.shard_group(), optimizer), "step");
       } catch (const std::invalid_argument& refused) {
         throw std::invalid_argument(fmt::format("train_gpt: --resume {}: {}", s.resume, refused.what()));
       }
@@ -349,10 +219,10 @@ int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics
     if (root)
       fmt::print("train_gpt: {} ranks, {} ({} parameters, {} per rank), {} / {} bucketing ({} buckets), {}, "
                  "batch {} x {} windows of {} bytes, {} windows in {}\n",
-                 ws, s.dtype, engine.plan().full_numel, shard, kfsdp::to_string(s.fsdp.sharding_strategy),
-                 kfsdp::to_string(s.fsdp.bucketing_strategy), engine.plan().buckets.size(), s.optimizer,
+                 ws, s.dtype, engine.plan().full_numel, engine.plan().shard_numel, kfsdp::to_string(s.fsdp.sharding_strategy),
+                 kfsdp::to_string(s.fsdp.bucketing_strategy), engine.plan().buckets.size(), s.optimizer.kind,
                  s.grad_accum, s.batch, s.model.seq + 1, data.count(), s.data);
-    if (root && need.total() > 0) fmt::print("train_gpt: estimated memory per rank {}\n", kfsdp::describe(need));
+    if (root && need.activations > 0) fmt::print("train_gpt: estimated memory per rank {}\n", kfsdp::describe(need));
     const bool terminal = root && isatty(STDERR_FILENO);
     std::vector<batch> batches(s.grad_accum);
     double first_loss = 0, last_loss = 0;
@@ -368,32 +238,30 @@ int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics
       const auto start = std::chrono::steady_clock::now();
       kfsdp::step_result r;
       try {
-        r = std::visit([&](auto& opt) { return trainer.step(std::span<const batch>(batches), opt, s.clip, s.accumulation); },
-                       optimizer);
+        r = trainer.step(std::span<const batch>(batches), optimizer, s.clip, s.accumulation);
       } catch (const kfsdp::non_finite_loss& diverged) {  // every rank alike; nothing more is saved
         throw std::runtime_error(fmt::format("train_gpt: step {}/{}: {} (--lr {}, --clip {})", step + 1, s.steps,
-                                             diverged.what(), s.lr, s.clip));
+                                             diverged.what(), s.optimizer.lr, s.clip));
       }
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double tokens_per_s = double(s.grad_accum * s.batch * s.model.seq) / seconds;
+      const auto m = engine.memory();
+      const std::size_t optimizer_bytes = optimizer.state_bytes(), comm_bytes = engine.bytes_communicated() - bytes_before;
       if (metrics)
-        metrics.write_step({.step = step + 1, .loss = r.loss, .grad_norm = r.grad_norm, .lr = s.lr,
-                            .throughput_key = "tokens_per_s",
-                            .throughput = double(s.grad_accum * s.batch * s.model.seq) / seconds,
-                            .step_time_s = seconds, .memory = engine.memory(), .optimizer_bytes = optimizer_bytes,
-                            .activation_peak_bytes = trainer.peak_activation_bytes(),
-                            .comm_bytes = engine.bytes_communicated() - bytes_before});
+        metrics.write_step({.step = step + 1, .loss = r.loss, .grad_norm = r.grad_norm, .lr = s.optimizer.lr,
+                            .throughput_key = "tokens_per_s", .throughput = tokens_per_s, .step_time_s = seconds,
+                            .memory = m, .optimizer_bytes = optimizer_bytes,
+                            .activation_peak_bytes = trainer.peak_activation_bytes(), .comm_bytes = comm_bytes});
       if (step == first_step) first_loss = r.loss;
       last_loss = r.loss;
       if (root && (step % s.log_every == 0 || step + 1 == s.steps)) {
-        const auto m = engine.memory();
         if (terminal) fmt::print(stderr, "\r\033[K");
         fmt::print("step {:>4}/{} | loss {:.6f} | {:>7.0f} tokens/s | memory/rank {} (params {}, grads {}, optimizer {}, "
                    "unsharded peak {}) | activations {} | comm {}\n",
-                   step + 1, s.steps, r.loss, double(s.grad_accum * s.batch * s.model.seq) / seconds,
+                   step + 1, s.steps, r.loss, tokens_per_s,
                    mib(double(m.sharded_params + m.sharded_grads + optimizer_bytes + m.unsharded_peak)),
                    mib(double(m.sharded_params)), mib(double(m.sharded_grads)), mib(double(optimizer_bytes)),
-                   mib(double(m.unsharded_peak)), mib(double(trainer.peak_activation_bytes())),
-                   mib(double(engine.bytes_communicated() - bytes_before)));
+                   mib(double(m.unsharded_peak)), mib(double(trainer.peak_activation_bytes())), mib(double(comm_bytes)));
         std::fflush(stdout);
       }
       if (s.save_every > 0 && (step + 1) % s.save_every == 0 && step + 1 < s.steps) {
@@ -409,23 +277,19 @@ int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics
     if (terminal) fmt::print(stderr, "\r\033[K");
     if (!s.trace.empty()) {
       engine.set_trace(nullptr);
-      const std::string file = fmt::format("{}.rank{}.json", s.trace, world.rank());
-      trace.write(file);
+      trace.write(fmt::format("{}.rank{}.json", s.trace, world.rank()));
       if (root) fmt::print("trace: {} events per rank in {}.rank<r>.json\n", trace.size(), s.trace);
     }
     if (root && s.steps > first_step) fmt::print("loss {:.4f} -> {:.4f}\n", first_loss, last_loss);
-
     if (!s.save.empty()) {
       save(std::max(s.steps, first_step));
       if (root) fmt::print("saved {}\n", s.save);
     }
     if (s.sample_bytes > 0) {
-      const std::string text =
-          kfsdp::generate(trainer, s.model, "And God said", s.sample_bytes, {.temperature = 0.8, .seed = s.seed});
-      std::string printable = text;  // an undertrained byte model may emit bytes a terminal cannot show
-      for (char& c : printable)
+      std::string text = kfsdp::generate(trainer, s.model, "And God said", s.sample_bytes, {.temperature = 0.8, .seed = s.seed});
+      for (char& c : text)  // an undertrained byte model may emit bytes a terminal cannot show
         if ((static_cast<unsigned char>(c) < 0x20 && c != '\n') || static_cast<unsigned char>(c) >= 0x7f) c = '?';
-      if (root) fmt::print("sample:\n{}\n", printable);
+      if (root) fmt::print("sample:\n{}\n", text);
     }
     return 0;
   });
@@ -434,11 +298,12 @@ int run(const settings& given, kfsdp::comm::mpi& world, kfsdp::examples::metrics
 }  // namespace
 
 int main(int argc, char** argv) {
-  return kfsdp::examples::mpi_program(argc, argv, [&](kfsdp::comm::mpi& world) {
+  kfsdp::session job(argc, argv);  // MPI, Kokkos, the world; a bad flag or KFSDP_* variable: "error: ..." and exit 2
+  return job.run([&] {
     cli c = make_cli();
     if (!c.parse(argc, argv)) return 0;
-    const settings s = read(c, world.size());
-    kfsdp::examples::metrics_file metrics("train_gpt", s.metrics, world);  // before any step: a bad path stops every rank
-    return s.dtype == "f32" ? run<float>(s, world, metrics) : run<double>(s, world, metrics);
+    const settings s = read(c, job.size());
+    kfsdp::examples::metrics_file metrics("train_gpt", s.metrics, job.world());  // before any step: a bad path stops every rank
+    return s.dtype == "f32" ? run<float>(s, job, metrics) : run<double>(s, job, metrics);
   });
 }

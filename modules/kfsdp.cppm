@@ -71,6 +71,7 @@ module;
 #include <kfsdp/nn/mse.hpp>
 #include <kfsdp/nn/views.hpp>
 #include <kfsdp/optim/adamw.hpp>
+#include <kfsdp/optim/any_optimizer.hpp>
 #include <kfsdp/optim/clip.hpp>
 #include <kfsdp/optim/param_groups.hpp>
 #include <kfsdp/optim/schedule.hpp>
@@ -368,12 +369,14 @@ using kfsdp::io::import_weights;
 using kfsdp::io::load_checkpoint;
 using kfsdp::io::load_model;
 using kfsdp::io::load_state_dict_file;
+using kfsdp::io::load_training_state;
 using kfsdp::io::numel_key;
 using kfsdp::io::parameters_key;
 using kfsdp::io::read_metadata;
 using kfsdp::io::save_checkpoint;
 using kfsdp::io::save_model;
 using kfsdp::io::save_state_dict_file;
+using kfsdp::io::save_training_state;
 }
 #endif
 // <kfsdp/io/checksum.hpp>
@@ -417,6 +420,7 @@ using kfsdp::tensor;
 }
 // <kfsdp/io/stateful.hpp>
 export namespace kfsdp::io {
+using kfsdp::io::check_config;
 using kfsdp::io::check_metadata;
 using kfsdp::io::checkpoint_state;
 using kfsdp::io::metadata_count;
@@ -506,6 +510,7 @@ using kfsdp::gpt_block;
 using kfsdp::gpt_config;
 using kfsdp::gpt_descriptor;
 using kfsdp::gpt_head;
+using kfsdp::gpt_metadata;
 using kfsdp::gpt_mlp;
 using kfsdp::make_gpt;
 }
@@ -609,6 +614,11 @@ using kfsdp::optim::adamw_options;
 using kfsdp::optim::adamw_step;
 using kfsdp::optim::validate;
 }
+// <kfsdp/optim/any_optimizer.hpp>
+export namespace kfsdp::optim {
+using kfsdp::optim::any_optimizer;
+using kfsdp::optim::optimizer_choice;
+}
 // <kfsdp/optim/clip.hpp>
 export namespace kfsdp::optim {
 using kfsdp::optim::clip_scale;
@@ -695,8 +705,11 @@ using kfsdp::fit_result;
 // <kfsdp/train/gpt.hpp>
 export namespace kfsdp {
 using kfsdp::device_ids;
+using kfsdp::estimate_gpt_memory;
+using kfsdp::evaluate_windows;
 using kfsdp::generate;
 using kfsdp::gpt2_init;
+using kfsdp::gpt_memory_options;
 using kfsdp::sampling;
 }
 // <kfsdp/train/gradient_check.hpp>

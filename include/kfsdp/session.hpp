@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <limits>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -35,6 +36,7 @@
 #include <kfsdp/comm/any_communicator.hpp>
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/environment.hpp>
+#include <kfsdp/fsdp/memory_fit.hpp>
 #include <kfsdp/fsdp/options.hpp>
 
 namespace kfsdp {
@@ -102,6 +104,13 @@ class session {
   [[nodiscard]] comm::mpi* replicas() noexcept { return replicas_ ? &*replicas_ : nullptr; }
   [[nodiscard]] int rank() const noexcept { return world_.rank(); }
   [[nodiscard]] int size() const noexcept { return world_.size(); }
+  /// Forms the HSDP groups anew, as session_options::hybrid_shard says (a program's flag, read after
+  /// the session started); collective. Throws std::invalid_argument naming the value, every rank alike.
+  ///
+  ///   job.set_hybrid_shard(flags.hybrid_node ? kfsdp::shard_per_node : flags.hybrid_shard);
+  void set_hybrid_shard(std::size_t ranks_per_group) {
+    if (std::string bad = form_groups(ranks_per_group); !bad.empty()) throw std::invalid_argument(bad);
+  }
   /// True on the one rank that prints and writes logs.
   [[nodiscard]] bool is_root() const noexcept { return world_.rank() == 0; }
 
@@ -112,6 +121,33 @@ class session {
   [[nodiscard]] fsdp_options fsdp(fsdp_options options = {}) {
     if (replicas_) options.replica_group = comm::any_communicator(*replicas_);
     return options;
+  }
+
+  /// The host memory this rank may use: what its node has available (available_host_memory()),
+  /// shared by the ranks on the node. Collective: the ranks on each node are counted.
+  [[nodiscard]] double host_memory_per_rank() {
+    return available_host_memory() / double(world_.ranks_on_node());
+  }
+
+  /// Stops the job before anything is allocated when `need` (one rank's: estimate_memory) exceeds
+  /// host_memory_per_rank() on any rank. Every rank throws std::invalid_argument: where it does not
+  /// fit, with the figures and `set_by` (what sets the sizes: the program's flags, say); elsewhere,
+  /// naming another rank's node. Collective.
+  ///
+  ///   job.require_memory(kfsdp::estimate_memory(plan, units, sizeof(float), 2, options), "--dim 4096");
+  void require_memory(const memory_need& need, std::string_view set_by) {
+    const int node_ranks = world_.ranks_on_node();
+    const double available = available_host_memory() / double(node_ranks);
+    double too_big[1] = {need.total() > available ? 1.0 : 0.0};  // the ranks that do not fit
+    const bool here = too_big[0] > 0;
+    comm::all_reduce_sum(world_, std::span<double>(too_big));
+    if (here)
+      throw std::invalid_argument(fmt::format(
+          "the model does not fit: it needs {} per rank, and {} of memory is available to each of the {} ranks on "
+          "this node; set by {}",
+          describe(need), format_bytes(available), node_ranks, set_by));
+    if (too_big[0] > 0)
+      throw std::invalid_argument(fmt::format("the model does not fit the memory of another rank's node; set by {}", set_by));
   }
 
   /// Runs program() on every rank under comm::run_or_abort: its result (0 for a void program), or
@@ -143,36 +179,37 @@ class session {
   }
 
   void make_groups(const session_options& options) {
-    std::size_t group = 0;
     try {
-      group = options.hybrid_shard ? *options.hybrid_shard : detail::hybrid_shard_from_environment();
+      const std::size_t group = options.hybrid_shard ? *options.hybrid_shard : detail::hybrid_shard_from_environment();
+      if (bad_setting_.empty()) bad_setting_ = form_groups(group);
     } catch (const std::invalid_argument& bad) {
       if (bad_setting_.empty()) bad_setting_ = bad.what();
-      return;
     }
-    if (group == 0 || !bad_setting_.empty()) return;
+  }
+
+  // The shard groups of `group` ranks (0: none); returns what is wrong instead, leaving none.
+  std::string form_groups(std::size_t group) {
+    replicas_.reset();
+    shard_group_.reset();
+    if (group == 0) return {};
     if (group == shard_per_node) {
       shard_group_.emplace(world_.split_shared());
       // Every node must hold as many ranks, so that the groups shard alike (every rank sees the same answer).
       const comm::value_range per_node = comm::range_over_ranks(world_, std::uint64_t(shard_group_->size()));
       if (per_node.lowest != per_node.highest) {
-        bad_setting_ = fmt::format(
-            "session: hybrid_shard is node, and the nodes hold {} to {} ranks, expected as "
-            "many on every node",
-            per_node.lowest, per_node.highest);
         shard_group_.reset();
-        return;
+        return fmt::format("session: hybrid_shard is node, and the nodes hold {} to {} ranks, expected as many on "
+                           "every node", per_node.lowest, per_node.highest);
       }
     } else if (std::size_t(world_.size()) % group != 0) {
-      bad_setting_ =
-          fmt::format("session: hybrid_shard is {}, expected a divisor of the {} ranks (or 0: flat)", group,
-                      world_.size());
-      return;
+      return fmt::format("session: hybrid_shard is {}, expected a divisor of the {} ranks (or 0: flat)", group,
+                         world_.size());
     } else {
       const int ranks = static_cast<int>(group);
       shard_group_.emplace(world_.split(world_.rank() / ranks, world_.rank()));
     }
     replicas_.emplace(world_.split(shard_group_->rank(), world_.rank()));
+    return {};
   }
 
   comm::mpi::environment mpi_up_;

@@ -7,6 +7,7 @@
 #include <kfsdp/comm/self.hpp>
 #include <kfsdp/io/array_dataset.hpp>
 #include <kfsdp/optim/adamw.hpp>
+#include <kfsdp/optim/any_optimizer.hpp>
 #include <kfsdp/optim/param_groups.hpp>
 #include <kfsdp/optim/schedule.hpp>
 #include <kfsdp/train/trainer.hpp>
@@ -240,4 +241,42 @@ TEST_CASE("sgd from an engine: a frozen group holds no momentum and is untouched
   // SGD has one lr and weight decay: a group may only freeze.
   CHECK(invalid_argument_message([&] { kfsdp::optim::sgd<double> bad(engine, options, {{.name_contains = "ln.", .lr_scale = 0.5}}); }) ==
         "sgd: group 0 sets lr_scale = 0.5, expected 1 (SGD's groups may only freeze)");
+}
+
+TEST_CASE("any_optimizer: the chosen kind steps bit for bit as itself, holds its state and checkpoints as it") {
+  kfsdp::comm::self one;
+  kfsdp::fsdp_engine<double> engine(kfsdp::make_param_table(model{}), one, {});
+  const std::size_t n = engine.plan().shard_numel;
+  kfsdp::optim::any_optimizer<double> chosen_adam(engine, {.kind = "adamw", .lr = 3e-3, .weight_decay = 0.1});
+  kfsdp::optim::adamw<double> adam(engine, {.lr = 3e-3, .weight_decay = 0.1});
+  kfsdp::optim::any_optimizer<double> chosen_sgd(engine, {.kind = "sgd", .lr = 0.05, .momentum = 0.9});
+  kfsdp::optim::sgd<double> plain_sgd(engine, {.lr = 0.05, .momentum = 0.9});
+  CHECK(chosen_adam.kind() == "adamw");
+  CHECK(chosen_sgd.kind() == "sgd");
+  CHECK(chosen_adam.state_bytes() == 2 * n * sizeof(double));
+  CHECK(chosen_sgd.state_bytes() == n * sizeof(double));
+  CHECK(kfsdp::optim::any_optimizer<double>(engine, {.kind = "sgd"}).state_bytes() == 0);  // no momentum
+  auto params = to_view(test_values<double>(n, 5), "p"), reference = to_view(test_values<double>(n, 5), "r");
+  auto sgd_params = to_view(test_values<double>(n, 5), "s"), sgd_reference = to_view(test_values<double>(n, 5), "t");
+  for (unsigned step = 1; step <= 3; ++step) {
+    const auto grads = to_view(test_values<double>(n, 100 + step), "grads");
+    chosen_adam.set_lr(1e-3 * step);
+    adam.set_lr(1e-3 * step);
+    chosen_adam.step(params, grads);
+    adam.step(reference, grads);
+    chosen_sgd.step(sgd_params, grads);
+    plain_sgd.step(sgd_reference, grads);
+  }
+  CHECK(to_vector(params) == to_vector(reference));
+  CHECK(to_vector(sgd_params) == to_vector(sgd_reference));
+  kfsdp::io::checkpoint_state<double> state;
+  chosen_adam.add_state(state);
+  CHECK(state.metadata.at("optimizer") == "adamw");
+  CHECK(state.metadata.at("optimizer.step_count") == "3");
+  REQUIRE(state.shards.size() == 2);
+  CHECK(state.shards[0].name == "optimizer.exp_avg");
+  CHECK_THROWS_WITH_AS(chosen_sgd.restore_state(state.metadata),
+                       "checkpoint metadata: 'optimizer' is 'adamw', expected 'sgd' (this run's)", std::invalid_argument);
+  CHECK(invalid_argument_message([&] { kfsdp::optim::any_optimizer<double> bad(engine, {.kind = "adam"}); }) ==
+        "any_optimizer: kind is 'adam', expected adamw or sgd");
 }

@@ -353,7 +353,19 @@ TEST_CASE("fit: SIGUSR1 on one rank stops every rank at the next step boundary, 
   if (job.is_root()) std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("session: HSDP groups from the option; a bad setting is an error from run()") {
+namespace {
+template <class Call>
+std::string invalid_argument_message(Call&& call) {
+  try {
+    call();
+  } catch (const std::invalid_argument& refused) {
+    return refused.what();
+  }
+  return "(no exception)";
+}
+}  // namespace
+
+TEST_CASE("session: HSDP groups from the option or later, memory checks; a bad setting is an error from run()") {
   {
     kfsdp::session job({.hybrid_shard = 1});  // every rank its own shard group, replicated over all
     CHECK(job.shard_group().size() == 1);
@@ -372,6 +384,27 @@ TEST_CASE("session: HSDP groups from the option; a bad setting is an error from 
     kfsdp::session flat({.hybrid_shard = 0});
     CHECK(&flat.shard_group() == &flat.world());
     CHECK(flat.replicas() == nullptr);
+    flat.set_hybrid_shard(1);  // from a flag read after the start: the groups form then
+    CHECK(flat.shard_group().size() == 1);
+    REQUIRE(flat.replicas() != nullptr);
+    CHECK(flat.replicas()->size() == flat.size());
+    CHECK_THROWS_WITH_AS(flat.set_hybrid_shard(std::size_t(flat.size() + 1)),
+                         fmt::format("session: hybrid_shard is {}, expected a divisor of the {} ranks (or 0: flat)",
+                                     flat.size() + 1, flat.size()).c_str(),
+                         std::invalid_argument);
+    CHECK(&flat.shard_group() == &flat.world());  // a refused setting leaves none
+    flat.set_hybrid_shard(0);
+    CHECK(flat.replicas() == nullptr);
+    // Memory: a need that fits passes; one that cannot stops every rank, the figures named.
+    CHECK(flat.host_memory_per_rank() > 0);
+    CHECK_NOTHROW(flat.require_memory({.params = 1024}, "--size 1"));
+    const std::string refused = invalid_argument_message([&] { flat.require_memory({.params = 1e30}, "--size 1e30"); });
+    CHECK(refused.starts_with(fmt::format("the model does not fit: it needs {} (params {}, grads 0 B",
+                                          kfsdp::format_bytes(1e30), kfsdp::format_bytes(1e30))));
+    CHECK(refused.ends_with("ranks on this node; set by --size 1e30"));
+    const std::string other = invalid_argument_message(
+        [&] { flat.require_memory({.params = flat.rank() == 0 ? 1e30 : 0.0}, "--size 1e30"); });
+    if (flat.rank() > 0) CHECK(other == "the model does not fit the memory of another rank's node; set by --size 1e30");
   }
   {
     kfsdp::session job(

@@ -21,15 +21,13 @@
 //
 //   kfsdp::comm::mpi world;
 //   kfsdp::fsdp_engine<float> engine(kfsdp::make_param_table(model), world, {});
-//   kfsdp::optim::adamw<float> optimizer(engine.plan().shard_numel);
-//   kfsdp::io::checkpoint_state<float> state{
-//       .metadata = {{"step", "1000"}, {"data.position", "4096000"}, {"optimizer", "adamw"}},
-//       .shards = {{"optimizer.exp_avg", optimizer.exp_avg()},
-//                  {"optimizer.exp_avg_sq", optimizer.exp_avg_sq()}}};
-//   kfsdp::io::save_checkpoint("run/ckpt.safetensors", engine, world, state);
+//   kfsdp::optim::adamw<float> optimizer(engine);
+//   kfsdp::io::save_training_state("run/ckpt.safetensors", engine, world, {{"step", "1000"}}, optimizer);
 //   ...                                                  // later, at any world size:
-//   kfsdp::io::load_checkpoint("run/ckpt.safetensors", engine, world, state);
-//   optimizer.set_step_count(std::stoll(state.metadata.at("step")));
+//   const auto metadata = kfsdp::io::load_training_state("run/ckpt.safetensors", engine, world, optimizer);
+//   const std::size_t step = kfsdp::io::metadata_count(metadata, "step");
+// (the optimizer's moments are tensors "optimizer.exp_avg.<parameter>", restored in place; its
+// kind and step count are metadata: the checkpoint protocol, io/stateful.hpp)
 
 #include <mpi.h>
 
@@ -38,6 +36,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <Kokkos_Core.hpp>
@@ -141,6 +140,37 @@ template <class Scalar>
 template <class Scalar>
 void load_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
                      comm::mpi& comm, checkpoint_state<Scalar>& state);
+
+/// The checkpoint protocol (stateful.hpp) over save_checkpoint: the weights, the state of every
+/// part (an optimizer, a sampler) and `metadata`, in one file; the caller names no tensor.
+///
+///   kfsdp::io::save_training_state("run.safetensors", engine, world, {{"step", "20"}}, optimizer);
+template <class Scalar, class... Parts>
+  requires(stateful<Parts, Scalar> && ...)
+void save_training_state(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+                         const metadata_map& metadata, const Parts&... parts) {
+  checkpoint_state<Scalar> state{.metadata = metadata};
+  (parts.add_state(state), ...);
+  save_checkpoint(path, engine, comm, state);
+}
+
+/// What save_training_state wrote, into the engine and every part: the views in place, then each
+/// part's restore_state; returns the file's metadata. A malformed file throws format_error with
+/// nothing changed; a part that refuses the file (another optimizer, say) std::invalid_argument
+/// naming the key, after the weights and views were read.
+///
+///   const auto metadata = kfsdp::io::load_training_state("run.safetensors", engine, world, optimizer);
+///   const std::size_t step = kfsdp::io::metadata_count(metadata, "step");
+template <class Scalar, class... Parts>
+  requires(stateful<Parts, Scalar> && ...)
+metadata_map load_training_state(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+                                 Parts&... parts) {
+  checkpoint_state<Scalar> state;
+  (parts.add_state(state), ...);
+  load_checkpoint(path, engine, comm, state);
+  (parts.restore_state(state.metadata), ...);
+  return std::move(state.metadata);
+}
 
 /// The plain sequential writer of a full (gathered) state dict, from one process (rank 0): the
 /// same bytes as save_model for the same weights and metadata; also temporary name + fsync +

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <kfsdp/model/containers.hpp>
 #include <kfsdp/model/layers.hpp>
@@ -69,6 +70,15 @@ struct gpt_config {
                                   ", expected a divisor of dim = " + std::to_string(dim));
   }
 };
+
+// The configuration as a checkpoint's metadata records it (field, value): a file holds weights for
+// one configuration only (heads, say, change no shape, but every attention's meaning).
+//   gpt_metadata({.layers = 2}) -> {layers 2}, {dim 128}, {heads 4}, {seq 64}, {vocab 256}, {tie_weights off}
+inline std::vector<std::pair<std::string, std::string>> gpt_metadata(const gpt_config& c) {
+  return {{"layers", std::to_string(c.layers)}, {"dim", std::to_string(c.dim)},
+          {"heads", std::to_string(c.heads)},   {"seq", std::to_string(c.seq)},
+          {"vocab", std::to_string(c.vocab)},   {"tie_weights", c.tie_weights ? "on" : "off"}};
+}
 
 // The type of every GPT whose sizes come at run time (make_gpt's).
 using gpt_descriptor = gpt<dyn, dyn, dyn, dyn, dyn>;

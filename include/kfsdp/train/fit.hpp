@@ -299,11 +299,11 @@ inline std::string duration_text(double seconds) {
   return fmt::format("{}s", whole);
 }
 
-// Refuses (std::invalid_argument, naming the file and the key) a checkpoint whose configuration is
-// not this run's: every key that the parts write but progress (the optimizer and its kind, the
-// sampler's seed, batch and data size), and the model's parameter count, elements and dtype.
+// Refuses (std::invalid_argument, naming the key) a checkpoint whose configuration is not this
+// run's: every key that the parts write but progress (the optimizer and its kind, the sampler's
+// seed, batch and data size), and the model's parameter count, elements and dtype.
 template <class Scalar>
-void check_configuration(const std::filesystem::path& path, const io::metadata_map& saved,
+void check_configuration(const io::metadata_map& saved,
                          const io::metadata_map& ours, const io::metadata_map& user, fsdp_engine<Scalar>& engine) {
   std::size_t numel = 0;
   for (const param_info& param : engine.params()) numel += param.numel;
@@ -314,11 +314,7 @@ void check_configuration(const std::filesystem::path& path, const io::metadata_m
   for (const auto& [key, value] : ours)
     if (key != "fit.step" && key != "sampler.step" && key != "optimizer.step_count" && !user.contains(key))
       expected[key] = value;
-  try {
-    for (const auto& [key, value] : expected) io::check_metadata(saved, key, value);
-  } catch (const std::invalid_argument& refused) {
-    throw std::invalid_argument(fmt::format("fit: resuming from {}: {}", path.string(), refused.what()));
-  }
+  for (const auto& [key, value] : expected) io::check_metadata(saved, key, value);
 }
 
 inline void check_options(const fit_options& options, std::size_t ranks) {
@@ -376,18 +372,15 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
   const bool checkpoints = !options.checkpoint_dir.empty();
   fit_result result;
 
-  // The parts of a checkpoint, listed alike for saving and loading (views are restored in place).
-  const auto checkpoint_parts = [&](std::size_t step) {
-    io::checkpoint_state<Scalar> state;
-    optimizer.add_state(state);
-    sampler.add_state(state);
-    state.metadata["fit.step"] = std::to_string(step);
-    for (const auto& [key, value] : options.metadata) state.metadata[key] = value;
-    return state;
+  // A checkpoint: the weights, the optimizer's and the sampler's state, the step and the user's keys.
+  const auto checkpoint_metadata = [&](std::size_t step) {
+    io::metadata_map metadata = options.metadata;
+    metadata["fit.step"] = std::to_string(step);
+    return metadata;
   };
   const auto save = [&](std::size_t step) {
     const std::filesystem::path path = checkpoint_path(options.checkpoint_dir, step);
-    io::save_checkpoint(path, trainer.engine(), job.shard_group(), checkpoint_parts(step));
+    io::save_training_state(path, trainer.engine(), job.shard_group(), checkpoint_metadata(step), optimizer, sampler);
     result.checkpoint = path;
     if (root) {  // the newest keep_last stay; save_checkpoint returned on every rank, so none is being read
       const std::vector<std::size_t> saved = checkpoint_steps(options.checkpoint_dir);
@@ -423,23 +416,22 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
     if (!steps.empty()) comm::broadcast(world, std::span<std::uint64_t>(steps), 0);
     for (auto newest = steps.rbegin(); newest != steps.rend(); ++newest) {
       const std::filesystem::path path = checkpoint_path(options.checkpoint_dir, *newest);
-      io::checkpoint_state<Scalar> state = checkpoint_parts(0);
-      // Header first: a file of another configuration is refused before its data is read, so
-      // that a load error below means a file cut short or corrupted, which is skipped.
+      io::metadata_map metadata;
+      std::size_t step = 0;
       try {
-        detail::check_configuration(path, io::read_metadata(path, world), state.metadata, options.metadata,
+        // Header first: a file of another configuration is refused before its data is read, so
+        // that a load error below means a file cut short or corrupted, which is skipped.
+        io::checkpoint_state<Scalar> ours{.metadata = checkpoint_metadata(0)};
+        optimizer.add_state(ours);
+        sampler.add_state(ours);
+        detail::check_configuration(io::read_metadata(path, world), ours.metadata, options.metadata,
                                     trainer.engine());
-        io::load_checkpoint(path, trainer.engine(), job.shard_group(), state);  // every rank alike
-      } catch (const io::format_error& incomplete) {
+        metadata = io::load_training_state(path, trainer.engine(), job.shard_group(), optimizer, sampler);
+        step = io::metadata_count(metadata, "fit.step");
+      } catch (const io::format_error& incomplete) {  // every rank alike
         if (root) fmt::print("fit: skipping {}: {}\n", path.string(), incomplete.what());
         continue;
-      }
-      std::size_t step = 0;
-      try {  // another configuration is refused, naming the key
-        optimizer.restore_state(state.metadata);
-        sampler.restore_state(state.metadata);
-        step = io::metadata_count(state.metadata, "fit.step");
-      } catch (const std::invalid_argument& refused) {
+      } catch (const std::invalid_argument& refused) {  // another configuration, naming the key
         throw std::invalid_argument(fmt::format("fit: resuming from {}: {}", path.string(), refused.what()));
       }
       if (step != sampler.step())
@@ -448,7 +440,7 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
                         step, sampler.step()));
       result.resumed_from = step;
       result.checkpoint = path;
-      result.metadata = std::move(state.metadata);
+      result.metadata = std::move(metadata);
       if (root) fmt::print("fit: resumed from {} at step {}\n", path.string(), step);
       break;
     }

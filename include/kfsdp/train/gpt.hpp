@@ -1,6 +1,7 @@
 #pragma once
 // The example GPT's training helpers: nanoGPT's initialisation, token batches for the trainer,
-// and text generation from a trainer of kfsdp::gpt (model/gpt.hpp).
+// its memory estimate, evaluation over text windows, and text generation from a trainer of
+// kfsdp::gpt (model/gpt.hpp).
 //
 //   auto model = kfsdp::make_gpt({.layers = 4, .dim = 128, .heads = 4, .seq = 64});
 //   kfsdp::trainer<decltype(model), float, kfsdp::zero3> t(model, world);
@@ -8,16 +9,23 @@
 //   t.step({{kfsdp::device_ids(tokens), kfsdp::device_ids(targets)}}, adam);
 //   std::string text = kfsdp::generate(t, config, "And God said", 200, {.temperature = 0.8});
 
+#include <kfsdp/comm/communicator.hpp>
+#include <kfsdp/fsdp/memory_fit.hpp>
+#include <kfsdp/io/text_dataset.hpp>
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/train/trainer.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace kfsdp {
@@ -38,11 +46,63 @@ inline std::function<param_init(const param_info&)> gpt2_init(std::size_t layers
   };
 }
 
+// What sizes one rank's memory when training the example GPT, beside its configuration.
+struct gpt_memory_options {
+  std::size_t scalar_bytes = sizeof(float);
+  std::size_t shard_ranks = 1;       // the ranks the parameters are split over (the shard group's)
+  std::size_t windows_per_rank = 1;  // the windows of one micro-batch on this rank
+  std::size_t optimizer_states = 2;  // shard-sized states: AdamW 2, SGD with momentum 1, without 0
+  bool checkpointing = false;        // trainer_options::checkpointing
+  fsdp_options fsdp{};               // sharding, bucketing, wrap, overlap
+};
+
+// One rank's memory at its peak when training the GPT: the shard plan's (estimate_memory) and the
+// activations its layers keep, measured for this GPT at about twice, per token, what the blocks
+// keep for backward: 18·dim + heads·seq per block (one block and each block's input with
+// checkpointing), and the logits. Where the sizes alone (12·dim² per block: parameters, gradients,
+// optimizer states) already exceed `stop_above`, that coarse figure is returned without building the
+// parameter table, which would not fit either. Where the shards live on a device only the coarse
+// figure is known here (the host's memory is what this estimates).
+inline memory_need estimate_gpt_memory(const gpt_config& model, const gpt_memory_options& o,
+                                       double stop_above = std::numeric_limits<double>::max()) {
+  const double bytes = double(o.scalar_bytes), d = double(model.dim), layers = double(model.layers);
+  const double table = layers * 16 * 2 * sizeof(param_info);  // the table and the plan, ~16 entries a block
+  const double shard = layers * 12 * d * d * bytes / double(o.shard_ranks);
+  memory_need need{.params = shard + table, .grads = shard, .optimizer = double(o.optimizer_states) * shard};
+  if (need.total() > stop_above || !std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>)
+    return need;
+  const auto params = make_param_table(make_gpt(model));
+  const auto plan = make_shard_plan(params, o.shard_ranks, o.fsdp.bucketing_strategy);
+  const double block = 18 * d + double(model.heads) * double(model.seq);
+  const double per_token = 2 * ((o.checkpointing ? block + layers * d : layers * block) + 2 * double(model.vocab));
+  return estimate_memory(plan, make_units(params, plan, o.fsdp.wrap), o.scalar_bytes, o.optimizer_states, o.fsdp,
+                         per_token * double(o.windows_per_rank * model.seq) * bytes);
+}
+
 // Host ids (tokens or targets) as a device vector.
 inline nn::index_vector device_ids(const std::vector<int>& ids) {
   nn::index_vector out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::ids"), ids.size());
   Kokkos::deep_copy(out, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(ids.data(), ids.size()));
   return out;
+}
+
+// The mean per-byte loss over the first `windows` windows of `data` (fewer if it holds fewer):
+// rank r of `ranks` computes windows r, r + N, ... on the full model, gathered once since ranks hold
+// different counts, and the sums are added over `ranks` (every rank of the job, whatever groups the
+// trainer shards over). Collective over both.
+template <class Trainer, class Communicator>
+double evaluate_windows(Trainer& trainer, const io::text_windows& data, std::size_t windows, Communicator& ranks) {
+  double totals[2] = {0, 0};  // the sum of per-byte losses, the bytes
+  trainer.with_full_model([&] {
+    for (std::size_t w = std::size_t(ranks.rank()); w < std::min(windows, data.count()); w += std::size_t(ranks.size())) {
+      std::vector<int> tokens, targets;
+      data.append(w, tokens, targets);
+      totals[0] += trainer.forward_loss({device_ids(tokens), device_ids(targets)}) * double(tokens.size());
+      totals[1] += double(tokens.size());
+    }
+  });
+  comm::all_reduce_sum(ranks, std::span<double>(totals));
+  return totals[0] / totals[1];
 }
 
 struct sampling {
