@@ -229,6 +229,10 @@ TEST_CASE("a step whose loss is not finite throws non_finite_loss on every rank,
   CHECK_THROWS_WITH_AS((void)t.step({{x, diverged}}, adam, 1.0),
                        doctest::Contains("kfsdp::trainer::step: the loss is inf, the gradient norm "),
                        kfsdp::non_finite_loss);
+  // Where: every layer's output is finite, the targets are not.
+  CHECK_THROWS_WITH_AS((void)t.step({{x, diverged}}, adam, 1.0),
+                       doctest::Contains("expected finite values, first in the loss layer (its input is finite): "),
+                       kfsdp::non_finite_loss);
   const kfsdp::state_dict after = t.engine().original_state_dict();
   for (const kfsdp::tensor& p : before) {
     CAPTURE(p.name);
@@ -238,6 +242,34 @@ TEST_CASE("a step whose loss is not finite throws non_finite_loss on every rank,
   t.options().stop_on_non_finite = false;
   CHECK_FALSE(std::isfinite(t.step({{x, diverged}}, adam).loss));
   CHECK_FALSE(std::isfinite(t.step({{x, y}}, adam).loss));
+}
+
+TEST_CASE("a non-finite step names where it went non-finite: the first layer whose output is, or the gradient") {
+  kfsdp::comm::mpi world;
+  const auto data = samples();
+  const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
+  auto [x, y] = data.rank_slice<double>(data.micro_batch(/*seed=*/1, 0, global_batch), rank, ws);
+  kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::layer_bucketing> t(surrogate{}, world);
+  t.initialize(42);
+  kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
+  kfsdp::state_dict full = t.engine().original_state_dict();
+  full.at("hidden.1.fc.weight").values<double>()[3] = std::numeric_limits<double>::quiet_NaN();
+  t.engine().load_original_state_dict(full);
+  // Two micro-batches: both forwards are checked again.
+  CHECK_THROWS_WITH_AS((void)t.step({{x, y}, {x, y}}, adam, 1.0),
+                       doctest::Contains("expected finite values, first in the output of layer 'hidden.1.fc' (unit "),
+                       kfsdp::non_finite_loss);
+  // A finite loss with a non-finite gradient: the scale layer's input is huge (1e307, from the last hidden layer's
+  // bias) and its factor 0, so the prediction is the output's bias; d factor = sum of input · (output weights ·
+  // d loss) overflows.
+  full.at("hidden.1.fc.weight").values<double>()[3] = 0.1;
+  for (double& b : full.at("hidden.2.fc.bias").values<double>()) b = 1e307;
+  full.at("scale.factor").values<double>()[0] = 0.0;
+  for (double& w : full.at("output.weight").values<double>()) w = 1e3;
+  t.engine().load_original_state_dict(full);
+  CHECK_THROWS_WITH_AS((void)t.step({{x, y}}, adam, 1.0),
+                       doctest::Contains("expected finite values, first in the gradient of 'scale.factor': "),
+                       kfsdp::non_finite_loss);
 }
 
 TEST_CASE("the MLP's gradients, the user's layer's included, match central differences") {

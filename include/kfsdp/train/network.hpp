@@ -76,6 +76,10 @@ class pass_context {
   S grad_scale = S(1);                // d(loss)/d(the loss layer's output)
   bool checkpointing = false;         // units keep only their input; backward recomputes
   bool recomputing = false;
+  // Set while the trainer looks for where a loss went non-finite: each layer then reports, in
+  // forward order, whether its output is finite.
+  bool checking_outputs = false;
+  virtual void output_checked(const std::string& /*layer*/, bool /*finite*/) {}
 };
 
 namespace detail {
@@ -108,6 +112,21 @@ struct network_builder {
   }
   void leave_unit(std::pair<bool, std::size_t> saved) { std::tie(inside_unit, current_unit) = saved; }
 };
+
+// Whether every element of m is finite (x - x is 0 for a finite x, NaN for an infinity or a NaN).
+template <class S>
+bool all_finite(const nn::const_matrix<S>& m) {
+  std::size_t bad = 0;
+  const std::size_t cols = m.extent(1);
+  Kokkos::parallel_reduce(
+      "kfsdp::all_finite", Kokkos::RangePolicy<>(0, m.extent(0)),
+      KOKKOS_LAMBDA(std::size_t r, std::size_t& count) {
+        for (std::size_t c = 0; c < cols; ++c)
+          if (!(m(r, c) - m(r, c) == S(0))) ++count;
+      },
+      bad);
+  return bad == 0;
+}
 
 // Runs a node's forward (and backward) as a unit when it is one.
 template <class Node, class X>
@@ -281,6 +300,7 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
       }
     } else {
       op_.forward(ctx.params(indices()), x, detail::ensure(y_, "kfsdp::nn::activation", name_, rows_, out_));
+      if (ctx.checking_outputs) ctx.output_checked(name_, detail::all_finite(nn::const_matrix<S>(y_)));
       return y_;
     }
   }

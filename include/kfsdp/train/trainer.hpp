@@ -23,6 +23,7 @@
 #include <kfsdp/train/activation_meter.hpp>
 #include <kfsdp/train/network.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <initializer_list>
@@ -159,9 +160,9 @@ class trainer_core {
     // Both are sums over every rank: every rank decides alike.
     if (options_.stop_on_non_finite && !(std::isfinite(result.loss) && std::isfinite(result.grad_norm)))
       throw non_finite_loss(fmt::format(
-          "kfsdp::trainer::step: the loss is {}, the gradient norm {}, expected finite values: the run diverged "
+          "kfsdp::trainer::step: the loss is {}, the gradient norm {}, expected finite values{}: the run diverged "
           "(a lower learning rate or gradient clipping may help); the weights are left as they were before this step",
-          result.loss, result.grad_norm));
+          result.loss, result.grad_norm, where_non_finite(micro_batches, std::isfinite(result.loss))));
     if (max_norm > 0) {
       const double scale = optim::clip_scale(result.grad_norm, max_norm);
       if (scale < 1) optim::scale_in_place(engine_.grads().flat(), scale);
@@ -239,6 +240,51 @@ class trainer_core {
  private:
   static std::size_t rows_of(const input_type& x) { return x.extent(0); }
 
+  // Where a step went non-finite, for its error: with a non-finite loss, the first layer (in forward
+  // order) whose output is not finite on some rank, from a forward of the same micro-batches
+  // again; with a finite loss, the first parameter in backward order (the last in the table) whose
+  // gradient is not. Collective.
+  //   ", first in the output of layer 'fc2' (unit 'fc2')" or ", first in the gradient of 'fc1.weight'"
+  std::string where_non_finite(std::span<const batch> micro_batches, bool loss_finite) {
+    std::vector<std::string> places;
+    std::vector<double> hit;  // per place: 1 where this rank saw a non-finite value, then summed over ranks
+    if (!loss_finite) {
+      schedule_.checked.clear();
+      schedule_.checking_outputs = true;
+      for (const batch& b : micro_batches) {
+        forward(b.inputs, b.targets);
+        end_evaluation();
+      }
+      schedule_.checking_outputs = false;
+      const std::size_t layers = schedule_.checked.size() / micro_batches.size();  // the same layers each time
+      hit.assign(layers, 0.0);
+      for (std::size_t i = 0; i < schedule_.checked.size(); ++i)
+        if (!schedule_.checked[i].finite) hit[i % layers] = 1.0;
+      for (std::size_t i = 0; i < layers; ++i)
+        places.push_back(fmt::format("the output of layer '{}' (unit '{}')", schedule_.checked[i].layer,
+                                     schedule_.checked[i].unit));
+      hit.push_back(1.0);  // every layer's output finite: the loss layer made it
+      places.push_back("the loss layer (its input is finite)");
+    } else {
+      const auto grads = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), engine_.grads().flat());
+      for (std::size_t p = 0; p < engine_.params().size(); ++p) {
+        const auto chunk = engine_.mapping().chunk(p);
+        bool finite = true;
+        for (std::size_t i = chunk.first; i < chunk.last(); ++i) finite = finite && std::isfinite(double(grads(i)));
+        hit.push_back(finite ? 0.0 : 1.0);
+        places.push_back(fmt::format("the gradient of '{}'", engine_.params()[p].name.view()));
+      }
+    }
+    engine_.sum_over_ranks(std::span<double>(hit));
+    if (loss_finite) {  // gradients are computed in backward order, from the last parameter to the first
+      std::reverse(hit.begin(), hit.end());
+      std::reverse(places.begin(), places.end());
+    }
+    for (std::size_t i = 0; i < hit.size(); ++i)
+      if (hit[i] > 0) return ", first in " + places[i];
+    return {};
+  }
+
   Scalar forward(input_type inputs, target_type targets) {
     schedule_.set_targets(targets);
     schedule_.checkpointing = options_.checkpointing;
@@ -305,6 +351,14 @@ class trainer_core {
       t_.hooks_.before_backward(unit, next(unit, -1));
       current_ = unit;
       region("backward " + t_.units()[unit].name);
+    }
+    struct checked_output {
+      std::string layer, unit;
+      bool finite;
+    };
+    std::vector<checked_output> checked;  // while checking_outputs: every layer's, in forward order
+    void output_checked(const std::string& layer, bool finite) override {
+      checked.push_back({layer, t_.units()[current_].name, finite});
     }
     layer_params<const Scalar> params(std::span<const std::size_t> indices) override {
       layer_params<const Scalar> p;
