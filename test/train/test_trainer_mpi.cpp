@@ -255,9 +255,10 @@ TEST_CASE("a non-finite step names where it went non-finite: the first layer who
   kfsdp::state_dict full = t.engine().original_state_dict();
   full.at("hidden.1.fc.weight").values<double>()[3] = std::numeric_limits<double>::quiet_NaN();
   t.engine().load_original_state_dict(full);
-  // Two micro-batches: both forwards are checked again.
+  // Two micro-batches: both forwards are checked again. Each layer is its own unit here (layer bucketing), so no
+  // unit is named beside it.
   CHECK_THROWS_WITH_AS((void)t.step({{x, y}, {x, y}}, adam, 1.0),
-                       doctest::Contains("expected finite values, first in the output of layer 'hidden.1.fc' (unit "),
+                       doctest::Contains("expected finite values, first in the output of layer 'hidden.1.fc': "),
                        kfsdp::non_finite_loss);
   // A finite loss with a non-finite gradient: the scale layer's input is huge (1e307, from the last hidden layer's
   // bias) and its factor 0, so the prediction is the output's bias; d factor = sum of input · (output weights ·

@@ -244,7 +244,7 @@ class trainer_core {
   // order) whose output is not finite on some rank, from a forward of the same micro-batches
   // again; with a finite loss, the first parameter in backward order (the last in the table) whose
   // gradient is not. Collective.
-  //   ", first in the output of layer 'fc2' (unit 'fc2')" or ", first in the gradient of 'fc1.weight'"
+  //   ", first in the output of layer 'h.1.mlp.c_fc' (unit 'h.1')" or ", first in the gradient of 'fc1.weight'"
   std::string where_non_finite(std::span<const batch> micro_batches, bool loss_finite) {
     std::vector<std::string> places;
     std::vector<double> hit;  // per place: 1 where this rank saw a non-finite value, then summed over ranks
@@ -260,9 +260,8 @@ class trainer_core {
       hit.assign(layers, 0.0);
       for (std::size_t i = 0; i < schedule_.checked.size(); ++i)
         if (!schedule_.checked[i].finite) hit[i % layers] = 1.0;
-      for (std::size_t i = 0; i < layers; ++i)
-        places.push_back(fmt::format("the output of layer '{}' (unit '{}')", schedule_.checked[i].layer,
-                                     schedule_.checked[i].unit));
+      for (const auto& [layer, unit, finite] : std::span(schedule_.checked).first(layers))  // the unit where it is not the layer
+        places.push_back(fmt::format("the output of layer '{}'{}", layer, unit == layer ? "" : " (unit '" + unit + "')"));
       hit.push_back(1.0);  // every layer's output finite: the loss layer made it
       places.push_back("the loss layer (its input is finite)");
     } else {
