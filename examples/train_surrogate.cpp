@@ -4,6 +4,7 @@
 //
 //   mpirun -np 2 build/examples/train_surrogate --save surrogate.safetensors
 //   mpirun -np 3 build/examples/train_surrogate --load surrogate.safetensors --eval on
+//   mpirun -np 2 build/examples/train_surrogate --data samples.npz   # numpy.savez(x=[N, 6], y=[N])
 //
 // The model is one descriptor: input layer, --depth residual hidden layers (each an FSDP unit),
 // output layer, MSE. Features and targets are normalised with the training set's statistics,
@@ -29,6 +30,7 @@ import kfsdp;
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/io/array_dataset.hpp>
 #include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/io/numpy.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/trainer.hpp>
 #endif
@@ -55,7 +57,7 @@ struct settings {
   std::size_t train_problems, test_problems, grid, width, depth, steps, batch, log_every;
   double lr, weight_decay, clip;
   std::uint64_t seed, test_seed;
-  std::string dtype, save, load, metrics;
+  std::string dtype, save, load, metrics, data, features, targets;
   bool eval;
   kfsdp::fsdp_options fsdp;
   kfsdp::trainer_options trainer;
@@ -84,6 +86,9 @@ settings read(const kfsdp::examples::cli& c, int world_size) {
   s.load = c.str("load");
   s.eval = c.choice("eval", {"on", "off"}) == "on";
   s.metrics = c.str("metrics");
+  s.data = c.str("data");
+  s.features = c.str("features");
+  s.targets = c.str("targets");
   auto fail = [](const std::string& m) { throw std::invalid_argument("train_surrogate: " + m); };
   if (s.eval != !s.load.empty()) fail("--load FILE and --eval on go together (evaluate the saved model, then exit)");
   if (s.eval && !s.metrics.empty()) fail("--metrics and --eval on both given: --eval trains no steps");
@@ -146,6 +151,20 @@ double relative_l2(Trainer& t, const kfsdp::io::array_dataset& set, const std::v
   return std::sqrt(sums[0] / sums[1]);
 }
 
+// The training samples of --data: an .npz (numpy.savez) with features [N, 6] and targets [N] or [N, 1].
+kfsdp::examples::surrogate_samples samples_from(const settings& s) {
+  const kfsdp::io::numpy_array x = kfsdp::io::read_npz(s.data, s.features), u = kfsdp::io::read_npz(s.data, s.targets);
+  const std::size_t n = x.shape.empty() ? 0 : x.shape[0];
+  if (x.shape.size() != 2 || x.shape[1] != 6 || n == 0)
+    throw std::invalid_argument(fmt::format("train_surrogate: --data {}: array '{}' has shape ({}), expected (N, 6): x, y, "
+                                            "x0, y0, amplitude, width", s.data, s.features, fmt::join(x.shape, ", ")));
+  if (u.shape != std::vector<std::size_t>{n} && u.shape != std::vector<std::size_t>{n, 1})
+    throw std::invalid_argument(fmt::format("train_surrogate: --data {}: array '{}' has shape ({}), expected ({}) or ({}, 1), "
+                                            "u at the {} samples of '{}'", s.data, s.targets, fmt::join(u.shape, ", "), n, n, n,
+                                            s.features));
+  return {x.values, u.values, n};
+}
+
 template <class Scalar>
 int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_file& metrics) {
   using namespace kfsdp::examples;
@@ -170,7 +189,7 @@ int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_fil
     });
   }
 
-  const auto train = heat_samples(random_sources(s.train_problems, s.seed), s.grid);
+  const auto train = s.data.empty() ? heat_samples(random_sources(s.train_problems, s.seed), s.grid) : samples_from(s);
   kfsdp::io::array_dataset train_set(train.features, 6, train.targets, 1);
   const stats features = train_set.feature_stats(), target = train_set.target_stats();
   train_set.normalize(features, target);
@@ -245,7 +264,10 @@ int main(int argc, char** argv) {
         .flag("save", "", "write the weights and normalisation here (safetensors) at the end")
         .flag("load", "", "with --eval on: the weights to evaluate")
         .flag("eval", "off", "on (with --load FILE): print the test relative L2 of the saved model and exit")
-        .flag("metrics", "", "write one JSON line per step here (rank 0; loss, samples/s, memory, comm bytes; overwritten)");
+        .flag("metrics", "", "write one JSON line per step here (rank 0; loss, samples/s, memory, comm bytes; overwritten)")
+        .flag("data", "", "train on the samples of this .npz (numpy.savez) instead of --train-problems sources")
+        .flag("features", "x", "with --data: the array of features [N, 6] (x, y, x0, y0, amplitude, width)")
+        .flag("targets", "y", "with --data: the array of targets [N] or [N, 1] (u)");
     if (!c.parse(argc, argv)) return 0;
     const settings s = read(c, world.size());
     kfsdp::examples::metrics_file metrics("train_surrogate", s.metrics, world);  // before any step: a bad path stops every rank

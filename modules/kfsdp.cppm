@@ -43,6 +43,7 @@ module;
 #include <kfsdp/io/array_dataset.hpp>
 #include <kfsdp/io/checksum.hpp>
 #include <kfsdp/io/distributed_sampler.hpp>
+#include <kfsdp/io/numpy.hpp>
 #include <kfsdp/io/safetensors.hpp>
 #include <kfsdp/io/state_dict.hpp>
 #include <kfsdp/io/stateful.hpp>
@@ -392,6 +393,14 @@ using kfsdp::io::format_hex64;
 // <kfsdp/io/distributed_sampler.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::distributed_sampler;
+}
+// <kfsdp/io/numpy.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::npz_names;
+using kfsdp::io::numpy_array;
+using kfsdp::io::numpy_dataset;
+using kfsdp::io::read_npy;
+using kfsdp::io::read_npz;
 }
 // <kfsdp/io/safetensors.hpp>
 export namespace kfsdp::io {

@@ -3,7 +3,7 @@
 measured accuracy, the saved model evaluates the same at other world sizes, and bad flags are
 clear errors on every rank, without a hang.
 usage: test_train_surrogate.py TRAIN_SURROGATE MPIRUN [MPIRUN_ARGS...]"""
-import json, os, re, subprocess, sys, tempfile, time
+import json, math, os, re, struct, subprocess, sys, tempfile, time, zipfile
 
 train_surrogate, mpirun = sys.argv[1], sys.argv[2:]
 # Measured with the defaults on 2 ranks (2 cores): test relative L2 0.0120, train 0.0089 (see the
@@ -82,6 +82,28 @@ with tempfile.TemporaryDirectory() as tmp:
           '--metrics: memory sums, comm bytes, grad norm, samples/s x step time = batch')
     check(records[0]['lr'] == 0.003 and all(a['lr'] > b['lr'] > 0 for a, b in zip(records, records[1:])),
           '--metrics: lr starts at --lr and decays')
+
+    # --data: training samples from an .npz as numpy.savez writes it (stored .npy members, written
+    # here without numpy), the same losses at 1 and 2 ranks; a wrong shape is refused, naming it.
+    def npy(shape, values):
+        header = "{'descr': '<f8', 'fortran_order': False, 'shape': (%s), }" % ''.join(f'{n}, ' for n in shape)[:-1]
+        header += ' ' * (63 - (10 + len(header)) % 64) + '\n'
+        return b'\x93NUMPY\x01\x00' + struct.pack('<H', len(header)) + header.encode() + struct.pack(f'<{len(values)}d', *values)
+    n = 96
+    x = [((i * 7 + j * 3) % 11) / 11 for i in range(n) for j in range(6)]
+    u = [math.sin(sum(x[6 * i:6 * i + 6])) for i in range(n)]
+    samples = os.path.join(tmp, 'samples.npz')
+    with zipfile.ZipFile(samples, 'w') as z:
+        z.writestr('x.npy', npy((n, 6), x))
+        z.writestr('u.npy', npy((n,), u))
+        z.writestr('x5.npy', npy((n, 5), x[:5 * n]))
+    from_file = ['--data', samples, '--targets', 'u', '--steps', '20', '--log-every', '5', '--test-problems', '2', '--grid', '8']
+    ref = losses(run(1, *from_file))
+    got = losses(run(2, *from_file))
+    check(len(ref) == 5 and len(got) == len(ref) and all(abs(a - b) <= 1e-7 * abs(b) for a, b in zip(got, ref)),
+          f'--data at 1 and 2 ranks: the same losses {got} vs {ref}')
+    out = run(2, '--data', samples, '--features', 'x5', '--targets', 'u', expect=2, timeout=60)
+    check(f"--data {samples}: array 'x5' has shape ({n}, 5), expected (N, 6)" in out, '--data with 5 features is refused')
 
     # Bad input: exit status 2 from every rank (mpirun would report a rank that does not), one
     # clear message (rank 0 prints it), no hang.
