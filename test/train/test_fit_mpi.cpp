@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <kfsdp/optim/any_optimizer.hpp>
 #include <kfsdp/session.hpp>
 #include <kfsdp/train/fit.hpp>
 
@@ -227,6 +228,41 @@ TEST_CASE("fit: SGD's momentum goes through the checkpoint protocol: resuming is
   job.world().barrier();
   CHECK(run().resumed_from == 2);
   CHECK(bytes_of(kfsdp::checkpoint_path(dir, 4)) == final_bytes);
+  job.world().barrier();
+  if (job.is_root()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("fit with a frozen group (any_optimizer): the group stays as it was, and resuming is bit for bit") {
+  kfsdp::session job;
+  const auto dir = shared_dir(job.world(), "frozen");
+  const auto data = samples(60, 8);
+  const kfsdp::fit_options options{.steps = 6, .global_batch = global_batch, .checkpoint_dir = dir,
+                                   .checkpoint_every = 3};
+  const auto run = [&](kfsdp::state_dict* initial, kfsdp::state_dict* final) {
+    kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> model(mlp{}, job.shard_group(), job.fsdp());
+    model.initialize(9);
+    if (initial != nullptr) *initial = model.engine().original_state_dict();
+    kfsdp::optim::any_optimizer<double> adam(model, {.kind = "adamw", .lr = 1e-2, .weight_decay = 0.1},
+                                             {{.name_contains = "fc1.", .frozen = true}});
+    const kfsdp::fit_result result = kfsdp::fit(job, model, adam, kfsdp::optim::cosine(1e-2, 6), data, options);
+    if (final != nullptr) *final = model.engine().original_state_dict();
+    job.world().barrier();
+    return result;
+  };
+  kfsdp::state_dict initial, final;
+  CHECK(run(&initial, &final).resumed_from == 0);
+  for (const char* frozen : {"fc1.weight", "fc1.bias"}) CHECK(final.at(frozen).bytes == initial.at(frozen).bytes);
+  CHECK(final.at("fc2.weight").bytes != initial.at("fc2.weight").bytes);
+  // The checkpoint holds no optimizer state for the frozen group.
+  const auto saved = kfsdp::io::load_state_dict_file(kfsdp::checkpoint_path(dir, 6));
+  CHECK(saved.find("optimizer.exp_avg.fc1.weight") == nullptr);
+  CHECK(saved.find("optimizer.exp_avg.fc2.weight") != nullptr);
+  const std::string final_bytes = bytes_of(kfsdp::checkpoint_path(dir, 6));
+  job.world().barrier();
+  if (job.is_root()) std::filesystem::remove(kfsdp::checkpoint_path(dir, 6));
+  job.world().barrier();
+  CHECK(run(nullptr, nullptr).resumed_from == 3);
+  CHECK(bytes_of(kfsdp::checkpoint_path(dir, 6)) == final_bytes);
   job.world().barrier();
   if (job.is_root()) std::filesystem::remove_all(dir);
 }
