@@ -9,6 +9,7 @@
 #include <kfsdp/model/layers.hpp>
 #include <kfsdp/model/param_table.hpp>
 
+#include "../support/messages.hpp"
 #include "engine_checks.hpp"
 
 using namespace kfsdp;
@@ -26,14 +27,7 @@ struct fixture {
   unit_context<double> context{comm, pool, map, shards, grads};
 };
 
-std::string message_of(auto&& call) {
-  try {
-    call();
-  } catch (const std::logic_error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
+std::string message_of(auto&& call) { return kfsdp::test::error_message<std::logic_error>(call); }
 }  // namespace
 
 TEST_CASE("the parameters go sharded → gathering → unsharded → sharded, and nothing else") {

@@ -10,18 +10,12 @@
 
 #include <kfsdp/io/numpy.hpp>
 
+#include "../support/messages.hpp"
+
 namespace {
 const std::string dir = KFSDP_NUMPY_FIXTURES;
 
-template <class Call>
-std::string refusal(Call&& call) {
-  try {
-    call();
-  } catch (const std::invalid_argument& refused) {
-    return refused.what();
-  }
-  return "(no exception)";
-}
+using kfsdp::test::error_message;
 }  // namespace
 
 TEST_CASE("an .npz of numpy.savez: its arrays by name, converted to double") {
@@ -64,24 +58,24 @@ TEST_CASE(".npy: Fortran order read back in C order, big-endian, f16 and integer
 }
 
 TEST_CASE("refusals name the file, the array and what was expected") {
-  CHECK(refusal([] { (void)kfsdp::io::numpy_dataset(dir + "/short.npz", "x", "y"); }) ==
+  CHECK(error_message([] { (void)kfsdp::io::numpy_dataset(dir + "/short.npz", "x", "y"); }) ==
         "kfsdp::io: " + dir + "/short.npz: array 'y' has shape (9), expected 10 rows, as 'x' has (shape (10, 3))");
-  CHECK(refusal([] { (void)kfsdp::io::read_npz(dir + "/data.npz", "u"); }) ==
+  CHECK(error_message([] { (void)kfsdp::io::read_npz(dir + "/data.npz", "u"); }) ==
         "kfsdp::io: " + dir + "/data.npz: no array 'u', expected one of: x, y, ids, y2");
-  CHECK(refusal([] { (void)kfsdp::io::read_npz(dir + "/compressed.npz", "x"); }) ==
+  CHECK(error_message([] { (void)kfsdp::io::read_npz(dir + "/compressed.npz", "x"); }) ==
         "kfsdp::io: " + dir + "/compressed.npz: array 'x' is compressed (numpy.savez_compressed), expected an archive "
         "of numpy.savez (stored), or a .npy file");
-  CHECK(refusal([] { (void)kfsdp::io::read_npy(dir + "/strings.npy"); }) ==
+  CHECK(error_message([] { (void)kfsdp::io::read_npy(dir + "/strings.npy"); }) ==
         "kfsdp::io: " + dir + "/strings.npy: dtype '<U1', expected a number: f2, f4, f8, i1-i8, u1-u8 or b1, in either "
         "byte order");
-  CHECK(refusal([] { (void)kfsdp::io::numpy_dataset(dir + "/data.npz", "x", "x2"); }).find("no array 'x2'") !=
+  CHECK(error_message([] { (void)kfsdp::io::numpy_dataset(dir + "/data.npz", "x", "x2"); }).find("no array 'x2'") !=
         std::string::npos);
-  CHECK(refusal([] { (void)kfsdp::io::read_npy(dir + "/data.npz"); }) ==
+  CHECK(error_message([] { (void)kfsdp::io::read_npy(dir + "/data.npz"); }) ==
         "kfsdp::io: " + dir + "/data.npz: not a .npy file (no \\x93NUMPY magic), expected one written by numpy.save or "
         "numpy.savez");
-  CHECK(refusal([] { (void)kfsdp::io::read_npy(dir + "/missing.npy"); }) ==
+  CHECK(error_message([] { (void)kfsdp::io::read_npy(dir + "/missing.npy"); }) ==
         "kfsdp::io::read_npy: '" + dir + "/missing.npy' is not a regular file");
-  CHECK(refusal([] {
+  CHECK(error_message([] {
           (void)kfsdp::io::numpy_dataset(dir + "/data.npz", "x", "ids");  // fine: integer targets convert
           (void)kfsdp::io::numpy_dataset(dir + "/cube.npy", "x", "y");
         }).find("not a readable .npz (zip) archive") != std::string::npos);

@@ -5,7 +5,10 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "../support/messages.hpp"
 
 namespace kfsdp::optim::test {
 
@@ -42,12 +45,7 @@ std::vector<Scalar> test_values(std::size_t count, unsigned seed) {
 // The message of the std::invalid_argument that `call` throws, or "" when it throws none.
 template <class Call>
 std::string invalid_argument_message(Call&& call) {
-  try {
-    call();
-  } catch (const std::invalid_argument& error) {
-    return error.what();
-  }
-  return "";
+  return kfsdp::test::error_message(std::forward<Call>(call));
 }
 
 }  // namespace kfsdp::optim::test

@@ -22,6 +22,8 @@
 #include <kfsdp/session.hpp>
 #include <kfsdp/train/fit.hpp>
 
+#include "../support/messages.hpp"
+
 namespace {
 
 using mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 3, 16>, kfsdp::gelu<>, kfsdp::linear<"fc2", 16, 1>,
@@ -389,18 +391,6 @@ TEST_CASE("fit: SIGUSR1 on one rank stops every rank at the next step boundary, 
   if (job.is_root()) std::filesystem::remove_all(dir);
 }
 
-namespace {
-template <class Call>
-std::string invalid_argument_message(Call&& call) {
-  try {
-    call();
-  } catch (const std::invalid_argument& refused) {
-    return refused.what();
-  }
-  return "(no exception)";
-}
-}  // namespace
-
 TEST_CASE("session: HSDP groups from the option or later, memory checks; a bad setting is an error from run()") {
   {
     kfsdp::session job({.hybrid_shard = 1});  // every rank its own shard group, replicated over all
@@ -434,11 +424,11 @@ TEST_CASE("session: HSDP groups from the option or later, memory checks; a bad s
     // Memory: a need that fits passes; one that cannot stops every rank, the figures named.
     CHECK(flat.host_memory_per_rank() > 0);
     CHECK_NOTHROW(flat.require_memory({.params = 1024}, "--size 1"));
-    const std::string refused = invalid_argument_message([&] { flat.require_memory({.params = 1e30}, "--size 1e30"); });
+    const std::string refused = kfsdp::test::error_message([&] { flat.require_memory({.params = 1e30}, "--size 1e30"); });
     CHECK(refused.starts_with(fmt::format("the model does not fit: it needs {} (params {}, grads 0 B",
                                           kfsdp::format_bytes(1e30), kfsdp::format_bytes(1e30))));
     CHECK(refused.ends_with("ranks on this node; set by --size 1e30"));
-    const std::string other = invalid_argument_message(
+    const std::string other = kfsdp::test::error_message(
         [&] { flat.require_memory({.params = flat.rank() == 0 ? 1e30 : 0.0}, "--size 1e30"); });
     if (flat.rank() > 0) CHECK(other == "the model does not fit the memory of another rank's node; set by --size 1e30");
   }
