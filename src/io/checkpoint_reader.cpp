@@ -1,5 +1,5 @@
 // Parallel safetensors checkpoints over MPI-IO, the reader (include/kfsdp/io/checkpoint.hpp):
-// load_model, import_weights, load_checkpoint, load_state_dict_file.
+// load_model, import_weights, load_checkpoint (load_state_dict_file is in safetensors_file.cpp).
 #include "checkpoint_transfer.hpp"
 
 namespace kfsdp::io {
@@ -223,31 +223,6 @@ void load_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& eng
   state.metadata = read_sharded_file<Scalar>("kfsdp::io::load_checkpoint", path, engine, comm, state.shards);
 }
 
-state_dict load_state_dict_file(const std::filesystem::path& path, metadata_map* metadata) {
-  constexpr std::string_view function = "kfsdp::io::load_state_dict_file";
-  std::uint64_t file_size = 0;
-  const std::vector<std::byte> prefix = read_header_bytes(path, file_size, function);
-  const header_table table = parse_header(prefix, file_size, path.string());
-  verify_header_checksum(table, function);
-  file_descriptor file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (file.value < 0) throw_errno(function, "open of", path);
-  state_dict full;
-  for (const tensor_info& info : table.tensors) {
-    if (info.type != dtype::F32 && info.type != dtype::F64)
-      throw format_error(fmt::format("{}: file {}: tensor '{}': dtype {}, expected F32 or F64",
-                                     function, quoted(path), info.name, dtype_name(info.type)));
-    tensor t{info.name, {info.shape.begin(), info.shape.end()},
-             info.type, {}};
-    t.bytes.resize(info.size_bytes());
-    if (read_fully(file.value, t.bytes, info.begin, function, path) != info.size_bytes())
-      throw format_error(fmt::format("{}: file {}: tensor '{}': the file ended inside it",
-                                     function, quoted(path), info.name));
-    verify_tensor_checksum(table, info.name, checksum_of(t.bytes), function);
-    full.add(std::move(t));
-  }
-  if (metadata != nullptr) *metadata = table.metadata;
-  return full;
-}
 
 #define KFSDP_CHECKPOINT_INSTANTIATE(Scalar)                                                      \
   template metadata_map load_model<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&,   \

@@ -1,5 +1,5 @@
 // Parallel safetensors checkpoints over MPI-IO, the writer (include/kfsdp/io/checkpoint.hpp):
-// save_model, save_checkpoint, save_state_dict_file.
+// save_model, save_checkpoint (save_state_dict_file is in safetensors_file.cpp).
 #include "checkpoint_transfer.hpp"
 
 namespace kfsdp::io {
@@ -166,53 +166,6 @@ void save_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& eng
   written_by_first_group(function, path, engine, [&] {
     write_sharded_file<Scalar>(function, path, engine, comm, state.shards, state.metadata);
   });
-}
-
-void save_state_dict_file(const std::filesystem::path& requested, const state_dict& full,
-                          const metadata_map& metadata) {
-  constexpr std::string_view function = "kfsdp::io::save_state_dict_file";
-  const std::filesystem::path path = save_target(requested, function);
-  check_user_metadata(metadata, function);
-  std::vector<tensor_entry> entries;
-  std::vector<checksum_state> checksums;
-  std::uint64_t numel = 0;
-  std::string weight_dtype;
-  for (const tensor& t : full) {
-    if (t.bytes.size() != t.numel() * dtype_size(t.type))
-      throw std::invalid_argument(fmt::format("{}: tensor '{}' of shape {} holds {} bytes, expected {}",
-                                              function, t.name, shape_string(t.shape), t.bytes.size(),
-                                              t.numel() * dtype_size(t.type)));
-    if (t.type == dtype::F32) check_finite(t.values<float>(), t.name, function, requested);
-    if (t.type == dtype::F64) check_finite(t.values<double>(), t.name, function, requested);
-    entries.push_back({t.name, t.type, {t.shape.begin(), t.shape.end()}});
-    checksums.push_back(checksum_of(t.bytes));
-    numel += t.numel();
-    const std::string name(dtype_name(t.type));
-    weight_dtype = weight_dtype.empty() || weight_dtype == name ? name : "mixed";
-  }
-  const file_layout layout = checkpoint_layout(entries, checksums, metadata, full.size(), numel, weight_dtype);
-
-  remove_leftover_temporaries(path);
-  const std::filesystem::path temporary = temporary_name(path);
-  file_descriptor file{::open(temporary.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644)};
-  if (file.value < 0) throw_errno(function, "open of", temporary);
-  try {
-    write_fully(file.value, layout.prefix, function, temporary);
-    if (stop_after_header_hook() && stop_after_header_hook()(temporary))
-      throw simulated_kill(fmt::format("{}: stopped by the test hook after the header of {} (a simulated kill)",
-                                       function, quoted(temporary)));
-    for (const tensor& t : full) write_fully(file.value, t.bytes, function, temporary);
-    if (::fsync(file.value) != 0) throw_errno(function, "fsync of", temporary);
-    const int descriptor = std::exchange(file.value, -1);
-    if (::close(descriptor) != 0) throw_errno(function, "close of", temporary);
-    rename_over(temporary, path, function);
-  } catch (const simulated_kill& stopped) {
-    throw std::runtime_error(stopped.what());
-  } catch (...) {
-    std::error_code ignored;
-    std::filesystem::remove(temporary, ignored);
-    throw;
-  }
 }
 
 namespace testing {

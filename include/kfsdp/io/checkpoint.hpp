@@ -45,20 +45,14 @@
 #include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/io/checksum.hpp>
 #include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/io/safetensors_file.hpp>  // one process: save_state_dict_file, load_state_dict_file
 #include <kfsdp/io/state_dict.hpp>
 #include <kfsdp/io/stateful.hpp>
 
 namespace kfsdp::io {
 
-// named_shard and checkpoint_state (the checkpoint protocol's parts) are in stateful.hpp.
-
-/// Metadata keys that the writer sets itself; a caller's key equal to one of these (or starting
-/// with "checksum.") is an error.
-inline constexpr std::string_view checksum_key_prefix = "checksum.";
-inline constexpr std::string_view header_checksum_key = "kfsdp.header_checksum";
-inline constexpr std::string_view parameters_key = "kfsdp.parameters";  // weight tensors in the file
-inline constexpr std::string_view numel_key = "kfsdp.numel";            // elements of the weights
-inline constexpr std::string_view dtype_key = "kfsdp.dtype";            // "F32" or "F64"
+// named_shard and checkpoint_state (the checkpoint protocol's parts) are in stateful.hpp; the
+// metadata keys kfsdp writes and the one-process reader and writer, in safetensors_file.hpp.
 
 /// Writes the full model as one safetensors file at `path` (collective over `comm`, which must be
 /// the engine's ranks in the engine's order). `metadata` must be the same on every rank (checked).
@@ -171,24 +165,6 @@ metadata_map load_training_state(const std::filesystem::path& path, fsdp_engine<
   (parts.restore_state(state.metadata), ...);
   return std::move(state.metadata);
 }
-
-/// The plain sequential writer of a full (gathered) state dict, from one process (rank 0): the
-/// same bytes as save_model for the same weights and metadata; also temporary name + fsync +
-/// rename. Throws std::invalid_argument for a reserved metadata key, std::runtime_error for I/O.
-///
-///   auto full = engine.original_state_dict(/*rank0_only=*/true);
-///   if (world.rank() == 0) kfsdp::io::save_state_dict_file("gathered.safetensors", full, {});
-void save_state_dict_file(const std::filesystem::path& path, const state_dict& full,
-                          const metadata_map& metadata = {});
-
-/// Reads a whole file written by save_model, save_checkpoint or save_state_dict_file from one
-/// process, every tensor checksum-verified (F32 and F64 tensors only); a standard safetensors file
-/// without kfsdp's checksum keys loads after the layout checks, unverified (load_model likewise).
-/// Throws format_error naming the file and the tensor.
-///
-///   kfsdp::state_dict full = kfsdp::io::load_state_dict_file("gpt.safetensors");
-[[nodiscard]] state_dict load_state_dict_file(const std::filesystem::path& path,
-                                              metadata_map* metadata = nullptr);
 
 namespace testing {
 /// Test hook standing in for a kill: called on every rank once the temporary file holds the header
