@@ -1,0 +1,211 @@
+#pragma once
+// kfsdp::predictor — a trained model's forward and nothing else: no communicator, no gradients, no
+// optimizer, no MPI (a program links kfsdp_kernels only). It is what a solver calls inside its time
+// loop. The weights come by name from a safetensors file in F64, F32, BF16 or F16, converted to
+// Scalar; a model's loss layer, if it has one, is not run. Normalisation statistics in the file's
+// metadata (io::stats_metadata's keys) are applied: inputs normalised, predictions mapped back.
+//
+//   kfsdp::environment kokkos_up(argc, argv);
+//   kfsdp::predictor<surrogate, double> model(make_surrogate(64, 4), "surrogate.safetensors");
+//   kfsdp::nn::matrix<double> u = model.predict(x);               // x [rows, 6], Kokkos' memory
+//   std::vector<double> v = model.predict(host_values, rows);      // row-major host arrays
+//
+// The file may be a whole checkpoint (save_checkpoint, fit): its training state beside the weights
+// is ignored. Any other tensor the model lacks, or a parameter the file lacks or holds in another
+// shape, is refused naming the file and the tensor.
+
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <Kokkos_Core.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <kfsdp/io/array_dataset.hpp>
+#include <kfsdp/io/safetensors_file.hpp>
+#include <kfsdp/meta/half.hpp>
+#include <kfsdp/model/param_table.hpp>
+#include <kfsdp/train/network.hpp>
+
+namespace kfsdp {
+
+template <descriptor Model, class Scalar>
+class predictor {
+ public:
+  using scalar_type = Scalar;
+  using input_type = value_t<input_t<Model>, Scalar>;
+
+  /// Loads `weights` into `model`'s parameters; throws (std::invalid_argument, io::format_error)
+  /// naming the file and the tensor that does not fit.
+  predictor(const Model& model, const std::filesystem::path& weights)
+      : table_(make_param_table(model)), network_(model, table_, wrap_options{}), context_(*this) {
+    const state_dict file = io::load_state_dict_file(weights, &metadata_);
+    std::size_t found = 0;
+    for (const param_info& param : table_) {
+      const tensor* t = file.find(param.name.view());
+      const std::vector<std::size_t> shape(param.shape.begin(), param.shape.begin() + param.rank);
+      if (t == nullptr) refuse(weights, fmt::format("has no tensor '{}', a parameter of the model", param.name.view()));
+      if (t->shape != shape)
+        refuse(weights, fmt::format("tensor '{}' has shape [{}], the model's is [{}]", t->name, fmt::join(t->shape, ", "),
+                                    fmt::join(shape, ", ")));
+      params_.push_back(converted(*t));
+      ++found;
+    }
+    // A kfsdp file says how many of its tensors are weights: the rest is training state.
+    const auto weights_in_file = metadata_.find(io::parameters_key);
+    const bool only_state_beside = weights_in_file != metadata_.end() && weights_in_file->second == std::to_string(found);
+    if (!only_state_beside)
+      for (const tensor& t : file)
+        if (index_of(t.name) == table_.size())
+          refuse(weights, fmt::format("holds tensor '{}', which the model does not have", t.name));
+    if (metadata_.contains("normalization.features.mean")) stats_ = io::stats_from_metadata(metadata_);
+  }
+
+  /// The model's output (the loss layer's input: predictions, logits) for `inputs`, in the units
+  /// of the training data. Reuses its buffers: a copy is returned.
+  nn::matrix<Scalar> predict(input_type inputs) {
+    if constexpr (std::is_same_v<input_type, nn::const_matrix<Scalar>>)
+      if (stats_) inputs = normalized(inputs);
+    nn::const_matrix<Scalar> out;
+    if constexpr (std::is_same_v<output_t<Model>, loss>) {  // the loss layer's input, without targets
+      (void)network_.forward(context_, inputs);
+      out = context_.predictions;
+    } else {
+      out = network_.forward(context_, inputs);
+    }
+    nn::matrix<Scalar> result(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::predictor::output"), out.extent(0),
+                              out.extent(1));
+    Kokkos::deep_copy(result, out);
+    if (stats_) unnormalize(result);
+    return result;
+  }
+
+  /// predict on host arrays: `inputs` holds rows × in_features() values, row-major; the result
+  /// rows × out_features() values.
+  std::vector<double> predict(std::span<const double> inputs, std::size_t rows)
+    requires std::is_same_v<input_type, nn::const_matrix<Scalar>>
+  {
+    if (rows == 0 || inputs.size() % rows != 0)
+      throw std::invalid_argument(
+          fmt::format("kfsdp::predictor::predict: {} values for {} rows, expected rows · features values", inputs.size(), rows));
+    const std::size_t width = inputs.size() / rows;
+    nn::matrix<Scalar> x(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::predictor::input"), rows, width);
+    const auto host = Kokkos::create_mirror_view(x);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < width; ++c) host(r, c) = Scalar(inputs[r * width + c]);
+    Kokkos::deep_copy(x, host);
+    const auto y = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), predict(nn::const_matrix<Scalar>(x)));
+    std::vector<double> out(y.extent(0) * y.extent(1));
+    for (std::size_t r = 0; r < y.extent(0); ++r)
+      for (std::size_t c = 0; c < y.extent(1); ++c) out[r * y.extent(1) + c] = double(y(r, c));
+    return out;
+  }
+
+  /// The file's metadata (the training program's keys included).
+  [[nodiscard]] const io::metadata_map& metadata() const noexcept { return metadata_; }
+  /// Whether the file carried normalisation statistics (then applied by predict).
+  [[nodiscard]] bool normalizes() const noexcept { return stats_.has_value(); }
+
+ private:
+  // The forward's view of the parameters; a predictor has no units to gather and no gradients.
+  struct forward_only final : pass_context<Scalar> {
+    explicit forward_only(predictor& p) : owner(p) {}
+    void enter_forward(std::size_t) override {}
+    void enter_backward(std::size_t) override {}
+    layer_params<const Scalar> params(std::span<const std::size_t> indices) override {
+      layer_params<const Scalar> p;
+      for (const std::size_t i : indices) p.push(owner.params_[i], owner.table_[i]);
+      return p;
+    }
+    layer_params<Scalar> grads(std::span<const std::size_t>) override {
+      throw std::logic_error("kfsdp::predictor: a forward-only model has no gradients");
+    }
+    predictor& owner;
+  };
+
+  [[noreturn]] static void refuse(const std::filesystem::path& file, const std::string& what) {
+    throw std::invalid_argument(fmt::format("kfsdp::predictor: {} {}", file.string(), what));
+  }
+  std::size_t index_of(std::string_view name) const {
+    for (std::size_t p = 0; p < table_.size(); ++p)
+      if (table_[p].name.view() == name) return p;
+    return table_.size();
+  }
+
+  // The tensor's values as Scalar, on the device.
+  static Kokkos::View<Scalar*> converted(const tensor& t) {
+    Kokkos::View<Scalar*> flat(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::predictor::" + t.name), t.numel());
+    const auto host = Kokkos::create_mirror_view(flat);
+    const std::byte* bytes = t.bytes.data();
+    for (std::size_t i = 0; i < t.numel(); ++i) {
+      const auto at = [&]<class T>(T) {
+        T value;
+        std::memcpy(&value, bytes + i * sizeof(T), sizeof(T));
+        return value;
+      };
+      switch (t.type) {
+        case dtype::F64: host(i) = Scalar(at(double{})); break;
+        case dtype::F32: host(i) = Scalar(at(float{})); break;
+        case dtype::BF16: host(i) = Scalar(float(bf16::from_bits(at(std::uint16_t{})))); break;
+        case dtype::F16: host(i) = Scalar(float(f16::from_bits(at(std::uint16_t{})))); break;
+        default:
+          throw std::invalid_argument(fmt::format("kfsdp::predictor: tensor '{}' has dtype {}, expected F64, F32, BF16 or F16",
+                                                  t.name, io::dtype_name(t.type)));
+      }
+    }
+    Kokkos::deep_copy(flat, host);
+    return flat;
+  }
+
+  static Kokkos::View<Scalar*> device_values(const std::vector<double>& values, const std::string& label) {
+    Kokkos::View<Scalar*> out(label, values.size());
+    const auto host = Kokkos::create_mirror_view(out);
+    for (std::size_t i = 0; i < values.size(); ++i) host(i) = Scalar(values[i]);
+    Kokkos::deep_copy(out, host);
+    return out;
+  }
+
+  // (x - mean) / stddev per column, into a buffer of the predictor's.
+  nn::const_matrix<Scalar> normalized(nn::const_matrix<Scalar> x) {
+    if (x.extent(1) != stats_->features.mean.size())
+      throw std::invalid_argument(fmt::format("kfsdp::predictor::predict: inputs have {} columns, the model's "
+                                              "normalisation statistics {}",
+                                              x.extent(1), stats_->features.mean.size()));
+    if (scaled_input_.extent(0) != x.extent(0) || scaled_input_.extent(1) != x.extent(1))
+      scaled_input_ = nn::matrix<Scalar>("kfsdp::predictor::normalized", x.extent(0), x.extent(1));
+    const auto mean = device_values(stats_->features.mean, "kfsdp::predictor::mean");
+    const auto stddev = device_values(stats_->features.stddev, "kfsdp::predictor::stddev");
+    const auto y = scaled_input_;
+    Kokkos::parallel_for("kfsdp::predictor::normalize", Kokkos::RangePolicy<>(0, x.extent(0)), KOKKOS_LAMBDA(std::size_t r) {
+      for (std::size_t c = 0; c < x.extent(1); ++c) y(r, c) = (x(r, c) - mean(c)) / stddev(c);
+    });
+    return y;
+  }
+  void unnormalize(nn::matrix<Scalar> y) const {
+    if (y.extent(1) != stats_->targets.mean.size())
+      throw std::invalid_argument(fmt::format("kfsdp::predictor::predict: the model gives {} columns, its normalisation "
+                                              "statistics {}", y.extent(1), stats_->targets.mean.size()));
+    const auto mean = device_values(stats_->targets.mean, "kfsdp::predictor::target_mean");
+    const auto stddev = device_values(stats_->targets.stddev, "kfsdp::predictor::target_stddev");
+    Kokkos::parallel_for("kfsdp::predictor::unnormalize", Kokkos::RangePolicy<>(0, y.extent(0)), KOKKOS_LAMBDA(std::size_t r) {
+      for (std::size_t c = 0; c < y.extent(1); ++c) y(r, c) = y(r, c) * stddev(c) + mean(c);
+    });
+  }
+
+  std::vector<param_info> table_;
+  std::vector<Kokkos::View<Scalar*>> params_;
+  network<Model, Scalar> network_;
+  forward_only context_;
+  io::metadata_map metadata_;
+  std::optional<io::array_dataset::normalization> stats_;
+  nn::matrix<Scalar> scaled_input_;
+};
+
+}  // namespace kfsdp
