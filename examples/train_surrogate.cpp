@@ -17,7 +17,6 @@
 #include <cmath>
 #include <cstdio>
 #include <numbers>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -37,19 +36,11 @@ import kfsdp;
 
 #include "cli.hpp"
 #include "heat_problem.hpp"
+#include "heat_surrogate.hpp"
 #include "metrics.hpp"
 #include "mpi_program.hpp"
 
 namespace {
-
-// x + gelu(fc(x)), --depth times; sizes given at run time.
-using hidden_layer = kfsdp::residual<"", kfsdp::linear<"fc">, kfsdp::gelu<>>;
-using surrogate = kfsdp::sequential<"", kfsdp::linear<"input">, kfsdp::gelu<>, kfsdp::repeat<"hidden", kfsdp::dyn, hidden_layer>,
-                                    kfsdp::linear<"output">, kfsdp::mse<>>;
-
-surrogate make_surrogate(std::size_t width, std::size_t depth) {
-  return surrogate({6, width}, {}, {depth, hidden_layer({width, width}, {})}, {width, 1}, {});
-}
 
 using stats = kfsdp::io::array_dataset::column_stats;
 
@@ -100,25 +91,6 @@ settings read(const kfsdp::examples::cli& c, int world_size) {
   return s;
 }
 
-// Normalisation statistics as metadata: "mean0,mean1,...;stddev0,stddev1,..." (17 digits: exact).
-std::string to_text(const stats& st) {
-  std::string out;
-  for (std::size_t i = 0; i < st.mean.size(); ++i) out += fmt::format("{}{:.17g}", i ? "," : "", st.mean[i]);
-  out += ";";
-  for (std::size_t i = 0; i < st.stddev.size(); ++i) out += fmt::format("{}{:.17g}", i ? "," : "", st.stddev[i]);
-  return out;
-}
-stats stats_of(const std::string& text) {
-  stats st;
-  std::istringstream in(text);
-  std::string part;
-  for (std::vector<double>* v : {&st.mean, &st.stddev}) {
-    std::getline(in, part, ';');
-    std::istringstream values(part);
-    for (std::string x; std::getline(values, x, ',');) v->push_back(std::stod(x));
-  }
-  return st;
-}
 std::string field(const kfsdp::io::metadata_map& meta, const std::string& file, const std::string& key) {
   const auto it = meta.find(key);
   if (it == meta.end())
@@ -176,9 +148,9 @@ int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_fil
   if (s.eval) {  // the sizes and the normalisation are the saved model's
     kfsdp::io::metadata_map meta;
     (void)kfsdp::io::load_state_dict_file(s.load, &meta);
-    const stats features = stats_of(field(meta, s.load, "surrogate.features"));
-    const stats target = stats_of(field(meta, s.load, "surrogate.target"));
-    test_set.normalize(features, target);
+    const kfsdp::io::array_dataset::normalization saved = kfsdp::io::stats_from_metadata(meta);
+    const stats target = saved.targets;
+    test_set.normalize(saved);
     const auto model = make_surrogate(std::stoull(field(meta, s.load, "surrogate.width")),
                                       std::stoull(field(meta, s.load, "surrogate.depth")));
     return kfsdp::with_trainer<Scalar>(model, world, s.fsdp, s.trainer, [&](auto& trainer) {
@@ -230,9 +202,10 @@ int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_fil
     const double test_error = relative_l2(trainer, test_set, test.targets, target, world);
     if (root) fmt::print("train relative L2 {:.9g}\ntest relative L2 {:.9g}\ntrained in {:.1f} s\n", train_error, test_error, seconds);
     if (!s.save.empty()) {
-      kfsdp::io::save_model(s.save, trainer.engine(), world,
-                            {{"surrogate.width", std::to_string(s.width)}, {"surrogate.depth", std::to_string(s.depth)},
-                             {"surrogate.features", to_text(features)}, {"surrogate.target", to_text(target)}});
+      kfsdp::io::metadata_map metadata = kfsdp::io::stats_metadata({features, target});  // predictors apply them
+      metadata["surrogate.width"] = std::to_string(s.width);
+      metadata["surrogate.depth"] = std::to_string(s.depth);
+      kfsdp::io::save_model(s.save, trainer.engine(), world, metadata);
       if (root) fmt::print("saved {}\n", s.save);
     }
     return 0;

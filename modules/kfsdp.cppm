@@ -40,11 +40,13 @@ module;
 #include <kfsdp/fsdp/storage.hpp>
 #include <kfsdp/fsdp/trace.hpp>
 #include <kfsdp/fsdp/units.hpp>
+#include <kfsdp/infer/predictor.hpp>
 #include <kfsdp/io/array_dataset.hpp>
 #include <kfsdp/io/checksum.hpp>
 #include <kfsdp/io/distributed_sampler.hpp>
 #include <kfsdp/io/numpy.hpp>
 #include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/io/safetensors_file.hpp>
 #include <kfsdp/io/state_dict.hpp>
 #include <kfsdp/io/stateful.hpp>
 #include <kfsdp/io/text_dataset.hpp>
@@ -352,6 +354,10 @@ using kfsdp::units_table;
 using kfsdp::wrap_options;
 using kfsdp::wrap_policy;
 }
+// <kfsdp/infer/predictor.hpp>
+export namespace kfsdp {
+using kfsdp::predictor;
+}
 // <kfsdp/io/array_dataset.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::array_dataset;
@@ -361,22 +367,15 @@ using kfsdp::io::stats_metadata;
 #ifdef KFSDP_MODULE_MPI
 // <kfsdp/io/checkpoint.hpp>
 export namespace kfsdp::io {
-using kfsdp::io::checksum_key_prefix;
 using kfsdp::io::describe;
-using kfsdp::io::dtype_key;
-using kfsdp::io::header_checksum_key;
 using kfsdp::io::import_report;
 using kfsdp::io::import_weights;
 using kfsdp::io::load_checkpoint;
 using kfsdp::io::load_model;
-using kfsdp::io::load_state_dict_file;
 using kfsdp::io::load_training_state;
-using kfsdp::io::numel_key;
-using kfsdp::io::parameters_key;
 using kfsdp::io::read_metadata;
 using kfsdp::io::save_checkpoint;
 using kfsdp::io::save_model;
-using kfsdp::io::save_state_dict_file;
 using kfsdp::io::save_training_state;
 }
 #endif
@@ -421,6 +420,17 @@ using kfsdp::io::parse_dtype;
 using kfsdp::io::parse_header;
 using kfsdp::io::tensor_entry;
 using kfsdp::io::tensor_info;
+}
+// <kfsdp/io/safetensors_file.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::checksum_key_prefix;
+using kfsdp::io::dtype_key;
+using kfsdp::io::header_checksum_key;
+using kfsdp::io::load_state_dict_file;
+using kfsdp::io::numel_key;
+using kfsdp::io::parameters_key;
+using kfsdp::io::read_file_metadata;
+using kfsdp::io::save_state_dict_file;
 }
 // <kfsdp/io/state_dict.hpp>
 export namespace kfsdp {

@@ -81,4 +81,13 @@ state_dict load_state_dict_file(const std::filesystem::path& path, metadata_map*
   return full;
 }
 
+metadata_map read_file_metadata(const std::filesystem::path& path) {
+  constexpr std::string_view function = "kfsdp::io::read_file_metadata";
+  std::uint64_t file_size = 0;
+  const std::vector<std::byte> prefix = read_header_bytes(path, file_size, function);
+  const header_table table = parse_header(prefix, file_size, path.string());
+  verify_header_checksum(table, function);
+  return table.metadata;
+}
+
 }  // namespace kfsdp::io

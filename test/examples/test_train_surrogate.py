@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """End-to-end checks of examples/train_surrogate under mpirun: the default run reaches its
 measured accuracy, the saved model evaluates the same at other world sizes, and bad flags are
-clear errors on every rank, without a hang.
-usage: test_train_surrogate.py TRAIN_SURROGATE MPIRUN [MPIRUN_ARGS...]"""
+clear errors on every rank, without a hang; predict_surrogate (no MPI) gives the saved model's
+test error alone.
+usage: test_train_surrogate.py TRAIN_SURROGATE PREDICT_SURROGATE MPIRUN [MPIRUN_ARGS...]"""
 import json, math, os, re, struct, subprocess, sys, tempfile, time, zipfile
 
-train_surrogate, mpirun = sys.argv[1], sys.argv[2:]
+train_surrogate, predict_surrogate, mpirun = sys.argv[1], sys.argv[2], sys.argv[3:]
 # Measured with the defaults on 2 ranks (2 cores): test relative L2 0.0120, train 0.0089 (see the
 # README); the threshold leaves a margin for other BLAS builds and compilers.
 TEST_THRESHOLD = 0.025
@@ -54,6 +55,19 @@ with tempfile.TemporaryDirectory() as tmp:
         check(abs(got - test) <= 1e-6 * test, f'--load --eval at {n} ranks: test relative L2 {got!r} == {test!r} (1e-6)')
     got = value(run(2, '--load', model, '--eval', 'on', '--sharding', 'zero2', '--bucketing', 'none'), 'test')
     check(abs(got - test) <= 1e-6 * test, 'the saved model evaluates the same under zero2 / no bucketing')
+
+    # The saved model in a solver: predict_surrogate, one process without MPI, the same test error
+    # (the same double arithmetic row by row; 1e-12 for the order of the sums).
+    p = subprocess.run([predict_surrogate, '--load', model], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    check(p.returncode == 0, f'predict_surrogate --load exits 0 ({p.returncode}: {p.stderr[-2000:]})')
+    if p.returncode == 0:
+        got = value(p.stdout, 'test')
+        check(abs(got - test) <= 1e-12 * test, f'predict_surrogate: test relative L2 {got!r} == {test!r} (1e-12)')
+    linked = subprocess.run(['ldd', predict_surrogate], capture_output=True, text=True).stdout
+    check(linked != '' and 'libmpi' not in linked, 'predict_surrogate links no MPI library (ldd)')
+    p = subprocess.run([predict_surrogate, '--load', os.path.join(tmp, 'missing.safetensors')], capture_output=True, text=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
+    check(p.returncode == 2 and 'missing.safetensors' in p.stderr, 'predict_surrogate: a missing file is a clear error')
 
     # Sharding, bucketing and checkpointing change how, not what: the same losses (double; printed
     # to 8 digits, hence 1e-7).

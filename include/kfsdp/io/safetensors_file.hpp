@@ -41,4 +41,10 @@ void save_state_dict_file(const std::filesystem::path& path, const state_dict& f
 [[nodiscard]] state_dict load_state_dict_file(const std::filesystem::path& path,
                                               metadata_map* metadata = nullptr);
 
+/// The `__metadata__` of a file alone (its header read and verified), to size a model before
+/// loading it. Throws format_error naming the file.
+///
+///   const auto metadata = kfsdp::io::read_file_metadata("surrogate.safetensors");
+[[nodiscard]] metadata_map read_file_metadata(const std::filesystem::path& path);
+
 }  // namespace kfsdp::io

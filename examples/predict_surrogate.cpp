@@ -1,0 +1,61 @@
+// predict_surrogate — the trained heat surrogate inside a solver: no MPI, no gradients, one process.
+// Loads what train_surrogate --save wrote (weights, sizes and normalisation), predicts the test
+// problems' temperatures and prints the relative L2 error, as train_surrogate --eval on does.
+//
+//   mpirun -np 2 build/examples/train_surrogate --save surrogate.safetensors
+//   build/examples/predict_surrogate --load surrogate.safetensors
+//
+// kfsdp::predictor normalises the inputs and maps the predictions back with the statistics the
+// file carries; `ldd build/examples/predict_surrogate` lists no MPI library.
+
+#include <cmath>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <kfsdp/environment.hpp>
+#include <kfsdp/infer/predictor.hpp>
+
+#include "cli.hpp"
+#include "heat_problem.hpp"
+#include "heat_surrogate.hpp"
+
+int main(int argc, char** argv) {
+  kfsdp::environment kokkos_up(argc, argv);
+  kfsdp::examples::cli c("predict_surrogate", "the heat surrogate's predictions on test problems, without MPI");
+  c.flag("load", "surrogate.safetensors", "the weights train_surrogate --save wrote")
+      .flag("test-problems", "32", "heat problems to predict (drawn with --test-seed)")
+      .flag("test-seed", "1000", "the test problems' seed (train_surrogate's default)")
+      .flag("grid", "10", "finite-difference grid n: each problem gives n * n samples");
+  try {
+    if (!c.parse(argc, argv)) return 0;
+    const std::string file = c.str("load");
+    const auto test = kfsdp::examples::heat_samples(kfsdp::examples::random_sources(c.size("test-problems"), c.size("test-seed")),
+                                                    c.positive("grid"));
+    const kfsdp::io::metadata_map saved = kfsdp::io::read_file_metadata(file);  // the sizes train_surrogate recorded
+    const auto size = [&](const char* key) {
+      const auto found = saved.find(key);
+      if (found == saved.end())
+        throw std::invalid_argument(fmt::format("predict_surrogate: {} has no '{}' in its metadata (not written by "
+                                                "train_surrogate --save)", file, key));
+      return std::stoull(found->second);
+    };
+    kfsdp::predictor<kfsdp::examples::surrogate, double> model(
+        kfsdp::examples::make_surrogate(size("surrogate.width"), size("surrogate.depth")), file);
+    const std::vector<double> u = model.predict(test.features, test.count);
+    double error = 0, norm = 0;
+    for (std::size_t i = 0; i < test.count; ++i) {
+      error += (u[i] - test.targets[i]) * (u[i] - test.targets[i]);
+      norm += test.targets[i] * test.targets[i];
+    }
+    fmt::print("test relative L2 {:.9g} ({} samples, {} normalised by the file's statistics)\n", std::sqrt(error / norm),
+               test.count, model.normalizes() ? "inputs and predictions" : "nothing");
+    return 0;
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "error: {}\n", error.what());
+    return 2;
+  }
+}
