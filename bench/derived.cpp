@@ -1,8 +1,9 @@
 // bench_derived: each layer whose backward kfsdp derives from an expression (kfsdp::derived::*,
-// model/rowwise.hpp) against the hand-written kernel it matches, forward and backward, through the
-// layer contract the network calls (compute_t<Layer, float>), at the GPT's shapes: rows 8 · 64 = 512,
-// dim 128 and 512 (the activations 4 · dim wide). Within every repeat the two forms run in turn and
-// the median of each is printed with their ratio (derived / hand-written: below 1 is faster).
+// model/rowwise.hpp) against the hand-written kernel it matches (reference/), forward and backward,
+// through the layer contract the network calls (compute_t<Layer, float>), at the GPT's shapes:
+// rows 8 · 64 = 512, dim 128 and 512 (the activations 4 · dim wide). Within every repeat the two
+// forms run in turn and the median of each is printed with their ratio (derived / hand-written: below
+// 1 is faster).
 //
 //   build/bench/bench_derived [--repeats N] [--rows R]
 //
@@ -12,6 +13,8 @@
 
 #include <kfsdp/environment.hpp>
 #include <kfsdp/train/ops.hpp>
+
+#include <hand_written.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -95,7 +98,7 @@ void compare(std::string_view name, const H& hand_layer, const D& derived_layer,
   const auto x = random_view(kfsdp::nn::matrix<S>("x", rows, width), random);
   const auto dy = random_view(kfsdp::nn::matrix<S>("dy", rows, width), random);
   kfsdp::nn::matrix<S> y("y", rows, width), dx("dx", rows, width);
-  kfsdp::hand_written_t<H, S> hand(hand_layer);
+  kfsdp::reference::hand_written_t<H, S> hand(hand_layer);
   kfsdp::compute_t<D, S> derived(derived_layer);
   time_and_print(name, rows, width, repeats, [&] { hand.forward(p, x, y); }, [&] { hand.backward(p, g, dy, dx); },
                  [&] { derived.forward(p, x, y); }, [&] { derived.backward(p, g, dy, dx); });
@@ -106,7 +109,7 @@ void compare_mse(std::size_t rows, std::size_t width, std::size_t repeats) {
   const auto x = random_view(kfsdp::nn::matrix<S>("x", rows, width), random);
   const auto target = random_view(kfsdp::nn::matrix<S>("t", rows, width), random);
   kfsdp::nn::matrix<S> dx("dx", rows, width);
-  kfsdp::hand_written_t<kfsdp::mse<>, S> hand(kfsdp::mse<>{});
+  kfsdp::reference::hand_written_t<kfsdp::mse<>, S> hand(kfsdp::mse<>{});
   kfsdp::compute_t<kfsdp::derived::mse<>, S> derived(kfsdp::derived::mse<>{});
   time_and_print("mse", rows, width, repeats, [&] { (void)hand.forward(x, target); },
                  [&] { hand.backward(S(1) / S(rows), dx); }, [&] { (void)derived.forward(x, target); },

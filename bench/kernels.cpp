@@ -6,11 +6,13 @@
 //   accumulate_scaled:  the gradient average (dst += scale * src) against a plain loop;
 //   sgd / adamw:        the fused optimizer steps of kfsdp::optim against a plain loop with the
 //                       same arithmetic on raw pointers;
-//   gelu:               kfsdp::nn::activation<float> gelu forward + backward (fast_erf) against the
-//                       same kernels with libm's erf and exp (the code before fast_erf), 4M elements;
-//   roofline:           every kernel of the example GPT's step at train_gpt's shapes (B·T = 512 tokens,
-//                       dim 128, 4 heads, seq 64, vocab 256, 4 layers), forward and backward, as GFLOP/s
-//                       against the sgemm measured in the same run, or as GB/s against memcpy.
+//   gelu:               kfsdp::reference::activation<float> gelu forward + backward (fast_erf) against
+//                       the same kernels with libm's erf and exp (the code before fast_erf), 4M elements;
+//   roofline:           every kernel of the example GPT's step (layer_norm and gelu: the hand-written
+//                       ones of reference/, not the derived ones the step runs) at train_gpt's shapes
+//                       (B·T = 512 tokens, dim 128, 4 heads, seq 64, vocab 256, 4 layers), forward and
+//                       backward, as GFLOP/s against the sgemm measured in the same run, or as GB/s
+//                       against memcpy.
 // GB/s counts every byte read or written once (memcpy: 2 per byte; adamw: 4 reads, 3 writes).
 //
 //   build/bench/bench_kernels --min-bytes 65536 --max-bytes 67108864 --repeats 20
@@ -35,15 +37,16 @@
 
 #include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/environment.hpp>
-#include <kfsdp/nn/activation.hpp>
 #include <kfsdp/nn/attention.hpp>
 #include <kfsdp/nn/cross_entropy.hpp>
 #include <kfsdp/nn/embedding.hpp>
-#include <kfsdp/nn/layer_norm.hpp>
 #include <kfsdp/nn/linear.hpp>
 #include <kfsdp/fsdp/pack.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/sgd.hpp>
+
+#include <activation.hpp>
+#include <layer_norm.hpp>
 
 #include "roofline.hpp"
 
@@ -197,7 +200,7 @@ void bench_gelu(std::size_t numel, std::size_t repeats) {
     x(r, c) = float((r * cols + c) % 2001) * 0.004F - 4.0F;  // [-4, 4], the range where erf is not ±1
     dy(r, c) = 1.0F;
   });
-  const kfsdp::nn::activation<float> gelu(kfsdp::nn::activation_kind::gelu, cols);
+  const kfsdp::reference::activation<float> gelu(kfsdp::reference::activation_kind::gelu, cols);
   const double fast_seconds = median_seconds(repeats, [&] {
     gelu.forward(x, y);
     gelu.backward(x, dy, dx);
@@ -301,14 +304,14 @@ void bench_attention(std::size_t repeats, const reference_rates& ref) {
 }
 
 void bench_layer_norm(std::size_t repeats, const reference_rates& ref) {
-  const kfsdp::nn::layer_norm<float> norm(dim);
+  const kfsdp::reference::layer_norm<float> norm(dim);
   const vector weight("weight", dim), bias("bias", dim), weight_grad("weight_grad", dim), bias_grad("bias_grad", dim);
   Kokkos::deep_copy(weight, 1.0F);
   const matrix x = random_matrix("x", tokens, dim, 8), y("y", tokens, dim), dy = random_matrix("dy", tokens, dim, 9);
   const matrix dx("dx", tokens, dim);
   auto cache = norm.make_cache(tokens);
-  const kfsdp::nn::layer_norm<float>::params params{weight, bias};
-  const kfsdp::nn::layer_norm<float>::grads grads{weight_grad, bias_grad};
+  const kfsdp::reference::layer_norm<float>::params params{weight, bias};
+  const kfsdp::reference::layer_norm<float>::grads grads{weight_grad, bias_grad};
   const double forward = median_seconds(repeats, [&] { norm.forward(params, x, y, cache); });
   const double backward = median_seconds(repeats, [&] { norm.backward(params, grads, cache, dy, dx); });
   const double activation = double(tokens) * dim * sizeof(float);
@@ -317,7 +320,7 @@ void bench_layer_norm(std::size_t repeats, const reference_rates& ref) {
 }
 
 void bench_gelu(std::size_t repeats, const reference_rates& ref) {
-  const kfsdp::nn::activation<float> gelu(kfsdp::nn::activation_kind::gelu, 4 * dim);
+  const kfsdp::reference::activation<float> gelu(kfsdp::reference::activation_kind::gelu, 4 * dim);
   const matrix x = random_matrix("x", tokens, 4 * dim, 10), y("y", tokens, 4 * dim);
   const matrix dy = random_matrix("dy", tokens, 4 * dim, 11), dx("dx", tokens, 4 * dim);
   const double forward = median_seconds(repeats, [&] { gelu.forward(x, y); });

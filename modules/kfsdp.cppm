@@ -63,15 +63,12 @@ module;
 #include <kfsdp/model/layers.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/model/rowwise.hpp>
-#include <kfsdp/nn/activation.hpp>
 #include <kfsdp/nn/attention.hpp>
 #include <kfsdp/nn/cross_entropy.hpp>
 #include <kfsdp/nn/detail/elementwise.hpp>
 #include <kfsdp/nn/detail/gemm.hpp>
 #include <kfsdp/nn/embedding.hpp>
-#include <kfsdp/nn/layer_norm.hpp>
 #include <kfsdp/nn/linear.hpp>
-#include <kfsdp/nn/mse.hpp>
 #include <kfsdp/nn/views.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/any_optimizer.hpp>
@@ -577,13 +574,6 @@ using kfsdp::derived::relu;
 using kfsdp::derived::silu;
 using kfsdp::derived::tanh_layer;
 }
-// <kfsdp/nn/activation.hpp>
-export namespace kfsdp::nn {
-using kfsdp::nn::activation;
-using kfsdp::nn::activation_kind;
-using kfsdp::nn::name;
-using kfsdp::nn::parse_activation;
-}
 // <kfsdp/nn/attention.hpp>
 export namespace kfsdp::nn {
 using kfsdp::nn::causal_self_attention;
@@ -597,19 +587,10 @@ export namespace kfsdp::nn {
 using kfsdp::nn::embedding;
 using kfsdp::nn::embedding_tensors;
 }
-// <kfsdp/nn/layer_norm.hpp>
-export namespace kfsdp::nn {
-using kfsdp::nn::layer_norm;
-using kfsdp::nn::layer_norm_tensors;
-}
 // <kfsdp/nn/linear.hpp>
 export namespace kfsdp::nn {
 using kfsdp::nn::linear;
 using kfsdp::nn::linear_tensors;
-}
-// <kfsdp/nn/mse.hpp>
-export namespace kfsdp::nn {
-using kfsdp::nn::mse_loss;
 }
 // <kfsdp/nn/views.hpp>
 export namespace kfsdp::nn {
@@ -759,7 +740,6 @@ using kfsdp::value_t;
 }
 // <kfsdp/train/ops.hpp>
 export namespace kfsdp {
-using kfsdp::activation_op;
 using kfsdp::attention_op;
 using kfsdp::compute_of;
 using kfsdp::compute_t;
@@ -767,11 +747,7 @@ using kfsdp::cross_entropy_op;
 using kfsdp::derived_activation;
 using kfsdp::derived_op;
 using kfsdp::embedding_op;
-using kfsdp::hand_written_of;
-using kfsdp::hand_written_t;
-using kfsdp::layer_norm_op;
 using kfsdp::linear_op;
-using kfsdp::mse_op;
 using kfsdp::positional_embedding_op;
 using kfsdp::scratch_if_empty;
 }

@@ -1,10 +1,12 @@
 // Row-wise expressions (include/kfsdp/expr/, train/rowwise.hpp): every primitive and every
 // row-wise layer passes the public gradient checker in f64, and the expression forms of the
-// built-in element-wise and row-wise layers equal the hand-written kernels.
+// built-in element-wise and row-wise layers equal the hand-written kernels (reference/).
 #include <doctest/doctest.h>
 
 #include <kfsdp/train/gradient_check.hpp>
 #include <kfsdp/train/ops.hpp>
+
+#include <hand_written.hpp>
 
 #include <cmath>
 #include <random>
@@ -192,7 +194,7 @@ void compare(const A& derived, const B& written, std::size_t rows, std::size_t i
   const nn::matrix<S> x = fill(nn::matrix<S>("x", rows, in)), dy = fill(nn::matrix<S>("dy", rows, in));
   nn::matrix<S> ya("ya", rows, in), yb("yb", rows, in), dxa("dxa", rows, in), dxb("dxb", rows, in);
   compute_t<A, S> a(derived);
-  hand_written_t<B, S> b(written);
+  reference::hand_written_t<B, S> b(written);
   a.forward(p, x, ya);
   b.forward(p, x, yb);
   a.backward(p, ga, dy, dxa);
@@ -226,7 +228,7 @@ void compare_losses(std::size_t rows, std::size_t in, double tolerance) {
     Kokkos::deep_copy(v, host);
   }
   compute_t<derived::mse<>, S> a(derived::mse<>{});
-  hand_written_t<mse<>, S> b(mse<>{});
+  reference::hand_written_t<mse<>, S> b(mse<>{});
   const S la = a.forward(x, t), lb = b.forward(x, t);
   CHECK(std::abs(double(la - lb)) <= tolerance * std::abs(double(lb)));
   a.backward(S(1) / S(rows), dxa);

@@ -1,8 +1,9 @@
-// Tests of include/kfsdp/detail/erf.hpp (kfsdp::math::fast_erf) and of gelu built on it.
+// Tests of include/kfsdp/detail/erf.hpp (kfsdp::math::fast_erf) and of reference/activation.hpp's gelu on it.
 #include "nn_test_helpers.hpp"
 
+#include <activation.hpp>
+
 #include <kfsdp/detail/erf.hpp>
-#include <kfsdp/nn/activation.hpp>
 
 #include <bit>
 #include <cmath>
@@ -146,7 +147,7 @@ TEST_CASE("gelu (double) matches 0.5 x (1 + std::erf(x / sqrt 2))") {
   matrix<double> x("x", rows, cols), y("y", rows, cols), ones("ones", rows, cols), dx("dx", rows, cols);
   fill_uniform(x, 7, -10.0, 10.0);
   Kokkos::deep_copy(ones, 1.0);
-  const activation<double> gelu(activation_kind::gelu, cols);
+  const kfsdp::reference::activation<double> gelu(kfsdp::reference::activation_kind::gelu, cols);
   gelu.forward(x, y);
   gelu.backward(x, ones, dx);
   auto host_x = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);

@@ -16,16 +16,17 @@
 #include <kfsdp/model/containers.hpp>
 #include <kfsdp/model/layers.hpp>
 #include <kfsdp/model/param_table.hpp>
-#include <kfsdp/nn/activation.hpp>
 #include <kfsdp/nn/attention.hpp>
 #include <kfsdp/nn/cross_entropy.hpp>
 #include <kfsdp/nn/embedding.hpp>
-#include <kfsdp/nn/layer_norm.hpp>
 #include <kfsdp/nn/linear.hpp>
-#include <kfsdp/nn/mse.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 #include <kfsdp/train/network.hpp>
 #include <kfsdp/train/trainer.hpp>
+
+#include <activation.hpp>
+#include <layer_norm.hpp>
+#include <mse.hpp>
 
 namespace {
 
@@ -99,8 +100,8 @@ TEST_CASE("the layers' buffer sizes") {
   check_overflow([] { kfsdp::nn::linear<double>(pow2(63), 1); }, {"linear", "weight", "bytes", text(pow2(63))});
   check_overflow([] { kfsdp::nn::linear<float>(pow2(62), 4); }, {"linear", "weight", "elements", text(pow2(62))});
   check_overflow([] { kfsdp::nn::embedding<double>(pow2(40), pow2(30)); }, {"embedding", "weight", text(pow2(40))});
-  check_overflow([] { kfsdp::nn::layer_norm<double>(pow2(62)); }, {"layer_norm", "weight", text(pow2(62))});
-  check_overflow([] { (void)kfsdp::nn::layer_norm<double>(16).make_cache(pow2(62)); },
+  check_overflow([] { kfsdp::reference::layer_norm<double>(pow2(62)); }, {"layer_norm", "weight", text(pow2(62))});
+  check_overflow([] { (void)kfsdp::reference::layer_norm<double>(16).make_cache(pow2(62)); },
                  {"layer_norm::make_cache", "mean", text(pow2(62))});
   check_overflow([] { (void)kfsdp::nn::cross_entropy<float>(256).make_cache(pow2(63)); },
                  {"cross_entropy::make_cache", text(pow2(63))});
@@ -113,8 +114,8 @@ TEST_CASE("the layers' buffer sizes") {
   std::array<double, 4> storage{};
   const kfsdp::nn::const_matrix<double> huge(storage.data(), pow2(40), 4);
   const kfsdp::nn::matrix<double> huge_out(storage.data(), pow2(40), 4);
-  check_overflow([&] { kfsdp::nn::mse_loss<double>(4).forward(huge, huge); }, {"mse_loss::forward", text(pow2(40))});
-  check_overflow([&] { kfsdp::nn::activation<double>(kfsdp::nn::activation_kind::relu, 4).forward(huge, huge_out); },
+  check_overflow([&] { kfsdp::reference::mse_loss<double>(4).forward(huge, huge); }, {"mse_loss::forward", text(pow2(40))});
+  check_overflow([&] { kfsdp::reference::activation<double>(kfsdp::reference::activation_kind::relu, 4).forward(huge, huge_out); },
                  {"activation::forward", text(pow2(40))});
 }
 

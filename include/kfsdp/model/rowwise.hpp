@@ -74,7 +74,8 @@ struct swiglu : rowwise<Name> {
 };
 
 // The hand-written element-wise and row-wise built-ins written as expressions: the same functions,
-// their backward derived (test/expr compares them with the hand-written kernels, bench_derived times both).
+// their backward derived (test/expr compares them with the hand-written kernels of the source tree's
+// reference/, bench_derived times both).
 namespace derived {
 template <fixed_string Name = "">
 struct gelu : rowwise<Name> {  // exact: 0.5·x·(1 + erf(x/√2))

@@ -42,13 +42,10 @@
 
 #include <kfsdp/model/layers.hpp>
 #include <kfsdp/model/param_table.hpp>
-#include <kfsdp/nn/activation.hpp>
 #include <kfsdp/nn/attention.hpp>
 #include <kfsdp/nn/cross_entropy.hpp>
 #include <kfsdp/nn/embedding.hpp>
-#include <kfsdp/nn/layer_norm.hpp>
 #include <kfsdp/nn/linear.hpp>
-#include <kfsdp/nn/mse.hpp>
 #include <kfsdp/train/layer_params.hpp>
 #include <kfsdp/train/rowwise.hpp>
 
@@ -94,22 +91,6 @@ nn::matrix<S> scratch_if_empty(nn::matrix<S> dx, std::size_t rows, std::size_t c
 }
 
 template <class S>
-struct layer_norm_op {
-  nn::layer_norm<S> kernel;
-  typename nn::layer_norm<S>::cache cache;
-  template <class D>
-  explicit layer_norm_op(const D& d) : kernel(d.dim) {}
-  void forward(const layer_params<const S>& p, nn::const_matrix<S> x, nn::matrix<S> y) {
-    if (cache.mean.extent(0) != x.extent(0)) cache = kernel.make_cache(x.extent(0));
-    kernel.forward({p.vector(0), p.vector(1)}, x, y, cache);
-  }
-  void backward(const layer_params<const S>& p, const layer_params<S>& g, nn::const_matrix<S> dy, nn::matrix<S> dx) {
-    kernel.backward({p.vector(0), p.vector(1)}, {g.vector(0), g.vector(1)}, cache, dy,
-                    scratch_if_empty("layer_norm", dx, dy.extent(0), dy.extent(1)));
-  }
-};
-
-template <class S>
 struct embedding_op {
   nn::embedding<S> kernel;
   typename nn::embedding<S>::cache cache;
@@ -153,32 +134,6 @@ struct positional_embedding_op {
 };
 
 template <class S>
-struct activation_op {
-  nn::activation<S> kernel;
-  nn::const_matrix<S> input;
-  template <class D>
-  explicit activation_op(const D&) : kernel(kind_of(D::function), 0) {}
-  static nn::activation_kind kind_of(activation_fn f) {
-    switch (f) {
-      case activation_fn::gelu: return nn::activation_kind::gelu;
-      case activation_fn::gelu_tanh: return nn::activation_kind::gelu_tanh;
-      case activation_fn::relu: return nn::activation_kind::relu;
-      case activation_fn::silu: return nn::activation_kind::silu;
-      case activation_fn::tanh: break;
-    }
-    return nn::activation_kind::tanh;
-  }
-  void forward(const layer_params<const S>&, nn::const_matrix<S> x, nn::matrix<S> y) {
-    if (kernel.features() != x.extent(1)) kernel = nn::activation<S>(kernel.kind(), x.extent(1));
-    kernel.forward(x, y);
-    input = x;
-  }
-  void backward(const layer_params<const S>&, const layer_params<S>&, nn::const_matrix<S> dy, nn::matrix<S> dx) {
-    if (dx.data() != nullptr) kernel.backward(input, dy, dx);
-  }
-};
-
-template <class S>
 struct attention_op {
   nn::causal_self_attention<S> kernel;
   typename nn::causal_self_attention<S>::cache cache;
@@ -206,21 +161,6 @@ struct cross_entropy_op {
   void backward(S grad_scale, nn::matrix<S> dlogits) { kernel.backward(cache, grad_scale, dlogits); }
 };
 
-template <class S>
-struct mse_op {
-  nn::mse_loss<S> kernel{1};
-  nn::const_matrix<S> prediction, target;
-  template <class D>
-  explicit mse_op(const D&) {}
-  S forward(nn::const_matrix<S> x, nn::const_matrix<S> t) {
-    if (kernel.features() != x.extent(1)) kernel = nn::mse_loss<S>(x.extent(1));
-    prediction = x;
-    target = t;
-    return kernel.forward(x, t);
-  }
-  void backward(S grad_scale, nn::matrix<S> dx) { kernel.backward(prediction, target, grad_scale, dx); }
-};
-
 // --- which op computes which descriptor ---
 
 template <class Layer, class S>
@@ -239,8 +179,8 @@ template <class Layer, class S>
   requires rowwise_descriptor<Layer>
 struct compute_of<Layer, S> : detail::rowwise_compute<Layer, S> {};
 
-// A built-in layer computed from its expression form (kfsdp::derived, model/rowwise.hpp): the
-// derived kernels run at the hand-written ones' speed or faster (bench_derived), and check widths.
+// A built-in layer computed from its expression form (kfsdp::derived, model/rowwise.hpp): the derived
+// kernels run at the hand-written ones' speed or faster (bench_derived, reference/), and check widths.
 template <class Derived, class S>
 struct derived_op : detail::rowwise_compute<Derived, S>::type {
   template <class Layer>
@@ -260,19 +200,6 @@ using derived_activation = std::conditional_t<
     std::conditional_t<F == activation_fn::gelu_tanh, derived::gelu_tanh<>,
                        std::conditional_t<F == activation_fn::relu, derived::relu<>,
                                           std::conditional_t<F == activation_fn::silu, derived::silu<>, derived::tanh_layer<>>>>>;
-
-// The hand-written op each of those had: the reference test/expr compares the derived ones with,
-// and what bench_derived times them against.
-template <class Layer, class S>
-struct hand_written_of : hand_written_of<typename Layer::anonymous, S> {};
-template <std::size_t D, class S>
-struct hand_written_of<layer_norm<"", D>, S> { using type = layer_norm_op<S>; };
-template <activation_fn F, class S>
-struct hand_written_of<activation<"", F>, S> { using type = activation_op<S>; };
-template <class S>
-struct hand_written_of<mse<"">, S> { using type = mse_op<S>; };
-template <class Layer, class S>
-using hand_written_t = typename hand_written_of<Layer, S>::type;
 
 // Static extents whose buffers cannot exist do not compile (dyn ones throw from the kernels).
 template <std::size_t I, std::size_t O, bool B, class S>

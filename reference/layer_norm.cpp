@@ -1,10 +1,17 @@
-// kfsdp::nn::layer_norm: the kernel bodies and their explicit instantiations for float and double
-// (the declarations are in include/kfsdp/nn/layer_norm.hpp).
+// kfsdp::reference::layer_norm: the kernel bodies and their explicit instantiations for float and
+// double (the declarations are in layer_norm.hpp beside it).
+
+#include "layer_norm.hpp"
 
 #include <kfsdp/detail/kokkos_math.hpp>
-#include <kfsdp/nn/layer_norm.hpp>
 
-namespace kfsdp::nn {
+namespace kfsdp::reference {
+
+using nn::const_matrix;
+using nn::const_vector;
+using nn::execution_space;
+using nn::matrix;
+using nn::vector;
 
 namespace detail {
 
@@ -14,7 +21,7 @@ void layer_norm_forward(const_vector<Scalar> weight, const_vector<Scalar> bias,
                         vector<Scalar> rstd, Scalar eps) {
   const int rows = int(x.extent(0)), cols = int(x.extent(1));
   Kokkos::parallel_for(
-      "kfsdp::nn::layer_norm_forward", Kokkos::RangePolicy<execution_space>(0, rows),
+      "kfsdp::reference::layer_norm_forward", Kokkos::RangePolicy<execution_space>(0, rows),
       KOKKOS_LAMBDA(int r) {
         Scalar sum = 0;
         for (int c = 0; c < cols; ++c) sum += x(r, c);
@@ -34,7 +41,7 @@ void layer_norm_backward_input(const_vector<Scalar> weight, const_matrix<Scalar>
                                const_matrix<Scalar> dy, matrix<Scalar> dx) {
   const int rows = int(x.extent(0)), cols = int(x.extent(1));
   Kokkos::parallel_for(
-      "kfsdp::nn::layer_norm_backward_input", Kokkos::RangePolicy<execution_space>(0, rows),
+      "kfsdp::reference::layer_norm_backward_input", Kokkos::RangePolicy<execution_space>(0, rows),
       KOKKOS_LAMBDA(int r) {
         const Scalar m = mean(r), s = rstd(r);
         // dx = rstd · (dxhat − mean(dxhat) − xhat · mean(dxhat · xhat)), dxhat = dy · weight
@@ -60,7 +67,7 @@ void layer_norm_backward_params(const_matrix<Scalar> x, const_vector<Scalar> mea
                                 vector<Scalar> dweight, vector<Scalar> dbias) {
   const int rows = int(x.extent(0)), cols = int(x.extent(1));
   Kokkos::parallel_for(
-      "kfsdp::nn::layer_norm_backward_params", Kokkos::RangePolicy<execution_space>(0, cols),
+      "kfsdp::reference::layer_norm_backward_params", Kokkos::RangePolicy<execution_space>(0, cols),
       KOKKOS_LAMBDA(int c) {
         Scalar weight_sum = 0, bias_sum = 0;
         for (int r = 0; r < rows; ++r) {
@@ -76,10 +83,10 @@ void layer_norm_backward_params(const_matrix<Scalar> x, const_vector<Scalar> mea
 
 template <class Scalar>
 typename layer_norm<Scalar>::cache layer_norm<Scalar>::make_cache(std::size_t rows) const {
-  (void)detail::checked_numel("layer_norm::make_cache", "mean", {rows}, sizeof(Scalar));
+  (void)nn::detail::checked_numel("layer_norm::make_cache", "mean", {rows}, sizeof(Scalar));
   cache c;
-  c.mean = vector<Scalar>(Kokkos::view_alloc("kfsdp::nn::layer_norm::mean"), rows);
-  c.rstd = vector<Scalar>(Kokkos::view_alloc("kfsdp::nn::layer_norm::rstd"), rows);
+  c.mean = vector<Scalar>(Kokkos::view_alloc("kfsdp::reference::layer_norm::mean"), rows);
+  c.rstd = vector<Scalar>(Kokkos::view_alloc("kfsdp::reference::layer_norm::rstd"), rows);
   return c;
 }
 
@@ -88,8 +95,8 @@ void layer_norm<Scalar>::forward(const params& p, const_matrix<Scalar> x, matrix
                                  cache& c) const {
   check_tensors("layer_norm::forward", p);
   const std::size_t rows = x.extent(0);
-  detail::check_matrix("layer_norm::forward", "x", x, rows, features_);
-  detail::check_matrix("layer_norm::forward", "y", y, rows, features_);
+  nn::detail::check_matrix("layer_norm::forward", "x", x, rows, features_);
+  nn::detail::check_matrix("layer_norm::forward", "y", y, rows, features_);
   if (c.mean.extent(0) != rows) c = make_cache(rows);
   detail::layer_norm_forward<Scalar>(p.weight, p.bias, x, y, c.mean, c.rstd, eps_);
   c.input = x;
@@ -101,14 +108,14 @@ void layer_norm<Scalar>::backward(const params& p, const grads& g, const cache& 
   check_tensors("layer_norm::backward (params)", p);
   check_tensors("layer_norm::backward (grads)", g);
   const std::size_t rows = c.input.extent(0);
-  detail::check_matrix("layer_norm::backward", "cache.input", c.input, rows, features_);
-  detail::check_vector("layer_norm::backward", "cache.rstd", c.rstd, rows);
-  detail::check_matrix("layer_norm::backward", "dy", dy, rows, features_);
-  detail::check_matrix("layer_norm::backward", "dx", dx, rows, features_);
+  nn::detail::check_matrix("layer_norm::backward", "cache.input", c.input, rows, features_);
+  nn::detail::check_vector("layer_norm::backward", "cache.rstd", c.rstd, rows);
+  nn::detail::check_matrix("layer_norm::backward", "dy", dy, rows, features_);
+  nn::detail::check_matrix("layer_norm::backward", "dx", dx, rows, features_);
   detail::layer_norm_backward_params<Scalar>(c.input, c.mean, c.rstd, dy, g.weight, g.bias);
   detail::layer_norm_backward_input<Scalar>(p.weight, c.input, c.mean, c.rstd, dy, dx);
 }
 
 template class layer_norm<float>;
 template class layer_norm<double>;
-}  // namespace kfsdp::nn
+}  // namespace kfsdp::reference

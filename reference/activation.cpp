@@ -1,15 +1,20 @@
-// kfsdp::nn::activation: the kernel bodies, their explicit instantiations for float and double and
-// the kind names (the declarations are in include/kfsdp/nn/activation.hpp).
+// kfsdp::reference::activation: the kernel bodies, their explicit instantiations for float and double
+// and the kind names (the declarations are in activation.hpp beside it).
+
+#include "activation.hpp"
 
 #include <kfsdp/detail/erf.hpp>
 #include <kfsdp/detail/kokkos_math.hpp>
-#include <kfsdp/nn/activation.hpp>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
-namespace kfsdp::nn {
+namespace kfsdp::reference {
+
+using nn::const_matrix;
+using nn::execution_space;
+using nn::matrix;
 
 namespace detail {
 
@@ -88,13 +93,13 @@ void forward_elements(const_matrix<Scalar> x, matrix<Scalar> y) {
     const Scalar* in = x.data();
     Scalar* out = y.data();
     Kokkos::parallel_for(
-        "kfsdp::nn::activation_forward",
+        "kfsdp::reference::activation_forward",
         Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, std::int64_t(x.size())),
         KOKKOS_LAMBDA(std::int64_t i) { out[i] = activation_value(Kind, in[i]); });
     return;
   }
   Kokkos::parallel_for(
-      "kfsdp::nn::activation_forward",
+      "kfsdp::reference::activation_forward",
       Kokkos::MDRangePolicy<execution_space, Kokkos::Rank<2>>({0, 0}, {int(x.extent(0)), int(x.extent(1))}),
       KOKKOS_LAMBDA(int r, int c) { y(r, c) = activation_value(Kind, x(r, c)); });
 }
@@ -107,13 +112,13 @@ void backward_elements(const_matrix<Scalar> x, const_matrix<Scalar> dy, matrix<S
     const Scalar* upstream = dy.data();
     Scalar* out = dx.data();
     Kokkos::parallel_for(
-        "kfsdp::nn::activation_backward",
+        "kfsdp::reference::activation_backward",
         Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, std::int64_t(x.size())),
         KOKKOS_LAMBDA(std::int64_t i) { out[i] = upstream[i] * activation_derivative(Kind, in[i]); });
     return;
   }
   Kokkos::parallel_for(
-      "kfsdp::nn::activation_backward",
+      "kfsdp::reference::activation_backward",
       Kokkos::MDRangePolicy<execution_space, Kokkos::Rank<2>>({0, 0}, {int(x.extent(0)), int(x.extent(1))}),
       KOKKOS_LAMBDA(int r, int c) { dx(r, c) = dy(r, c) * activation_derivative(Kind, x(r, c)); });
 }
@@ -130,8 +135,8 @@ activation<Scalar>::activation(activation_kind kind, std::size_t features)
 template <class Scalar>
 void activation<Scalar>::forward(const_matrix<Scalar> x, matrix<Scalar> y) const {
   const std::size_t rows = x.extent(0);
-  detail::check_matrix("activation::forward", "x", x, rows, features_);
-  detail::check_matrix("activation::forward", "y", y, rows, features_);
+  nn::detail::check_matrix("activation::forward", "x", x, rows, features_);
+  nn::detail::check_matrix("activation::forward", "y", y, rows, features_);
   switch (kind_) {
     case activation_kind::gelu: return detail::forward_elements<activation_kind::gelu>(x, y);
     case activation_kind::gelu_tanh: return detail::forward_elements<activation_kind::gelu_tanh>(x, y);
@@ -145,9 +150,9 @@ template <class Scalar>
 void activation<Scalar>::backward(const_matrix<Scalar> x, const_matrix<Scalar> dy,
                                   matrix<Scalar> dx) const {
   const std::size_t rows = x.extent(0);
-  detail::check_matrix("activation::backward", "x", x, rows, features_);
-  detail::check_matrix("activation::backward", "dy", dy, rows, features_);
-  detail::check_matrix("activation::backward", "dx", dx, rows, features_);
+  nn::detail::check_matrix("activation::backward", "x", x, rows, features_);
+  nn::detail::check_matrix("activation::backward", "dy", dy, rows, features_);
+  nn::detail::check_matrix("activation::backward", "dx", dx, rows, features_);
   switch (kind_) {
     case activation_kind::gelu: return detail::backward_elements<activation_kind::gelu>(x, dy, dx);
     case activation_kind::gelu_tanh: return detail::backward_elements<activation_kind::gelu_tanh>(x, dy, dx);
@@ -184,4 +189,4 @@ activation_kind parse_activation(std::string_view text) {
 template class activation<float>;
 template class activation<double>;
 
-}  // namespace kfsdp::nn
+}  // namespace kfsdp::reference

@@ -1,11 +1,16 @@
-// kfsdp::nn::mse_loss: the kernel bodies and their explicit instantiations for float and double
-// (the declarations are in include/kfsdp/nn/mse.hpp).
+// kfsdp::reference::mse_loss: the kernel bodies and their explicit instantiations for float and
+// double (the declarations are in mse.hpp beside it).
 
-#include <kfsdp/nn/mse.hpp>
+#include "mse.hpp"
 
 #include <stdexcept>
 
-namespace kfsdp::nn {
+namespace kfsdp::reference {
+
+using nn::const_matrix;
+using nn::execution_space;
+using nn::matrix;
+using nn::vector;
 
 template <class Scalar>
 mse_loss<Scalar>::mse_loss(std::size_t features) : features_(features) {
@@ -15,15 +20,15 @@ mse_loss<Scalar>::mse_loss(std::size_t features) : features_(features) {
 template <class Scalar>
 Scalar mse_loss<Scalar>::forward(const_matrix<Scalar> pred, const_matrix<Scalar> target) const {
   const std::size_t rows = pred.extent(0);
-  detail::check_matrix("mse_loss::forward", "pred", pred, rows, features_);
-  detail::check_matrix("mse_loss::forward", "target", target, rows, features_);
+  nn::detail::check_matrix("mse_loss::forward", "pred", pred, rows, features_);
+  nn::detail::check_matrix("mse_loss::forward", "target", target, rows, features_);
   if (rows == 0) return Scalar(0);
-  (void)detail::checked_numel("mse_loss::forward", "row sums", {rows}, sizeof(Scalar));
-  vector<Scalar> row_sums(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::nn::mse_loss::rows"),
+  (void)nn::detail::checked_numel("mse_loss::forward", "row sums", {rows}, sizeof(Scalar));
+  vector<Scalar> row_sums(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::reference::mse_loss::rows"),
                           rows);
   const int cols = int(features_);
   Kokkos::parallel_for(
-      "kfsdp::nn::mse_rows", Kokkos::RangePolicy<execution_space>(0, int(rows)),
+      "kfsdp::reference::mse_rows", Kokkos::RangePolicy<execution_space>(0, int(rows)),
       KOKKOS_LAMBDA(int r) {
         Scalar sum = 0;
         for (int c = 0; c < cols; ++c) {
@@ -43,16 +48,16 @@ template <class Scalar>
 void mse_loss<Scalar>::backward(const_matrix<Scalar> pred, const_matrix<Scalar> target,
                                 Scalar grad_scale, matrix<Scalar> dpred) const {
   const std::size_t rows = pred.extent(0);
-  detail::check_matrix("mse_loss::backward", "pred", pred, rows, features_);
-  detail::check_matrix("mse_loss::backward", "target", target, rows, features_);
-  detail::check_matrix("mse_loss::backward", "dpred", dpred, rows, features_);
+  nn::detail::check_matrix("mse_loss::backward", "pred", pred, rows, features_);
+  nn::detail::check_matrix("mse_loss::backward", "target", target, rows, features_);
+  nn::detail::check_matrix("mse_loss::backward", "dpred", dpred, rows, features_);
   const Scalar factor = Scalar(2) * grad_scale / Scalar(features_);
   Kokkos::parallel_for(
-      "kfsdp::nn::mse_gradient",
+      "kfsdp::reference::mse_gradient",
       Kokkos::MDRangePolicy<execution_space, Kokkos::Rank<2>>({0, 0}, {int(rows), int(features_)}),
       KOKKOS_LAMBDA(int r, int c) { dpred(r, c) = (pred(r, c) - target(r, c)) * factor; });
 }
 
 template class mse_loss<float>;
 template class mse_loss<double>;
-}  // namespace kfsdp::nn
+}  // namespace kfsdp::reference

@@ -1,9 +1,10 @@
-// Tests of include/kfsdp/nn/mse.hpp.
-#include "nn_test_helpers.hpp"
+// Tests of reference/mse.hpp.
+#include "../nn/nn_test_helpers.hpp"
 
-#include <kfsdp/nn/mse.hpp>
+#include <mse.hpp>
 
 using namespace kfsdp::nn;
+using namespace kfsdp::reference;
 using namespace kfsdp::nn::testing;
 
 TEST_CASE("mse_loss forward and backward, by hand") {

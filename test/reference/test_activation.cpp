@@ -1,11 +1,12 @@
-// Tests of include/kfsdp/nn/activation.hpp.
-#include "nn_test_helpers.hpp"
+// Tests of reference/activation.hpp.
+#include "../nn/nn_test_helpers.hpp"
 
-#include <kfsdp/nn/activation.hpp>
+#include <activation.hpp>
 
 #include <numbers>
 
 using namespace kfsdp::nn;
+using namespace kfsdp::reference;
 using namespace kfsdp::nn::testing;
 
 namespace {

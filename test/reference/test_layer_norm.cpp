@@ -1,9 +1,10 @@
-// Tests of include/kfsdp/nn/layer_norm.hpp.
-#include "nn_test_helpers.hpp"
+// Tests of reference/layer_norm.hpp.
+#include "../nn/nn_test_helpers.hpp"
 
-#include <kfsdp/nn/layer_norm.hpp>
+#include <layer_norm.hpp>
 
 using namespace kfsdp::nn;
+using namespace kfsdp::reference;
 using namespace kfsdp::nn::testing;
 
 
