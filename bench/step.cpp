@@ -61,9 +61,9 @@
 #include <kfsdp/io/text_dataset.hpp>
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/optim/adamw.hpp>
+#include <kfsdp/session.hpp>
 
 #include "../examples/cli.hpp"
-#include "../examples/mpi_program.hpp"
 #include "roofline.hpp"
 
 namespace {
@@ -343,10 +343,11 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return kfsdp::examples::mpi_program(argc, argv, [&](kfsdp::comm::mpi& world) {
+  kfsdp::session job(argc, argv);  // MPI, Kokkos, the world; a bad flag or KFSDP_* variable: "error: ..." and exit 2
+  return job.run([&] {
     cli c = make_cli();
     if (!c.parse(argc, argv)) return 0;
-    const settings s = read(c, world.size());
-    return s.dtype == "f32" ? run<float>(s, world) : run<double>(s, world);
+    const settings s = read(c, job.size());
+    return s.dtype == "f32" ? run<float>(s, job.world()) : run<double>(s, job.world());
   });
 }

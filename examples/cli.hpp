@@ -200,4 +200,35 @@ inline bool read_schedule_flags(const cli& c, kfsdp::fsdp_options& options) {
   return c.choice("overlap", {"on", "off"}) == "on";
 }
 
+// How the model is sharded and how its collectives run, shared by the training examples.
+inline cli& add_fsdp_flags(cli& c, const char* sharding, const char* bucketing) {
+  return add_schedule_flags(c.flag("sharding", sharding, "zero2 | zero3")
+                                .flag("bucketing", bucketing, "none | layer | block")
+                                .flag("checkpointing", "off", "on: activation checkpointing per unit (recomputed in backward) | off")
+                                .flag("broadcast-from", "", "rank whose initial weights everyone starts from")
+                                .flag("param-dtype", "scalar", "what the all-gathered parameters travel in: scalar (--dtype) | bf16 | f16")
+                                .flag("reduce-dtype", "scalar", "what the gradient reduce-scatters travel in: scalar (--dtype) | bf16 | f16")
+                                .flag("gradient-division", "after",
+                                      "where gradients are divided by the ranks around the SUM: after | before | split (FSDP1)"),
+                            "off");
+}
+
+// What those flags set: the engine's options, activation checkpointing (the trainer's), and whether
+// collectives overlap on a thread.
+struct fsdp_flags {
+  kfsdp::fsdp_options fsdp;
+  bool checkpointing = false, overlap = false;
+};
+inline fsdp_flags fsdp_flags_of(const cli& c) {
+  fsdp_flags f{.fsdp = {.sharding_strategy = kfsdp::parse_sharding(c.choice("sharding", {"zero2", "zero3"})),
+                        .bucketing_strategy = kfsdp::parse_bucketing(c.choice("bucketing", {"none", "layer", "block"})),
+                        .gradient_division = kfsdp::parse_gradient_division(c.str("gradient-division")),
+                        .param_dtype = kfsdp::parse_wire_precision(c.str("param-dtype")),
+                        .reduce_dtype = kfsdp::parse_wire_precision(c.str("reduce-dtype"))},
+               .checkpointing = c.choice("checkpointing", {"on", "off"}) == "on"};
+  if (!c.str("broadcast-from").empty()) f.fsdp.broadcast_from = static_cast<int>(c.size("broadcast-from"));
+  f.overlap = read_schedule_flags(c, f.fsdp);
+  return f;
+}
+
 }  // namespace kfsdp::examples

@@ -5,14 +5,9 @@
 // Every rank holds 1/N of the parameters, gradients and optimizer state; each step all-gathers
 // the buckets it needs unit by unit (each block; the rest is the root) and reduce-scatters the
 // gradients (see README.md). The model is one descriptor (kfsdp::make_gpt); kfsdp::trainer trains it.
-// One line per step: step, loss, tokens/s, per-rank memory (shards, unsharded peak, and the peak of
-// the layers' activations, measured), bytes communicated; --metrics F writes the same per step as
-// JSON lines (examples/metrics.hpp).
+// kfsdp::step_log prints a line per step (loss, tokens/s, per-rank memory, bytes communicated) and
+// --metrics F writes the same as JSON lines.
 
-#include <unistd.h>
-
-#include <chrono>
-#include <cstdio>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -33,11 +28,11 @@ import kfsdp;
 #include <kfsdp/optim/any_optimizer.hpp>
 #include <kfsdp/session.hpp>
 #include <kfsdp/train/gpt.hpp>
+#include <kfsdp/train/step_log.hpp>
 #include <kfsdp/train/trainer.hpp>
 #endif
 
 #include "cli.hpp"
-#include "metrics.hpp"
 
 namespace {
 
@@ -46,15 +41,13 @@ using kfsdp::examples::cli;
 struct settings {
   std::string data, save, load, trace, resume, metrics, backend, dtype;
   std::size_t save_every, hybrid_shard, batch, steps, grad_accum, eval_windows, sample_bytes, log_every;
-  bool overlap;
   double clip;
   std::uint64_t seed;
-  kfsdp::trainer_options training;
   kfsdp::gpt_config model;
   kfsdp::optim::optimizer_choice optimizer;
   kfsdp::io::window_sampling sampling;
   kfsdp::grad_accumulation accumulation;
-  kfsdp::fsdp_options fsdp;
+  kfsdp::examples::fsdp_flags flags;  // sharding, bucketing, checkpointing, wire dtypes, overlap
 };
 
 cli make_cli() {
@@ -67,16 +60,10 @@ cli make_cli() {
       .flag("weight-decay", "0.01", "weight decay (AdamW decoupled, SGD L2)")
       .flag("clip", "1.0", "clip the global gradient norm to this (0: off)")
       .flag("sampling", "random", "random | sequential windows")
-      .flag("sharding", "zero2", "zero2 | zero3")
-      .flag("bucketing", "block", "none | layer | block")
       .flag("grad-accum", "1", "micro-batches per step (each of --batch windows)")
       .flag("grad-accum-mode", "unsharded", "unsharded (no_sync: reduce once) | sharded (reduce every micro-batch)")
-      .flag("broadcast-from", "", "rank whose initial weights everyone starts from")
-      .flag("param-dtype", "scalar", "what the all-gathered parameters travel in: scalar (--dtype) | bf16 | f16")
-      .flag("reduce-dtype", "scalar", "what the gradient reduce-scatters travel in: scalar (--dtype) | bf16 | f16")
       .flag("hybrid-shard", "0", "HSDP: shard within groups of this many consecutive ranks, or within each node (node), "
                                  "replicate across groups (0: flat FSDP)")
-      .flag("gradient-division", "after", "where gradients are divided by the ranks around the SUM: after | before | split (FSDP1)")
       .flag("save", "", "write weights + optimizer state here (safetensors) at the end")
       .flag("save-every", "0", "with --save: also every k steps (0: only at the end)")
       .flag("resume", "", "continue the run saved in this checkpoint (weights, optimizer, step)")
@@ -86,9 +73,8 @@ cli make_cli() {
       .flag("log-every", "1", "print every k-th step")
       .flag("metrics", "", "write one JSON line per step here (rank 0; loss, tokens/s, memory, comm bytes; overwritten)")
       .flag("trace", "", "write a Chrome/Perfetto timeline of the steps here (one file per rank: FILE.rank<r>.json)")
-      .flag("backend", "mpi", "mpi | nccl (one GPU per rank; needs a CUDA build of Kokkos)")
-      .flag("checkpointing", "off", "on: activation checkpointing per block (recomputed in backward) | off");
-  kfsdp::examples::add_schedule_flags(c, "off");
+      .flag("backend", "mpi", "mpi | nccl (one GPU per rank; needs a CUDA build of Kokkos)");
+  kfsdp::examples::add_fsdp_flags(c, "zero2", "block");
   return c;
 }
 
@@ -99,21 +85,13 @@ settings read(const cli& c, int world_size) {
              .hybrid_shard = c.str("hybrid-shard") == "node" ? kfsdp::shard_per_node : c.size("hybrid-shard"),
              .batch = c.size("batch"), .steps = c.size("steps"), .grad_accum = c.size("grad-accum"),
              .eval_windows = c.size("eval"), .sample_bytes = c.size("sample"),
-             .log_every = std::max<std::size_t>(1, c.size("log-every")), .overlap = false,
-             .clip = c.real_at_least("clip", 0), .seed = c.size("seed"),
-             .training = {.checkpointing = c.choice("checkpointing", {"on", "off"}) == "on"},
-             .model = kfsdp::examples::gpt_config_of(c),
+             .log_every = std::max<std::size_t>(1, c.size("log-every")), .clip = c.real_at_least("clip", 0),
+             .seed = c.size("seed"), .model = kfsdp::examples::gpt_config_of(c),
              .optimizer = {.kind = c.choice("optimizer", {"adamw", "sgd"}), .lr = c.real_at_least("lr", 0),
                            .momentum = c.real_at_least("momentum", 0), .weight_decay = c.real_at_least("weight-decay", 0)},
              .sampling = kfsdp::io::parse_sampling(c.str("sampling")),
              .accumulation = kfsdp::parse_grad_accumulation(c.str("grad-accum-mode")),
-             .fsdp = {.sharding_strategy = kfsdp::parse_sharding(c.str("sharding")),
-                      .bucketing_strategy = kfsdp::parse_bucketing(c.str("bucketing")),
-                      .gradient_division = kfsdp::parse_gradient_division(c.str("gradient-division")),
-                      .param_dtype = kfsdp::parse_wire_precision(c.str("param-dtype")),
-                      .reduce_dtype = kfsdp::parse_wire_precision(c.str("reduce-dtype"))}};
-  if (!c.str("broadcast-from").empty()) s.fsdp.broadcast_from = static_cast<int>(c.size("broadcast-from"));
-  s.overlap = kfsdp::examples::read_schedule_flags(c, s.fsdp);
+             .flags = kfsdp::examples::fsdp_flags_of(c)};
   auto fail = [](const std::string& m) { throw std::invalid_argument("train_gpt: " + m); };
   if (s.eval_windows == 0 && (s.batch == 0 || s.batch % std::size_t(world_size) != 0))
     fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
@@ -126,18 +104,16 @@ settings read(const cli& c, int world_size) {
   return s;
 }
 
-std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
-
 // The flags that size a rank's memory, for the message of a model that does not fit.
 std::string sizing_flags(const settings& s) {
   return fmt::format("--layers {} --dim {} --heads {} --seq {} --batch {} --dtype {} --optimizer {} --sharding {} "
                      "--checkpointing {} (more ranks, --sharding zero3, --checkpointing on or smaller sizes need less)",
                      s.model.layers, s.model.dim, s.model.heads, s.model.seq, s.batch, s.dtype, s.optimizer.kind,
-                     kfsdp::to_string(s.fsdp.sharding_strategy), s.training.checkpointing ? "on" : "off");
+                     kfsdp::to_string(s.flags.fsdp.sharding_strategy), s.flags.checkpointing ? "on" : "off");
 }
 
 template <class Scalar>
-int run(const settings& s, kfsdp::session& job, kfsdp::examples::metrics_file& metrics) {
+int run(const settings& s, kfsdp::session& job) {
   kfsdp::comm::mpi& world = job.world();
   job.set_hybrid_shard(s.hybrid_shard);  // HSDP: shard within groups, replicate across them
   const std::size_t ws = std::size_t(world.size());
@@ -147,26 +123,21 @@ int run(const settings& s, kfsdp::session& job, kfsdp::examples::metrics_file& m
       s.model,
       {.scalar_bytes = sizeof(Scalar), .shard_ranks = std::size_t(job.shard_group().size()), .windows_per_rank = s.batch / ws,
        .optimizer_states = s.optimizer.kind == "adamw" ? 2u : s.optimizer.momentum > 0 ? 1u : 0u,
-       .checkpointing = s.training.checkpointing, .fsdp = s.fsdp},
+       .checkpointing = s.flags.checkpointing, .fsdp = s.flags.fsdp},
       job.host_memory_per_rank());
   job.require_memory(need, sizing_flags(s));
   const auto data = kfsdp::io::text_windows::from_file(s.data, s.model.seq);
   // A checkpoint records the model's configuration; one saved for another is refused, naming the field.
   const auto config = kfsdp::gpt_metadata(s.model);
-  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--resume", s.resume}, {"--load", s.load}}) {
-    if (path.empty()) continue;
-    const kfsdp::io::metadata_map saved = kfsdp::io::read_metadata(path, world);
-    try {
-      kfsdp::io::check_config(saved, config, /*required=*/flag == "--resume");
-    } catch (const std::invalid_argument& refused) {
-      throw std::invalid_argument(fmt::format("train_gpt: checkpoint {} ({}) {}", path, flag, refused.what()));
-    }
-  }
+  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--resume", s.resume}, {"--load", s.load}})
+    if (!path.empty())
+      kfsdp::io::check_config(kfsdp::io::read_metadata(path, world), config, /*required=*/flag == "--resume",
+                              fmt::format("train_gpt: checkpoint {} ({}) ", path, flag));
   // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
   kfsdp::comm::threaded overlapped(job.shard_group());
-  kfsdp::comm::any_communicator engine_comm = s.overlap ? kfsdp::comm::any_communicator(overlapped)
+  kfsdp::comm::any_communicator engine_comm = s.flags.overlap ? kfsdp::comm::any_communicator(overlapped)
                                                         : kfsdp::comm::any_communicator(job.shard_group());
-  kfsdp::fsdp_options options = job.fsdp(s.fsdp);
+  kfsdp::fsdp_options options = job.fsdp(s.flags.fsdp);
 #ifdef KFSDP_HAVE_NCCL
   std::optional<kfsdp::comm::nccl> gpus;
   if (s.backend == "nccl") {
@@ -180,7 +151,8 @@ int run(const settings& s, kfsdp::session& job, kfsdp::examples::metrics_file& m
   if (s.backend == "nccl") throw std::invalid_argument("train_gpt: this build has no NCCL backend (configure with -Dnccl=enabled)");
 #endif
   kfsdp::trace_recorder trace(world.rank());
-  return kfsdp::with_trainer<Scalar>(kfsdp::make_gpt(s.model), engine_comm, options, s.training, [&](auto& trainer) {
+  const kfsdp::trainer_options training{.checkpointing = s.flags.checkpointing};
+  return kfsdp::with_trainer<Scalar>(kfsdp::make_gpt(s.model), engine_comm, options, training, [&](auto& trainer) {
     auto& engine = trainer.engine();
     using batch = typename std::remove_reference_t<decltype(trainer)>::batch;
     if (!s.trace.empty()) engine.set_trace(&trace);
@@ -219,13 +191,13 @@ int run(const settings& s, kfsdp::session& job, kfsdp::examples::metrics_file& m
     if (root)
       fmt::print("train_gpt: {} ranks, {} ({} parameters, {} per rank), {} / {} bucketing ({} buckets), {}, "
                  "batch {} x {} windows of {} bytes, {} windows in {}\n",
-                 ws, s.dtype, engine.plan().full_numel, engine.plan().shard_numel, kfsdp::to_string(s.fsdp.sharding_strategy),
-                 kfsdp::to_string(s.fsdp.bucketing_strategy), engine.plan().buckets.size(), s.optimizer.kind,
+                 ws, s.dtype, engine.plan().full_numel, engine.plan().shard_numel, kfsdp::to_string(s.flags.fsdp.sharding_strategy),
+                 kfsdp::to_string(s.flags.fsdp.bucketing_strategy), engine.plan().buckets.size(), s.optimizer.kind,
                  s.grad_accum, s.batch, s.model.seq + 1, data.count(), s.data);
     if (root && need.activations > 0) fmt::print("train_gpt: estimated memory per rank {}\n", kfsdp::describe(need));
-    const bool terminal = root && isatty(STDERR_FILENO);
+    kfsdp::step_log log(world, {.program = "train_gpt", .metrics = s.metrics, .unit = "tokens", .steps = s.steps,
+                                .log_every = s.log_every});
     std::vector<batch> batches(s.grad_accum);
-    double first_loss = 0, last_loss = 0;
     for (std::size_t step = first_step; step < s.steps; ++step) {
       for (std::size_t k = 0; k < s.grad_accum; ++k) {
         std::vector<int> tokens, targets;
@@ -233,62 +205,32 @@ int run(const settings& s, kfsdp::session& job, kfsdp::examples::metrics_file& m
                         std::size_t(world.rank()), ws, tokens, targets);
         batches[k] = {kfsdp::device_ids(tokens), kfsdp::device_ids(targets)};
       }
-      const std::size_t bytes_before = engine.bytes_communicated();
-      engine.reset_peak_memory();
-      const auto start = std::chrono::steady_clock::now();
-      kfsdp::step_result r;
-      try {
-        r = trainer.step(std::span<const batch>(batches), optimizer, s.clip, s.accumulation);
-      } catch (const kfsdp::non_finite_loss& diverged) {  // every rank alike; nothing more is saved
-        throw std::runtime_error(fmt::format("train_gpt: step {}/{}: {} (--lr {}, --clip {})", step + 1, s.steps,
-                                             diverged.what(), s.optimizer.lr, s.clip));
-      }
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double tokens_per_s = double(s.grad_accum * s.batch * s.model.seq) / seconds;
-      const auto m = engine.memory();
-      const std::size_t optimizer_bytes = optimizer.state_bytes(), comm_bytes = engine.bytes_communicated() - bytes_before;
-      if (metrics)
-        metrics.write_step({.step = step + 1, .loss = r.loss, .grad_norm = r.grad_norm, .lr = s.optimizer.lr,
-                            .throughput_key = "tokens_per_s", .throughput = tokens_per_s, .step_time_s = seconds,
-                            .memory = m, .optimizer_bytes = optimizer_bytes,
-                            .activation_peak_bytes = trainer.peak_activation_bytes(), .comm_bytes = comm_bytes});
-      if (step == first_step) first_loss = r.loss;
-      last_loss = r.loss;
-      if (root && (step % s.log_every == 0 || step + 1 == s.steps)) {
-        if (terminal) fmt::print(stderr, "\r\033[K");
-        fmt::print("step {:>4}/{} | loss {:.6f} | {:>7.0f} tokens/s | memory/rank {} (params {}, grads {}, optimizer {}, "
-                   "unsharded peak {}) | activations {} | comm {}\n",
-                   step + 1, s.steps, r.loss, tokens_per_s,
-                   mib(double(m.sharded_params + m.sharded_grads + optimizer_bytes + m.unsharded_peak)),
-                   mib(double(m.sharded_params)), mib(double(m.sharded_grads)), mib(double(optimizer_bytes)),
-                   mib(double(m.unsharded_peak)), mib(double(trainer.peak_activation_bytes())), mib(double(comm_bytes)));
-        std::fflush(stdout);
-      }
+      log.measure(step, trainer, optimizer, s.optimizer.lr, s.grad_accum * s.batch * s.model.seq, [&] {
+        try {
+          return trainer.step(std::span<const batch>(batches), optimizer, s.clip, s.accumulation);
+        } catch (const kfsdp::non_finite_loss& diverged) {  // every rank alike; nothing more is saved
+          throw std::runtime_error(fmt::format("train_gpt: step {}/{}: {} (--lr {}, --clip {})", step + 1, s.steps,
+                                               diverged.what(), s.optimizer.lr, s.clip));
+        }
+      });
       if (s.save_every > 0 && (step + 1) % s.save_every == 0 && step + 1 < s.steps) {
         save(step + 1);
         if (root) fmt::print("saved {} at step {}\n", s.save, step + 1);  // one line per save
       }
-      if (terminal) {
-        const std::size_t width = 40, done = (step + 1) * width / s.steps;
-        fmt::print(stderr, "\r[{}{}] {}/{}", std::string(done, '#'), std::string(width - done, '.'), step + 1, s.steps);
-        std::fflush(stderr);
-      }
     }
-    if (terminal) fmt::print(stderr, "\r\033[K");
     if (!s.trace.empty()) {
       engine.set_trace(nullptr);
       trace.write(fmt::format("{}.rank{}.json", s.trace, world.rank()));
       if (root) fmt::print("trace: {} events per rank in {}.rank<r>.json\n", trace.size(), s.trace);
     }
-    if (root && s.steps > first_step) fmt::print("loss {:.4f} -> {:.4f}\n", first_loss, last_loss);
+    log.print_loss_change();
     if (!s.save.empty()) {
       save(std::max(s.steps, first_step));
       if (root) fmt::print("saved {}\n", s.save);
     }
     if (s.sample_bytes > 0) {
-      std::string text = kfsdp::generate(trainer, s.model, "And God said", s.sample_bytes, {.temperature = 0.8, .seed = s.seed});
-      for (char& c : text)  // an undertrained byte model may emit bytes a terminal cannot show
-        if ((static_cast<unsigned char>(c) < 0x20 && c != '\n') || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+      const std::string text = kfsdp::generate(trainer, s.model, "And God said", s.sample_bytes,
+                                               {.temperature = 0.8, .seed = s.seed, .printable = true});
       if (root) fmt::print("sample:\n{}\n", text);
     }
     return 0;
@@ -303,7 +245,6 @@ int main(int argc, char** argv) {
     cli c = make_cli();
     if (!c.parse(argc, argv)) return 0;
     const settings s = read(c, job.size());
-    kfsdp::examples::metrics_file metrics("train_gpt", s.metrics, job.world());  // before any step: a bad path stops every rank
-    return s.dtype == "f32" ? run<float>(s, job, metrics) : run<double>(s, job, metrics);
+    return s.dtype == "f32" ? run<float>(s, job) : run<double>(s, job);
   });
 }

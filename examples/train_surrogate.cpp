@@ -10,13 +10,11 @@
 // output layer, MSE. Features and targets are normalised with the training set's statistics,
 // which --save stores in the file's metadata beside the sizes, so --load --eval needs no flag
 // of the training run but the test set's. Errors are relative L2 in physical units:
-// ||u_pred − u||₂ / ||u||₂ over every sample of the set. --metrics F writes one JSON line per step
-// (loss, samples/s, memory, comm bytes; examples/metrics.hpp).
+// ||u_pred − u||₂ / ||u||₂ over every sample of the set. kfsdp::step_log prints the steps, and
+// --metrics F writes one JSON line per step (loss, samples/s, memory, comm bytes).
 
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <numbers>
 #include <string>
 #include <vector>
 
@@ -26,19 +24,21 @@
 #ifdef KFSDP_IMPORT_MODULE  // the module build (-Dmodules=enabled) compiles the same program through the module
 import kfsdp;
 #else
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/threaded.hpp>
 #include <kfsdp/io/array_dataset.hpp>
 #include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/io/distributed_sampler.hpp>
 #include <kfsdp/io/numpy.hpp>
 #include <kfsdp/optim/adamw.hpp>
+#include <kfsdp/optim/schedule.hpp>
+#include <kfsdp/session.hpp>
+#include <kfsdp/train/step_log.hpp>
 #include <kfsdp/train/trainer.hpp>
 #endif
 
 #include "cli.hpp"
 #include "heat_problem.hpp"
 #include "heat_surrogate.hpp"
-#include "metrics.hpp"
-#include "mpi_program.hpp"
 
 namespace {
 
@@ -50,8 +50,7 @@ struct settings {
   std::uint64_t seed, test_seed;
   std::string dtype, save, load, metrics, data, features, targets;
   bool eval;
-  kfsdp::fsdp_options fsdp;
-  kfsdp::trainer_options trainer;
+  kfsdp::examples::fsdp_flags flags;  // sharding, bucketing, checkpointing, wire dtypes, overlap
 };
 
 settings read(const kfsdp::examples::cli& c, int world_size) {
@@ -70,9 +69,7 @@ settings read(const kfsdp::examples::cli& c, int world_size) {
   s.seed = c.size("seed");
   s.test_seed = c.size("test-seed");
   s.dtype = c.choice("dtype", {"f32", "f64"});
-  s.fsdp.sharding_strategy = kfsdp::parse_sharding(c.choice("sharding", {"zero2", "zero3"}));
-  s.fsdp.bucketing_strategy = kfsdp::parse_bucketing(c.choice("bucketing", {"none", "layer", "block"}));
-  s.trainer.checkpointing = c.choice("checkpointing", {"on", "off"}) == "on";
+  s.flags = kfsdp::examples::fsdp_flags_of(c);
   s.save = c.str("save");
   s.load = c.str("load");
   s.eval = c.choice("eval", {"on", "off"}) == "on";
@@ -138,74 +135,69 @@ kfsdp::examples::surrogate_samples samples_from(const settings& s) {
 }
 
 template <class Scalar>
-int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_file& metrics) {
+int run(const settings& s, kfsdp::session& job) {
   using namespace kfsdp::examples;
-  const bool root = world.rank() == 0;
-  const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
+  kfsdp::comm::mpi& world = job.world();
+  const bool root = job.is_root();
   const auto test = heat_samples(random_sources(s.test_problems, s.test_seed), s.grid);
   kfsdp::io::array_dataset test_set(test.features, 6, test.targets, 1);
+  // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
+  kfsdp::comm::threaded overlapped(job.shard_group());
+  const kfsdp::comm::any_communicator engine_comm = s.flags.overlap ? kfsdp::comm::any_communicator(overlapped)
+                                                                    : kfsdp::comm::any_communicator(job.shard_group());
+  const kfsdp::fsdp_options fsdp = job.fsdp(s.flags.fsdp);
+  const kfsdp::trainer_options training{.checkpointing = s.flags.checkpointing};
 
   if (s.eval) {  // the sizes and the normalisation are the saved model's
-    kfsdp::io::metadata_map meta;
-    (void)kfsdp::io::load_state_dict_file(s.load, &meta);
+    const kfsdp::io::metadata_map meta = kfsdp::io::read_metadata(s.load, world);
     const kfsdp::io::array_dataset::normalization saved = kfsdp::io::stats_from_metadata(meta);
     const stats target = saved.targets;
     test_set.normalize(saved);
     const auto model = make_surrogate(std::stoull(field(meta, s.load, "surrogate.width")),
                                       std::stoull(field(meta, s.load, "surrogate.depth")));
-    return kfsdp::with_trainer<Scalar>(model, world, s.fsdp, s.trainer, [&](auto& trainer) {
-      kfsdp::io::load_model(s.load, trainer.engine(), world);
+    return kfsdp::with_trainer<Scalar>(model, engine_comm, fsdp, training, [&](auto& trainer) {
+      kfsdp::io::load_model(s.load, trainer.engine(), job.shard_group());
       const double error = relative_l2(trainer, test_set, test.targets, target, world);
-      if (root) fmt::print("test relative L2 {:.9g} ({} ranks, {} samples)\n", error, ws, test_set.count());
+      if (root) fmt::print("test relative L2 {:.9g} ({} ranks, {} samples)\n", error, job.size(), test_set.count());
       return 0;
     });
   }
 
   const auto train = s.data.empty() ? heat_samples(random_sources(s.train_problems, s.seed), s.grid) : samples_from(s);
   kfsdp::io::array_dataset train_set(train.features, 6, train.targets, 1);
-  const stats features = train_set.feature_stats(), target = train_set.target_stats();
-  train_set.normalize(features, target);
-  test_set.normalize(features, target);
+  const kfsdp::io::array_dataset::normalization normalization = train_set.normalize();
+  test_set.normalize(normalization);
+  const stats target = normalization.targets;
 
-  return kfsdp::with_trainer<Scalar>(make_surrogate(s.width, s.depth), world, s.fsdp, s.trainer, [&](auto& trainer) {
+  return kfsdp::with_trainer<Scalar>(make_surrogate(s.width, s.depth), engine_comm, fsdp, training, [&](auto& trainer) {
     trainer.initialize(s.seed);
-    kfsdp::optim::adamw<Scalar> adam(trainer.engine().plan().shard_numel, {.lr = s.lr, .weight_decay = s.weight_decay});
+    kfsdp::optim::adamw<Scalar> adam(trainer, {.weight_decay = s.weight_decay});  // 2-D weights decay, 1-D not
+    const kfsdp::optim::cosine schedule(s.lr, s.steps);
+    kfsdp::io::distributed_sampler sampler(train_set, s.batch, s.seed);
     if (root)
       fmt::print("train_surrogate: {} ranks, {}, {} parameters ({} per rank), {} hidden layers of {}, {} / {} bucketing, "
                  "{} train and {} test samples\n",
-                 ws, s.dtype, trainer.engine().plan().full_numel, trainer.engine().plan().shard_numel, s.depth, s.width,
-                 kfsdp::to_string(s.fsdp.sharding_strategy), kfsdp::to_string(s.fsdp.bucketing_strategy),
-                 train_set.count(), test_set.count());
+                 job.size(), s.dtype, trainer.engine().plan().full_numel, trainer.engine().plan().shard_numel, s.depth,
+                 s.width, kfsdp::to_string(s.flags.fsdp.sharding_strategy),
+                 kfsdp::to_string(s.flags.fsdp.bucketing_strategy), train_set.count(), test_set.count());
+    kfsdp::step_log log(world, {.program = "train_surrogate", .metrics = s.metrics, .unit = "samples", .steps = s.steps,
+                                .log_every = s.log_every});
     const auto start = std::chrono::steady_clock::now();
     for (std::size_t step = 0; step < s.steps; ++step) {
-      const double lr = 0.5 * s.lr * (1 + std::cos(std::numbers::pi * double(step) / double(s.steps)));  // cosine decay
-      adam.set_lr(lr);
-      auto [x, y] = train_set.rank_slice<Scalar>(train_set.micro_batch(s.seed, step, s.batch), rank, ws);
-      auto& engine = trainer.engine();
-      const std::size_t bytes_before = engine.bytes_communicated();
-      if (metrics) engine.reset_peak_memory();
-      const auto step_start = std::chrono::steady_clock::now();
-      const kfsdp::step_result r = trainer.step({{x, y}}, adam, s.clip);
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
-      if (metrics)
-        metrics.write_step({.step = step + 1, .loss = r.loss, .grad_norm = r.grad_norm, .lr = lr,
-                            .throughput_key = "samples_per_s", .throughput = double(s.batch) / seconds,
-                            .step_time_s = seconds, .memory = engine.memory(),
-                            .optimizer_bytes = 2 * engine.plan().shard_numel * sizeof(Scalar),  // AdamW: exp_avg, exp_avg_sq
-                            .activation_peak_bytes = trainer.peak_activation_bytes(),
-                            .comm_bytes = engine.bytes_communicated() - bytes_before});
-      if (root && (step == 0 || (step + 1) % s.log_every == 0 || step + 1 == s.steps))
-        fmt::print("step {:>5}/{} | loss {:.8g} | grad norm {:.4g}\n", step + 1, s.steps, r.loss, r.grad_norm);
+      adam.set_lr(schedule(step));
+      auto [x, y] = sampler.next<Scalar>(train_set, std::size_t(world.rank()), std::size_t(job.size()));
+      log.measure(step, trainer, adam, schedule(step), s.batch, [&] { return trainer.step({{x, y}}, adam, s.clip); });
     }
+    log.print_loss_change();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double train_error = relative_l2(trainer, train_set, train.targets, target, world);
     const double test_error = relative_l2(trainer, test_set, test.targets, target, world);
     if (root) fmt::print("train relative L2 {:.9g}\ntest relative L2 {:.9g}\ntrained in {:.1f} s\n", train_error, test_error, seconds);
     if (!s.save.empty()) {
-      kfsdp::io::metadata_map metadata = kfsdp::io::stats_metadata({features, target});  // predictors apply them
+      kfsdp::io::metadata_map metadata = kfsdp::io::stats_metadata(normalization);  // predictors apply them
       metadata["surrogate.width"] = std::to_string(s.width);
       metadata["surrogate.depth"] = std::to_string(s.depth);
-      kfsdp::io::save_model(s.save, trainer.engine(), world, metadata);
+      kfsdp::io::save_model(s.save, trainer.engine(), job.shard_group(), metadata);
       if (root) fmt::print("saved {}\n", s.save);
     }
     return 0;
@@ -215,7 +207,8 @@ int run(const settings& s, kfsdp::comm::mpi& world, kfsdp::examples::metrics_fil
 }  // namespace
 
 int main(int argc, char** argv) {
-  return kfsdp::examples::mpi_program(argc, argv, [&](kfsdp::comm::mpi& world) {
+  kfsdp::session job(argc, argv);  // MPI, Kokkos, the world; a bad flag or KFSDP_* variable: "error: ..." and exit 2
+  return job.run([&] {
     kfsdp::examples::cli c("train_surrogate", "train an MLP surrogate of the steady heat equation with FSDP (run under mpirun)");
     c.flag("train-problems", "512", "heat problems (random Gaussian sources) in the training set")
         .flag("test-problems", "32", "heat problems in the test set (drawn with --test-seed)")
@@ -225,14 +218,11 @@ int main(int argc, char** argv) {
         .flag("steps", "4000", "optimizer steps")
         .flag("batch", "256", "global batch in samples, split evenly over the ranks")
         .flag("lr", "0.003", "AdamW peak learning rate (cosine decay to 0)")
-        .flag("weight-decay", "0", "AdamW decoupled weight decay")
+        .flag("weight-decay", "0", "AdamW decoupled weight decay (of the 2-D weights; biases not)")
         .flag("clip", "1.0", "clip the global gradient norm to this (0: off)")
         .flag("seed", "1", "initialisation, batches and training problems")
         .flag("test-seed", "1000", "test problems (apart from the training ones)")
         .flag("dtype", "f64", "f32 | f64")
-        .flag("sharding", "zero3", "zero2 | zero3")
-        .flag("bucketing", "layer", "none | layer | block")
-        .flag("checkpointing", "off", "on: activation checkpointing per unit | off")
         .flag("log-every", "500", "print every k-th step")
         .flag("save", "", "write the weights and normalisation here (safetensors) at the end")
         .flag("load", "", "with --eval on: the weights to evaluate")
@@ -241,9 +231,9 @@ int main(int argc, char** argv) {
         .flag("data", "", "train on the samples of this .npz (numpy.savez) instead of --train-problems sources")
         .flag("features", "x", "with --data: the array of features [N, 6] (x, y, x0, y0, amplitude, width)")
         .flag("targets", "y", "with --data: the array of targets [N] or [N, 1] (u)");
+    kfsdp::examples::add_fsdp_flags(c, "zero3", "layer");
     if (!c.parse(argc, argv)) return 0;
-    const settings s = read(c, world.size());
-    kfsdp::examples::metrics_file metrics("train_surrogate", s.metrics, world);  // before any step: a bad path stops every rank
-    return s.dtype == "f32" ? run<float>(s, world, metrics) : run<double>(s, world, metrics);
+    const settings s = read(c, job.size());
+    return s.dtype == "f32" ? run<float>(s, job) : run<double>(s, job);
   });
 }

@@ -86,6 +86,7 @@ module;
 #include <kfsdp/train/network.hpp>
 #include <kfsdp/train/ops.hpp>
 #include <kfsdp/train/rowwise.hpp>
+#include <kfsdp/train/step_log.hpp>
 #include <kfsdp/train/trainer.hpp>
 #ifdef KFSDP_HAVE_NCCL
 #include <kfsdp/comm/nccl.hpp>
@@ -756,6 +757,13 @@ export namespace kfsdp {
 using kfsdp::expression_t;
 using kfsdp::rowwise_loss_op;
 using kfsdp::rowwise_op;
+}
+// <kfsdp/train/step_log.hpp>
+export namespace kfsdp {
+using kfsdp::json_field;
+using kfsdp::json_lines;
+using kfsdp::step_log;
+using kfsdp::step_log_options;
 }
 // <kfsdp/train/trainer.hpp>
 export namespace kfsdp {

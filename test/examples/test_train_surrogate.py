@@ -70,15 +70,16 @@ with tempfile.TemporaryDirectory() as tmp:
     check(p.returncode == 2 and 'missing.safetensors' in p.stderr, 'predict_surrogate: a missing file is a clear error')
 
     # Sharding, bucketing and checkpointing change how, not what: the same losses (double; printed
-    # to 8 digits, hence 1e-7).
+    # to 7 digits, hence 1e-6).
     short = ['--steps', '40', '--log-every', '10', '--train-problems', '8', '--grid', '8', '--test-problems', '2']
     ref = losses(run(1, *short))
     for flags in (['--sharding', 'zero2', '--bucketing', 'none'], ['--sharding', 'zero3', '--bucketing', 'block', '--checkpointing', 'on']):
         got = losses(run(2, *short, *flags))
-        check(len(got) == len(ref) and all(abs(a - b) <= 1e-7 * abs(b) for a, b in zip(got, ref)),
+        check(len(got) == len(ref) and all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(got, ref)),
               f'2 ranks {" ".join(flags)} train as 1 rank: {got} vs {ref}')
 
-    # --metrics: one JSON object a line for every step, with the printed losses (printed to 8 digits).
+    # --metrics: one JSON object a line for every step, with the printed losses (printed to 7 digits):
+    # steps 1, 1 + k, 1 + 2k, ... and the last.
     metrics = os.path.join(tmp, 'metrics.jsonl')
     out = run(2, *short, '--metrics', metrics)
     text = open(metrics).read()
@@ -88,7 +89,7 @@ with tempfile.TemporaryDirectory() as tmp:
             'grads_bytes', 'optimizer_bytes', 'unsharded_peak_bytes', 'activation_peak_bytes', 'comm_bytes'}
     check(all(r.keys() == keys for r in records), f'--metrics keys: {sorted(records[0].keys())}')
     printed = dict(re.findall(r'^step +(\d+)/\d+ \| loss (\S+) ', out, re.M))
-    check(sorted(map(int, printed)) == [1, 10, 20, 30, 40] and all(f'{records[int(n) - 1]["loss"]:.8g}' == v for n, v in printed.items()),
+    check(sorted(map(int, printed)) == [1, 11, 21, 31, 40] and all(f'{records[int(n) - 1]["loss"]:.7g}' == v for n, v in printed.items()),
           f'--metrics: the losses equal the printed ones {printed}')
     check(all(r['memory_per_rank_bytes'] == r['params_bytes'] + r['grads_bytes'] + r['optimizer_bytes'] + r['unsharded_peak_bytes']
               and r['params_bytes'] > 0 and r['comm_bytes'] > 0 and r['grad_norm'] > 0 and r['step_time_s'] > 0
@@ -114,7 +115,7 @@ with tempfile.TemporaryDirectory() as tmp:
     from_file = ['--data', samples, '--targets', 'u', '--steps', '20', '--log-every', '5', '--test-problems', '2', '--grid', '8']
     ref = losses(run(1, *from_file))
     got = losses(run(2, *from_file))
-    check(len(ref) == 5 and len(got) == len(ref) and all(abs(a - b) <= 1e-7 * abs(b) for a, b in zip(got, ref)),
+    check(len(ref) == 5 and len(got) == len(ref) and all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(got, ref)),
           f'--data at 1 and 2 ranks: the same losses {got} vs {ref}')
     out = run(2, '--data', samples, '--features', 'x5', '--targets', 'u', expect=2, timeout=60)
     check(f"--data {samples}: array 'x5' has shape ({n}, 5), expected (N, 6)" in out, '--data with 5 features is refused')

@@ -28,11 +28,13 @@ TEST_CASE("check_config: a file of another configuration is refused, naming the 
   metadata_map saved(fields.begin(), fields.end());
   CHECK(saved.at("tie_weights") == "off");
   CHECK_NOTHROW(kfsdp::io::check_config(saved, fields, /*required=*/true));
-  saved["heads"] = "4";  // no shape changes: only the metadata tells
+  saved.insert_or_assign("heads", std::string("4"));  // no shape changes: only the metadata tells
   CHECK_THROWS_WITH_AS(kfsdp::io::check_config(saved, fields, true), "was saved with heads = 4, this model has heads = 2",
                        std::invalid_argument);
   const metadata_map plain{{"format", "pt"}};  // a standard safetensors file
   CHECK_NOTHROW(kfsdp::io::check_config(plain, fields, /*required=*/false));
   CHECK_THROWS_WITH_AS(kfsdp::io::check_config(plain, fields, true),
                        "no 'layers' in its metadata, expected this model's layers = 2", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(kfsdp::io::check_config(saved, fields, true, "checkpoint f.st (--resume) "),
+                       "checkpoint f.st (--resume) was saved with heads = 4, this model has heads = 2", std::invalid_argument);
 }

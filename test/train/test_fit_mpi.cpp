@@ -21,6 +21,7 @@
 #include <kfsdp/optim/any_optimizer.hpp>
 #include <kfsdp/session.hpp>
 #include <kfsdp/train/fit.hpp>
+#include <kfsdp/train/step_log.hpp>
 
 #include "../support/messages.hpp"
 
@@ -267,6 +268,53 @@ TEST_CASE("fit with a frozen group (any_optimizer): the group stays as it was, a
   CHECK(bytes_of(kfsdp::checkpoint_path(dir, 6)) == final_bytes);
   job.world().barrier();
   if (job.is_root()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("step_log: one JSON line per step with the step's loss, memory that sums, communication and rate; a bad path "
+          "is refused on every rank") {
+  kfsdp::session job;
+  const auto dir = shared_dir(job.world(), "step-log");
+  std::filesystem::create_directories(dir);
+  const kfsdp::io::array_dataset data = samples(48, 3);
+  kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> model(mlp{}, job.shard_group(), job.fsdp());
+  model.initialize(7);
+  kfsdp::optim::adamw<double> adam(model, {.lr = 1e-2});
+  std::vector<kfsdp::step_result> stepped;
+  {
+    kfsdp::step_log log(job.world(), {.program = "probe", .metrics = dir / "steps.jsonl", .steps = 4, .log_every = 2});
+    kfsdp::io::distributed_sampler sampler(data, global_batch, 1);
+    for (std::size_t step = 0; step < 4; ++step) {
+      auto [x, y] = sampler.next<double>(data, std::size_t(job.rank()), std::size_t(job.size()));
+      stepped.push_back(log.measure(step, model, adam, 1e-2, global_batch, [&] { return model.step({{x, y}}, adam); }));
+    }
+  }
+  job.world().barrier();
+  std::ifstream in(dir / "steps.jsonl");
+  std::size_t lines = 0;
+  for (std::string line; std::getline(in, line); ++lines) {
+    const auto number = [&](const std::string& key) {
+      const auto at = line.find("\"" + key + "\": ");
+      REQUIRE(at != std::string::npos);
+      return std::stod(line.substr(at + key.size() + 4));
+    };
+    REQUIRE(lines < stepped.size());
+    CHECK(number("step") == double(lines + 1));
+    CHECK(number("loss") == stepped[lines].loss);  // the shortest round trip: the very double
+    CHECK(number("grad_norm") == stepped[lines].grad_norm);
+    CHECK(number("memory_per_rank_bytes") == number("params_bytes") + number("grads_bytes") + number("optimizer_bytes") +
+                                                 number("unsharded_peak_bytes"));
+    CHECK(number("optimizer_bytes") == double(adam.state_bytes()));
+    CHECK(number("samples_per_s") * number("step_time_s") == doctest::Approx(double(global_batch)));
+    CHECK((job.size() == 1 || number("comm_bytes") > 0));
+  }
+  CHECK(lines == 4u);  // rank 0 wrote every step; every rank reads its file
+  const std::string refused = kfsdp::test::error_message([&] {
+    kfsdp::step_log bad(job.world(), {.program = "probe", .metrics = dir / "no-dir" / "m.jsonl"});
+  });
+  CHECK(refused == fmt::format("probe: --metrics '{}' cannot be opened for writing: No such file or directory",
+                               (dir / "no-dir" / "m.jsonl").string()));
+  job.world().barrier();
+  if (job.rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("fit: keeps the last N checkpoints") {

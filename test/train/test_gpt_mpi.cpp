@@ -182,6 +182,29 @@ TEST_CASE("clipping: the norm the trainer computes is the norm of the gathered f
   CHECK(norm > 0);
 }
 
+TEST_CASE("generate: the prompt continued, the same on every rank; printable shows only what a terminal can") {
+  comm::mpi world;
+  const auto model = make_gpt(config);
+  trainer<std::remove_cvref_t<decltype(model)>, double, zero3, layer_bucketing> t(model, world);
+  t.initialize(3, gpt2_init(config.layers));  // untrained: any byte comes out
+  const std::string raw = generate(t, config, "And", 64, {.temperature = 2.0, .seed = 5});
+  const std::string shown = generate(t, config, "And", 64, {.temperature = 2.0, .seed = 5, .printable = true});
+  REQUIRE(raw.size() == 3 + 64);
+  REQUIRE(shown.size() == raw.size());
+  CHECK(raw.starts_with("And"));
+  bool replaced = false;
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(raw[i]);
+    const bool visible = (byte >= 0x20 && byte < 0x7f) || byte == '\n';
+    CHECK(shown[i] == (visible ? raw[i] : '?'));
+    replaced = replaced || !visible;
+  }
+  CHECK(replaced);  // at temperature 2 an untrained byte model emits control and high bytes
+  std::vector<std::uint64_t> first{std::uint64_t(static_cast<unsigned char>(raw.back()))}, on_root = first;
+  comm::broadcast(world, std::span<std::uint64_t>(on_root), 0);
+  CHECK(on_root == first);
+}
+
 TEST_CASE("tied weights (lm_head.weight is transformer.wte.weight): world-size invariant, one shard") {
   comm::mpi world;
   comm::self one;

@@ -110,20 +110,21 @@ inline void check_metadata(const metadata_map& metadata, std::string_view key, s
 
 /// Refuses a file saved for another model configuration, naming the field: each (field, value) of
 /// `config` must be the file's. A field the file lacks is refused when `required`, and passes
-/// otherwise (a plain safetensors file records no configuration).
+/// otherwise (a plain safetensors file records no configuration). `context` starts the message.
 ///
-///   kfsdp::io::check_config(metadata, kfsdp::gpt_metadata(config), /*required=*/true);
-///   // throws "was saved with heads = 4, this model has heads = 2"
+///   kfsdp::io::check_config(metadata, kfsdp::gpt_metadata(config), /*required=*/true, "checkpoint F ");
+///   // throws "checkpoint F was saved with heads = 4, this model has heads = 2"
 inline void check_config(const metadata_map& metadata, std::span<const std::pair<std::string, std::string>> config,
-                         bool required) {
+                         bool required, std::string_view context = {}) {
   for (const auto& [field, value] : config) {
     const auto saved = metadata.find(field);
     if (saved == metadata.end() && !required) continue;
     if (saved == metadata.end())
-      throw std::invalid_argument(fmt::format("no '{}' in its metadata, expected this model's {} = {}", field, field, value));
+      throw std::invalid_argument(
+          fmt::format("{}no '{}' in its metadata, expected this model's {} = {}", context, field, field, value));
     if (saved->second != value)
       throw std::invalid_argument(
-          fmt::format("was saved with {} = {}, this model has {} = {}", field, saved->second, field, value));
+          fmt::format("{}was saved with {} = {}, this model has {} = {}", context, field, saved->second, field, value));
   }
 }
 

@@ -126,6 +126,8 @@ class adamw {
   /// The moments: shard_size() elements, or, with frozen parameters, state_size() (the shard's runs
   /// that train, groups()->trained, back to back).
   [[nodiscard]] std::size_t state_size() const noexcept { return exp_avg_.extent(0); }
+  /// The bytes of state this rank holds: the two moments.
+  [[nodiscard]] std::size_t state_bytes() const noexcept { return 2 * state_size() * sizeof(Scalar); }
   [[nodiscard]] const view_type& exp_avg() const noexcept { return exp_avg_; }
   [[nodiscard]] const view_type& exp_avg_sq() const noexcept { return exp_avg_sq_; }
   /// The parameter groups (none for the shard_size constructor).

@@ -53,8 +53,7 @@ class any_optimizer {
   [[nodiscard]] std::string_view kind() const noexcept { return chosen_.index() == 0 ? "adamw" : "sgd"; }
   /// The bytes of state this rank holds: AdamW's two moments, SGD's momentum buffer (none without momentum).
   [[nodiscard]] std::size_t state_bytes() const noexcept {
-    if (const auto* adam = std::get_if<adamw<Scalar>>(&chosen_)) return 2 * adam->state_size() * sizeof(Scalar);
-    return std::get<sgd<Scalar>>(chosen_).momentum_buffer().extent(0) * sizeof(Scalar);
+    return std::visit([](const auto& o) { return o.state_bytes(); }, chosen_);
   }
 
   /// The checkpoint protocol (io/stateful.hpp): the chosen optimizer's.

@@ -105,6 +105,8 @@ class sgd {
   /// The momentum buffer (empty when momentum == 0), e.g. for a checkpoint; with frozen parameters
   /// it holds the shard's runs that train (trained()) back to back.
   [[nodiscard]] const view_type& momentum_buffer() const noexcept { return momentum_buffer_; }
+  /// The bytes of state this rank holds: the momentum buffer (none without momentum).
+  [[nodiscard]] std::size_t state_bytes() const noexcept { return momentum_buffer_.extent(0) * sizeof(Scalar); }
 
   /// The checkpoint protocol (io/stateful.hpp): the momentum buffer as "optimizer.momentum_buffer"
   /// (restored in place; none without momentum) and the kind as metadata.

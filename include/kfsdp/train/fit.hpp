@@ -61,6 +61,7 @@
 #include <kfsdp/optim/schedule.hpp>  // and the schedules
 #include <kfsdp/optim/sgd.hpp>
 #include <kfsdp/session.hpp>
+#include <kfsdp/train/step_log.hpp>
 #include <kfsdp/train/trainer.hpp>
 
 namespace kfsdp {
@@ -164,47 +165,6 @@ class stop_signals {
  private:
   struct sigaction previous_term_ {
   }, previous_usr1_{};
-};
-
-// JSON text of a number: shortest round trip, null for NaN and infinities (JSON has neither).
-inline std::string json_number(double value) {
-  return std::isfinite(value) ? fmt::format("{}", value) : "null";
-}
-
-// Rank 0's JSON-lines file, one flushed line per record so that a killed run leaves whole lines.
-class json_lines {
- public:
-  json_lines(comm::mpi& world, const std::filesystem::path& path, bool append) {
-    if (path.empty()) return;
-    std::uint64_t error[1] = {0};
-    if (world.rank() == 0) {
-      file_ = std::fopen(path.c_str(), append ? "a" : "w");
-      if (file_ == nullptr) error[0] = std::uint64_t(errno);
-    }
-    comm::broadcast(world, std::span<std::uint64_t>(error), 0);  // a bad path stops every rank alike
-    if (error[0] != 0)
-      throw std::invalid_argument(
-          fmt::format("fit: metrics_file is '{}', expected a file that can be written ({})", path.string(),
-                      std::generic_category().message(int(error[0]))));
-  }
-  ~json_lines() {
-    if (file_ != nullptr) std::fclose(file_);
-  }
-  json_lines(const json_lines&) = delete;
-  json_lines& operator=(const json_lines&) = delete;
-
-  void write(const std::vector<std::pair<std::string, std::string>>& fields) {
-    if (file_ == nullptr) return;
-    std::string line = "{";
-    for (const auto& [key, json] : fields)
-      line += fmt::format("{}\"{}\": {}", line.size() > 1 ? ", " : "", key, json);
-    line += "}\n";
-    std::fputs(line.c_str(), file_);
-    std::fflush(file_);
-  }
-
- private:
-  std::FILE* file_ = nullptr;
 };
 
 template <class Trainer>
@@ -446,14 +406,14 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
     }
   }
 
-  detail::json_lines metrics(world, options.metrics_file, /*append=*/result.resumed_from > 0);
+  json_lines metrics(world, "fit: metrics_file", options.metrics_file, /*append=*/result.resumed_from > 0);
   const auto evaluate = [&](std::size_t step) {
     result.eval = detail::evaluate(job, trainer, *options.eval_data, options.metrics);
     const auto named = detail::named_metrics(result.eval);
-    std::vector<std::pair<std::string, std::string>> fields{{"step", std::to_string(step)}};
+    std::vector<json_field> fields{{"step", step}};
     std::string line = fmt::format("fit: eval at step {}", step);
     for (const auto& [name, value] : named) {
-      fields.emplace_back("eval_" + name, detail::json_number(value));
+      fields.emplace_back("eval_" + name, value);
       line += fmt::format(" | {} {:.6g}", name, value);
     }
     metrics.write(fields);
@@ -492,13 +452,13 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
     const auto now = std::chrono::steady_clock::now();
     const double step_seconds = std::chrono::duration<double>(now - step_started).count();
     step_started = now;
-    metrics.write({{"step", std::to_string(step)},
-                   {"epoch", detail::json_number(sampler.epoch())},
-                   {"loss", detail::json_number(stepped.loss)},
-                   {"grad_norm", detail::json_number(stepped.grad_norm)},
-                   {"lr", detail::json_number(lr)},
-                   {"samples_per_s", detail::json_number(double(options.global_batch) / step_seconds)},
-                   {"step_time_s", detail::json_number(step_seconds)}});
+    metrics.write({{"step", step},
+                   {"epoch", sampler.epoch()},
+                   {"loss", stepped.loss},
+                   {"grad_norm", stepped.grad_norm},
+                   {"lr", lr},
+                   {"samples_per_s", double(options.global_batch) / step_seconds},
+                   {"step_time_s", step_seconds}});
     if (root && (step % log_every == 0 || step == total)) {
       // The rate over the steps since the last line (evaluations and checkpoints included).
       const double seconds_per_step =

@@ -108,6 +108,7 @@ double evaluate_windows(Trainer& trainer, const io::text_windows& data, std::siz
 struct sampling {
   double temperature = 1.0;  // 0: the most likely byte each time
   std::uint64_t seed = 0;
+  bool printable = false;  // bytes a terminal cannot show (an undertrained model emits them) as '?'
 };
 
 // Continues `prompt` by new_bytes bytes (the same on every rank: same seed). Collective.
@@ -150,7 +151,10 @@ std::string generate(trainer_core<Model, Scalar>& t, const gpt_config& config, s
     }
   });
   std::string text;
-  for (int id : ids) text.push_back(char(static_cast<unsigned char>(id)));
+  for (int id : ids) {
+    const bool shown = (id >= 0x20 && id < 0x7f) || id == '\n';
+    text.push_back(how.printable && !shown ? '?' : char(static_cast<unsigned char>(id)));
+  }
   return text;
 }
 
