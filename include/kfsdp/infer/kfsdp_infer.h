@@ -18,7 +18,8 @@
  * model finalizes it again if kfsdp_load started it. Kokkos cannot start twice in a process, so a
  * kfsdp_load after that is refused (KFSDP_KOKKOS_UNAVAILABLE): keep a model loaded for as long as
  * the program predicts, or initialise Kokkos yourself (then it is never finalized here).
- * Calls on one model must not overlap; different models may be used from different threads. */
+ * Call these functions from one thread at a time: a model reuses its buffers, and no concurrent use
+ * of Kokkos' execution space is assumed. */
 #ifndef KFSDP_INFER_H
 #define KFSDP_INFER_H
 
