@@ -40,6 +40,7 @@ module;
 #include <kfsdp/fsdp/storage.hpp>
 #include <kfsdp/fsdp/trace.hpp>
 #include <kfsdp/fsdp/units.hpp>
+#include <kfsdp/infer/c_api.hpp>
 #include <kfsdp/infer/predictor.hpp>
 #include <kfsdp/io/array_dataset.hpp>
 #include <kfsdp/io/checksum.hpp>
@@ -351,6 +352,14 @@ using kfsdp::unit_of_params;
 using kfsdp::units_table;
 using kfsdp::wrap_options;
 using kfsdp::wrap_policy;
+}
+// <kfsdp/infer/c_api.hpp>
+export namespace kfsdp::c_api {
+using kfsdp::c_api::features;
+using kfsdp::c_api::free_model;
+using kfsdp::c_api::last_error;
+using kfsdp::c_api::load;
+using kfsdp::c_api::predict;
 }
 // <kfsdp/infer/predictor.hpp>
 export namespace kfsdp {

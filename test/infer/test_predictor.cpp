@@ -87,6 +87,8 @@ TEST_CASE("predictor: an f64 file predicts as the trainer did, bit for bit, its 
     const std::vector<double> expected = train_and_save<double>(path, with_stats);
     kfsdp::predictor<mlp, double> model(mlp{}, path);
     CHECK(model.normalizes() == with_stats);
+    CHECK(model.in_features() == 3);  // the model's widths, for callers that check theirs (the C API)
+    CHECK(model.out_features() == 2);
     const std::vector<double> got = model.predict(first_inputs(), 8);
     REQUIRE(got.size() == expected.size());
     for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(expected[i]).epsilon(1e-12));

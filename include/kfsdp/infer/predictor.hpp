@@ -108,6 +108,9 @@ class predictor {
     return out;
   }
 
+  /// Features a row of the inputs has (0 for a model that takes token ids), and a row of predict's result.
+  [[nodiscard]] std::size_t in_features() const noexcept { return network_.in_features(); }
+  [[nodiscard]] std::size_t out_features() const noexcept { return network_.out_features(); }
   /// The file's metadata (the training program's keys included).
   [[nodiscard]] const io::metadata_map& metadata() const noexcept { return metadata_; }
   /// Whether the file carried normalisation statistics (then applied by predict).

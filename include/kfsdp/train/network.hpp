@@ -91,6 +91,7 @@ struct network_builder {
   wrap_policy policy = wrap_policy::blocks;
   std::size_t next_param = 0;
   std::size_t width = 0;  // features given by the layer before (0: the model's input, not yet known)
+  std::size_t input_width = 0;  // features the model takes (0: not known yet, or ids in)
   std::string previous = "the model's input";
   bool inside_unit = false;
   std::size_t current_unit = 0;  // the unit the layers being built run in (0: the root)
@@ -252,6 +253,7 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
     if constexpr (std::is_same_v<in_tag, features>) {
       if constexpr (requires { d.expected_in_features(); }) {
         const std::size_t want = d.expected_in_features();
+        if (b.width == 0) b.input_width = want;  // the first layer's width is the model's
         if (b.width != 0 && b.width != want)
           throw std::invalid_argument("kfsdp::network: layer '" + name_ + "' takes " + std::to_string(want) +
                                       " features, " + b.previous + " gives " + std::to_string(b.width));
@@ -533,15 +535,21 @@ class network {
   value_t<out_tag, S> forward(pass_context<S>& ctx, value_t<in_tag, S> x);
   void backward(pass_context<S>& ctx);
   void release();
+  // Features a row of the input has (0 for a model that takes token ids) and a row of the output
+  // (of a model ending in a loss layer: the predictions the loss takes).
+  [[nodiscard]] std::size_t in_features() const noexcept { return in_features_; }
+  [[nodiscard]] std::size_t out_features() const noexcept { return out_features_; }
 
  private:
-  static node_t<Model, S> build(const Model& model, std::span<const param_info> table, const wrap_options& wrap);
+  static node_t<Model, S> build(const Model& model, std::span<const param_info> table, const wrap_options& wrap,
+                                std::size_t& in_features, std::size_t& out_features);
+  std::size_t in_features_ = 0, out_features_ = 0;  // declared before root_: its build sets them
   node_t<Model, S> root_;
 };
 
 template <descriptor Model, class S>
 network<Model, S>::network(const Model& model, std::span<const param_info> table, const wrap_options& wrap)
-    : root_(build(model, table, wrap)) {}
+    : root_(build(model, table, wrap, in_features_, out_features_)) {}
 
 template <descriptor Model, class S>
 auto network<Model, S>::forward(pass_context<S>& ctx, value_t<in_tag, S> x) -> value_t<out_tag, S> {
@@ -560,7 +568,8 @@ void network<Model, S>::release() {
 }
 
 template <descriptor Model, class S>
-node_t<Model, S> network<Model, S>::build(const Model& model, std::span<const param_info> table, const wrap_options& wrap) {
+node_t<Model, S> network<Model, S>::build(const Model& model, std::span<const param_info> table, const wrap_options& wrap,
+                                           std::size_t& in_features, std::size_t& out_features) {
   detail::network_builder b;
   b.table = table;
   b.unit_of_param = unit_of_params(table, wrap);
@@ -570,6 +579,8 @@ node_t<Model, S> network<Model, S>::build(const Model& model, std::span<const pa
   if (b.next_param != table.size())
     throw std::logic_error("kfsdp::network: the model binds " + std::to_string(b.next_param) + " parameters, the table has " +
                            std::to_string(table.size()));
+  in_features = b.input_width;
+  out_features = b.width;
   return root;
 }
 
