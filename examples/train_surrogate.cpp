@@ -5,6 +5,7 @@
 //   mpirun -np 2 build/examples/train_surrogate --save surrogate.safetensors
 //   mpirun -np 3 build/examples/train_surrogate --load surrogate.safetensors --eval on
 //   mpirun -np 2 build/examples/train_surrogate --data samples.npz   # numpy.savez(x=[N, 6], y=[N])
+//   mpirun -np 2 build/examples/train_surrogate --data samples.h5 --features x --targets u   # HDF5 datasets
 //
 // The model is one descriptor: input layer, --depth residual hidden layers (each an FSDP unit),
 // output layer, MSE. Features and targets are normalised with the training set's statistics,
@@ -34,6 +35,9 @@ import kfsdp;
 #include <kfsdp/session.hpp>
 #include <kfsdp/train/step_log.hpp>
 #include <kfsdp/train/trainer.hpp>
+#endif
+#ifdef KFSDP_HAVE_HDF5  // built with parallel HDF5 (meson: hdf5 found), the header build only
+#include <kfsdp/io/hdf5.hpp>
 #endif
 
 #include "cli.hpp"
@@ -120,8 +124,27 @@ double relative_l2(Trainer& t, const kfsdp::io::array_dataset& set, const std::v
   return std::sqrt(sums[0] / sums[1]);
 }
 
-// The training samples of --data: an .npz (numpy.savez) with features [N, 6] and targets [N] or [N, 1].
-kfsdp::examples::surrogate_samples samples_from(const settings& s) {
+// The training samples of --data: an .npz (numpy.savez) or an HDF5 file (.h5, .hdf5) with features
+// [N, 6] and targets [N] or [N, 1]. The whole file: every sample is evaluated at the end.
+kfsdp::examples::surrogate_samples samples_from(const settings& s, kfsdp::comm::mpi& world) {
+  if (s.data.ends_with(".h5") || s.data.ends_with(".hdf5")) {
+#ifdef KFSDP_HAVE_HDF5
+    const kfsdp::io::hdf5_dataset file(s.data, s.features, s.targets, world.native());
+    if (file.in_features() != 6 || file.out_features() != 1)
+      throw std::invalid_argument(fmt::format("train_surrogate: --data {}: datasets '{}' and '{}' have widths {} and {}, "
+                                              "expected 6 (x, y, x0, y0, amplitude, width) and 1 (u)",
+                                              s.data, s.features, s.targets, file.in_features(), file.out_features()));
+    const auto [x, u] = file.rows<double>(0, file.count());  // collective: every rank reads it all
+    const auto host_x = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace{}, x);
+    const auto host_u = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace{}, u);
+    return {std::vector<double>(host_x.data(), host_x.data() + host_x.size()),
+            std::vector<double>(host_u.data(), host_u.data() + host_u.size()), file.count()};
+#else
+    (void)world;
+    throw std::invalid_argument(fmt::format("train_surrogate: --data {}: this build has no HDF5 (meson found no "
+                                            "hdf5-openmpi: Debian libhdf5-openmpi-dev), expected an .npz", s.data));
+#endif
+  }
   const kfsdp::io::numpy_array x = kfsdp::io::read_npz(s.data, s.features), u = kfsdp::io::read_npz(s.data, s.targets);
   const std::size_t n = x.shape.empty() ? 0 : x.shape[0];
   if (x.shape.size() != 2 || x.shape[1] != 6 || n == 0)
@@ -163,7 +186,7 @@ int run(const settings& s, kfsdp::session& job) {
     });
   }
 
-  const auto train = s.data.empty() ? heat_samples(random_sources(s.train_problems, s.seed), s.grid) : samples_from(s);
+  const auto train = s.data.empty() ? heat_samples(random_sources(s.train_problems, s.seed), s.grid) : samples_from(s, world);
   kfsdp::io::array_dataset train_set(train.features, 6, train.targets, 1);
   const kfsdp::io::array_dataset::normalization normalization = train_set.normalize();
   test_set.normalize(normalization);
@@ -228,9 +251,9 @@ int main(int argc, char** argv) {
         .flag("load", "", "with --eval on: the weights to evaluate")
         .flag("eval", "off", "on (with --load FILE): print the test relative L2 of the saved model and exit")
         .flag("metrics", "", "write one JSON line per step here (rank 0; loss, samples/s, memory, comm bytes; overwritten)")
-        .flag("data", "", "train on the samples of this .npz (numpy.savez) instead of --train-problems sources")
-        .flag("features", "x", "with --data: the array of features [N, 6] (x, y, x0, y0, amplitude, width)")
-        .flag("targets", "y", "with --data: the array of targets [N] or [N, 1] (u)");
+        .flag("data", "", "train on the samples of this .npz (numpy.savez) or .h5 (HDF5) instead of --train-problems sources")
+        .flag("features", "x", "with --data: the array (HDF5: dataset) of features [N, 6] (x, y, x0, y0, amplitude, width)")
+        .flag("targets", "y", "with --data: the array (HDF5: dataset) of targets [N] or [N, 1] (u)");
     kfsdp::examples::add_fsdp_flags(c, "zero3", "layer");
     if (!c.parse(argc, argv)) return 0;
     const settings s = read(c, job.size());

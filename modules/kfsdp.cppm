@@ -44,6 +44,7 @@ module;
 #include <kfsdp/infer/predictor.hpp>
 #include <kfsdp/io/array_dataset.hpp>
 #include <kfsdp/io/checksum.hpp>
+#include <kfsdp/io/dataset.hpp>
 #include <kfsdp/io/distributed_sampler.hpp>
 #include <kfsdp/io/numpy.hpp>
 #include <kfsdp/io/safetensors.hpp>
@@ -89,6 +90,9 @@ module;
 #include <kfsdp/train/rowwise.hpp>
 #include <kfsdp/train/step_log.hpp>
 #include <kfsdp/train/trainer.hpp>
+#ifdef KFSDP_HAVE_HDF5
+#include <kfsdp/io/hdf5.hpp>
+#endif
 #ifdef KFSDP_HAVE_NCCL
 #include <kfsdp/comm/nccl.hpp>
 #endif
@@ -395,6 +399,13 @@ using kfsdp::io::checksum_of;
 using kfsdp::io::checksum_state;
 using kfsdp::io::checksum_update;
 using kfsdp::io::format_hex64;
+}
+// <kfsdp/io/dataset.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::dataset;
+using kfsdp::io::dataset_ref;
+using kfsdp::io::epoch_permutation;
+using kfsdp::io::shuffled_micro_batch;
 }
 // <kfsdp/io/distributed_sampler.hpp>
 export namespace kfsdp::io {

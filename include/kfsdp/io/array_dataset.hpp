@@ -29,6 +29,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <kfsdp/io/dataset.hpp>
 #include <kfsdp/io/safetensors.hpp>  // metadata_map
 #include <kfsdp/nn/views.hpp>
 
@@ -59,26 +60,12 @@ class array_dataset {
   [[nodiscard]] std::size_t out_features() const noexcept { return out_; }
 
   // Sample indices of global micro-batch `index` (step · grad_accum + k) of `global_batch` samples:
-  // positions [index·B, (index+1)·B) of the concatenated epochs, epoch e being a Fisher–Yates
-  // shuffle of [0, count) driven by a splitmix64 counter keyed by (seed, e) — so any micro-batch is
-  // drawn without replaying earlier ones, and every rank draws the same. O(count) per epoch touched.
+  // io::shuffled_micro_batch over this set's samples (dataset.hpp), the same on every rank.
   [[nodiscard]] std::vector<std::size_t> micro_batch(std::uint64_t seed, std::size_t index,
                                                      std::size_t global_batch) const {
     if (global_batch == 0)
       throw std::invalid_argument("kfsdp::array_dataset::micro_batch: global_batch is 0, expected at least 1");
-    std::vector<std::size_t> samples(global_batch);
-    std::vector<std::size_t> order;
-    std::size_t order_epoch = 0;
-    for (std::size_t i = 0; i < global_batch; ++i) {
-      const std::size_t position = index * global_batch + i;
-      const std::size_t epoch = position / count_;
-      if (order.empty() || order_epoch != epoch) {  // a batch spans few epochs: shuffle each once
-        order = permutation(seed, epoch);
-        order_epoch = epoch;
-      }
-      samples[i] = order[position % count_];
-    }
-    return samples;
+    return shuffled_micro_batch(count_, seed, index, global_batch);
   }
 
   // Rank `rank`'s contiguous slice (global_batch / world_size samples) of a micro-batch, as device
@@ -138,28 +125,6 @@ class array_dataset {
   void normalize(const normalization& stats) { normalize(stats.features, stats.targets); }
 
  private:
-  static std::uint64_t mix(std::uint64_t z) {  // splitmix64's finaliser
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-
-  // Epoch `epoch`'s order: Fisher–Yates where draw k is mix(key + k·γ), key from (seed, epoch).
-  [[nodiscard]] std::vector<std::size_t> permutation(std::uint64_t seed, std::size_t epoch) const {
-    std::vector<std::size_t> order(count_);
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    const std::uint64_t key = mix(seed ^ mix(static_cast<std::uint64_t>(epoch)));
-    std::uint64_t counter = key;
-    for (std::size_t i = count_ - 1; i > 0; --i) {
-      counter += 0x9e3779b97f4a7c15ull;
-      // Modulo bias is below count / 2⁶⁴: negligible for any array that fits in memory.
-      const std::size_t j = static_cast<std::size_t>(mix(counter) % (static_cast<std::uint64_t>(i) + 1));
-      std::swap(order[i], order[j]);
-    }
-    return order;
-  }
-
   // Device matrices of `rows` samples, row r being sample sample_of(r), filled on the host.
   template <class Scalar, class SampleOf>
   [[nodiscard]] std::pair<nn::matrix<Scalar>, nn::matrix<Scalar>> gather(std::size_t rows, SampleOf sample_of) const {
@@ -212,6 +177,8 @@ class array_dataset {
   std::vector<double> features_, targets_;
   std::size_t in_, out_, count_ = 0;
 };
+
+static_assert(dataset<array_dataset>);
 
 /// Normalisation statistics as checkpoint metadata (kept with the weights, for inference later):
 /// "normalization.features.mean", ".features.stddev", ".targets.mean", ".targets.stddev", the values

@@ -1,9 +1,10 @@
 #pragma once
-// kfsdp::io::distributed_sampler — which samples of an array_dataset each step trains on, the
+// kfsdp::io::distributed_sampler — which samples of a dataset each step trains on, the
 // same global sequence at any world size: step s takes positions [s·B, (s+1)·B) of the
-// concatenated epochs (each epoch a shuffle fixed by (seed, epoch): array_dataset::micro_batch),
+// concatenated epochs (each epoch a shuffle fixed by (seed, epoch): io::shuffled_micro_batch),
 // and rank r of N its contiguous B/N of them. So the loss of every step is the same at 1, 2 or 3
-// ranks, and resuming needs only the next step, which is the sampler's checkpoint state.
+// ranks, and resuming needs only the next step, which is the sampler's checkpoint state. Any
+// io::dataset: an array_dataset in memory, an hdf5_dataset read per batch (io/hdf5.hpp).
 //
 //   kfsdp::io::distributed_sampler sampler(data, /*global_batch=*/256, /*seed=*/1);
 //   auto [x, y] = sampler.next<double>(data, world.rank(), world.size());   // step 0, this rank's rows
@@ -20,6 +21,7 @@
 #include <fmt/format.h>
 
 #include <kfsdp/io/array_dataset.hpp>
+#include <kfsdp/io/dataset.hpp>
 #include <kfsdp/io/stateful.hpp>
 
 namespace kfsdp::io {
@@ -27,22 +29,23 @@ namespace kfsdp::io {
 class distributed_sampler {
  public:
   /// Throws std::invalid_argument for a zero global_batch.
-  distributed_sampler(const array_dataset& data, std::size_t global_batch, std::uint64_t seed)
+  template <dataset Data>
+  distributed_sampler(const Data& data, std::size_t global_batch, std::uint64_t seed)
       : samples_(data.count()), global_batch_(global_batch), seed_(seed) {
     if (global_batch == 0)
       throw std::invalid_argument("kfsdp::io::distributed_sampler: global_batch is 0, expected at least 1");
   }
 
   /// This rank's rows of the next step's global batch, then the step advances. `ranks` must divide
-  /// the global batch (array_dataset::rank_slice says so otherwise).
-  template <class Scalar>
-  [[nodiscard]] std::pair<nn::matrix<Scalar>, nn::matrix<Scalar>> next(const array_dataset& data,
+  /// the global batch (the dataset's rank_slice says so otherwise); collective where rank_slice is.
+  template <class Scalar, dataset Data>
+  [[nodiscard]] std::pair<nn::matrix<Scalar>, nn::matrix<Scalar>> next(const Data& data,
                                                                        std::size_t rank, std::size_t ranks) {
     if (data.count() != samples_)
       throw std::invalid_argument(
           fmt::format("kfsdp::io::distributed_sampler::next: data has {} samples, expected the sampler's {}",
                       data.count(), samples_));
-    auto slice = data.rank_slice<Scalar>(data.micro_batch(seed_, step_, global_batch_), rank, ranks);
+    auto slice = data.template rank_slice<Scalar>(data.micro_batch(seed_, step_, global_batch_), rank, ranks);
     ++step_;
     return slice;
   }

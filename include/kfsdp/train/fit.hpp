@@ -1,7 +1,7 @@
 #pragma once
 // kfsdp::fit — the training loop users expect, around a trainer (opt-in: this header includes
-// mpi.h, through session.hpp and io/checkpoint.hpp): steps or epochs over an array_dataset with a
-// distributed sampler (the same global batches at any world size), a learning-rate schedule,
+// mpi.h, through session.hpp and io/checkpoint.hpp): steps or epochs over a dataset (io::dataset: an
+// array_dataset in memory, an hdf5_dataset read per batch from a shared file) with a distributed sampler (the same global batches at any world size), a learning-rate schedule,
 // evaluation every K steps, a progress line on rank 0 and JSON-lines metrics, checkpoints every K
 // steps keeping the last N, resuming on its own from the newest complete one, and preemption:
 // SIGTERM or SIGUSR1 (what Slurm sends before a time limit) writes a checkpoint at the next step
@@ -55,6 +55,7 @@
 
 #include <kfsdp/io/array_dataset.hpp>
 #include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/io/dataset.hpp>
 #include <kfsdp/io/distributed_sampler.hpp>
 #include <kfsdp/io/stateful.hpp>
 #include <kfsdp/optim/adamw.hpp>     // what a fit program steps with: the optimizers
@@ -82,7 +83,7 @@ struct fit_options {
   std::size_t global_batch = 0;  // samples per step over every rank: a multiple of the ranks
   std::uint64_t seed = 0;        // the sampler's shuffle
   double max_norm = 0;           // clip the global gradient norm to this (0: no clipping)
-  const io::array_dataset* eval_data = nullptr;  // evaluated every eval_every steps and at the end
+  io::dataset_ref eval_data = nullptr;           // &any io::dataset: evaluated every eval_every steps and at the end
   std::size_t eval_every = 0;                    // 0: only at the end
   std::vector<fit_metric> metrics{};             // computed at each evaluation besides the built-in ones
   std::size_t log_every = 0;                     // a progress line every k steps on rank 0 (0: ten per run)
@@ -189,7 +190,7 @@ typename Trainer::target_type targets_of(const nn::matrix<Scalar>& y) {
 
 // Every metric over every sample of `data`, each rank computing on its contiguous share.
 template <class Trainer>
-eval_metrics evaluate(session& job, Trainer& trainer, const io::array_dataset& data,
+eval_metrics evaluate(session& job, Trainer& trainer, const io::dataset_ref& data,
                       const std::vector<fit_metric>& user) {
   using Scalar = typename Trainer::scalar_type;
   comm::mpi& world = job.world();
@@ -199,7 +200,7 @@ eval_metrics evaluate(session& job, Trainer& trainer, const io::array_dataset& d
     throw std::invalid_argument(fmt::format(
         "fit: eval_data has {} samples, expected at least one per rank ({} ranks)", samples, ranks));
   const std::size_t first = samples * rank / ranks, last = samples * (rank + 1) / ranks;
-  auto [x, y] = data.rows<Scalar>(first, last - first);
+  auto [x, y] = data.template rows<Scalar>(first, last - first);
   const typename Trainer::batch batch{x, targets_of<Trainer>(y)};
   eval_metrics result;
   result.loss = trainer.evaluate({batch});
@@ -286,7 +287,7 @@ inline void check_options(const fit_options& options, std::size_t ranks) {
     throw std::invalid_argument(
         fmt::format("fit: global_batch is {}, expected a positive multiple of the {} ranks",
                     options.global_batch, ranks));
-  if (options.eval_every > 0 && options.eval_data == nullptr)
+  if (options.eval_every > 0 && !options.eval_data)
     throw std::invalid_argument(fmt::format(
         "fit: eval_every is {}, and eval_data is unset: expected eval_data too", options.eval_every));
   if (options.checkpoint_every > 0 && options.checkpoint_dir.empty())
@@ -314,14 +315,14 @@ inline void check_options(const fit_options& options, std::size_t ranks) {
 }  // namespace detail
 
 /// Trains `trainer` with `optimizer` (any stateful optimizer: adamw, sgd) at lr = schedule(step)
-/// over `data` as `options` say; collective over the session's ranks. Returns how it ended; a
+/// over `data` (any io::dataset) as `options` say; collective over the session's ranks. Returns how it ended; a
 /// NaN or infinite loss throws std::runtime_error naming the step (nothing is saved for it), as
 /// does a bad option (std::invalid_argument, naming the field, the value and what is expected).
-template <class Trainer, class Optimizer, class Schedule>
+template <class Trainer, class Optimizer, class Schedule, io::dataset Data>
   requires io::stateful<Optimizer, typename Trainer::scalar_type> &&
            std::is_invocable_r_v<double, const Schedule&, std::size_t>
 fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Schedule& schedule,
-               const io::array_dataset& data, const fit_options& options) {
+               const Data& data, const fit_options& options) {
   using Scalar = typename Trainer::scalar_type;
   comm::mpi& world = job.world();
   const std::size_t rank = std::size_t(world.rank()), ranks = std::size_t(world.size());
@@ -408,7 +409,7 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
 
   json_lines metrics(world, "fit: metrics_file", options.metrics_file, /*append=*/result.resumed_from > 0);
   const auto evaluate = [&](std::size_t step) {
-    result.eval = detail::evaluate(job, trainer, *options.eval_data, options.metrics);
+    result.eval = detail::evaluate(job, trainer, options.eval_data, options.metrics);
     const auto named = detail::named_metrics(result.eval);
     std::vector<json_field> fields{{"step", step}};
     std::string line = fmt::format("fit: eval at step {}", step);
@@ -478,7 +479,7 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
   }
   result.step = step;
   if (!result.preempted) {
-    if (options.eval_data != nullptr) evaluate(step);
+    if (options.eval_data) evaluate(step);
     if (checkpoints && last_saved != step) save(step);
   }
   return result;
