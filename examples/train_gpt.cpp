@@ -8,6 +8,8 @@
 // kfsdp::step_log prints a line per step (loss, tokens/s, per-rank memory, bytes communicated) and
 // --metrics F writes the same as JSON lines.
 
+#include <algorithm>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>

@@ -14,8 +14,10 @@
 // ||u_pred − u||₂ / ||u||₂ over every sample of the set. kfsdp::step_log prints the steps, and
 // --metrics F writes one JSON line per step (loss, samples/s, memory, comm bytes).
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <span>
 #include <string>
 #include <vector>
 
