@@ -1,0 +1,56 @@
+#pragma once
+// Sizes of a Llama-family model, named as kfsdp names them, each beside the key of transformers'
+// LlamaConfig (config.json) that holds it. make_llama builds the descriptor from it; the Hugging
+// Face checkpoint reader and writer translate it to and from config.json.
+//
+//   kfsdp::llama_config c{.layers = 2, .dim = 64, .hidden = 176, .heads = 4, .kv_heads = 2};
+//   c.validate();   // throws std::invalid_argument naming the size at fault
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace kfsdp {
+
+struct llama_config {
+  std::size_t vocab = 256;      // vocab_size
+  std::size_t dim = 128;        // hidden_size
+  std::size_t hidden = 352;     // intermediate_size (the SwiGLU MLP's width)
+  std::size_t layers = 4;       // num_hidden_layers
+  std::size_t heads = 4;        // num_attention_heads
+  std::size_t kv_heads = 2;     // num_key_value_heads (grouped-query attention; = heads for MHA)
+  std::size_t seq = 64;         // max_position_embeddings
+  double rope_theta = 10000.0;  // rope_theta
+  double rms_norm_eps = 1e-6;   // rms_norm_eps
+  bool tie_weights = false;     // tie_word_embeddings: lm_head.weight is model.embed_tokens.weight
+
+  // Each query head's width (head_dim).
+  constexpr std::size_t head_dim() const { return dim / heads; }
+
+  // Throws std::invalid_argument naming the size that is zero, heads not dividing dim, kv_heads not
+  // dividing heads, or an odd head width (RoPE rotates pairs).
+  constexpr void validate() const {
+    for (auto [value, name] : {std::pair{vocab, "vocab"}, std::pair{dim, "dim"}, std::pair{hidden, "hidden"},
+                               std::pair{layers, "layers"}, std::pair{heads, "heads"},
+                               std::pair{kv_heads, "kv_heads"}, std::pair{seq, "seq"}})
+      if (value == 0) throw std::invalid_argument(std::string("kfsdp::llama_config: ") + name + " is 0, expected at least 1");
+    if (dim % heads != 0)
+      throw std::invalid_argument("kfsdp::llama_config: heads is " + std::to_string(heads) +
+                                  ", expected a divisor of dim = " + std::to_string(dim));
+    if (heads % kv_heads != 0)
+      throw std::invalid_argument("kfsdp::llama_config: kv_heads is " + std::to_string(kv_heads) +
+                                  ", expected a divisor of heads = " + std::to_string(heads));
+    if (head_dim() % 2 != 0)
+      throw std::invalid_argument("kfsdp::llama_config: the head width dim / heads is " +
+                                  std::to_string(head_dim()) + ", expected an even number (RoPE rotates pairs)");
+    if (!(rope_theta > 0.0))
+      throw std::invalid_argument("kfsdp::llama_config: rope_theta is " + std::to_string(rope_theta) +
+                                  ", expected a positive number");
+    if (!(rms_norm_eps >= 0.0))
+      throw std::invalid_argument("kfsdp::llama_config: rms_norm_eps is " + std::to_string(rms_norm_eps) +
+                                  ", expected zero or more");
+  }
+};
+
+}  // namespace kfsdp
