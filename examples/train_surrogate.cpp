@@ -209,9 +209,10 @@ int run(const settings& s, kfsdp::session& job) {
                                 .log_every = s.log_every});
     const auto start = std::chrono::steady_clock::now();
     for (std::size_t step = 0; step < s.steps; ++step) {
-      adam.set_lr(schedule(step));
+      const double lr = schedule(step);
+      adam.set_lr(lr);
       auto [x, y] = sampler.next<Scalar>(train_set, std::size_t(world.rank()), std::size_t(job.size()));
-      log.measure(step, trainer, adam, schedule(step), s.batch, [&] { return trainer.step({{x, y}}, adam, s.clip); });
+      log.measure(step, trainer, adam, lr, s.batch, [&] { return trainer.step({{x, y}}, adam, s.clip); });
     }
     log.print_loss_change();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -63,6 +63,7 @@ module;
 #include <kfsdp/model/descriptor.hpp>
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/model/layers.hpp>
+#include <kfsdp/model/llama_config.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/model/rowwise.hpp>
 #include <kfsdp/nn/attention.hpp>
@@ -405,6 +406,7 @@ export namespace kfsdp::io {
 using kfsdp::io::dataset;
 using kfsdp::io::dataset_ref;
 using kfsdp::io::epoch_permutation;
+using kfsdp::io::rank_share;
 using kfsdp::io::shuffled_micro_batch;
 }
 // <kfsdp/io/distributed_sampler.hpp>
@@ -568,6 +570,10 @@ using kfsdp::relu;
 using kfsdp::silu;
 using kfsdp::tanh_layer;
 using kfsdp::tied;
+}
+// <kfsdp/model/llama_config.hpp>
+export namespace kfsdp {
+using kfsdp::llama_config;
 }
 // <kfsdp/model/param_table.hpp>
 export namespace kfsdp {

@@ -174,5 +174,12 @@ with tempfile.TemporaryDirectory() as tmp:
         check('the model does not fit: it needs' in out and f'--{flags[0][2:]} {flags[1]}' in out and
               'available to each of the 2 ranks' in out, f'{" ".join(flags)}: refused as not fitting')
 
+    # --help prints the program's flags alone (Kokkos' own help is --kokkos-help), and Kokkos' flags
+    # still reach Kokkos rather than the program's parser.
+    out = run(1, '--help')
+    check(out.lstrip().startswith('usage') or out.lstrip().startswith('train_gpt'), '--help starts with the program\'s usage')
+    check('Kokkos command line arguments' not in out and '--steps' in out, '--help: no Kokkos banner, the program\'s flags')
+    check(len(losses(run(1, '--steps', '1', '--kokkos-threads=1'))) == 1, 'a --kokkos-* flag goes to Kokkos, not to the program')
+
 print(f'train_gpt end to end: {len(failures)} checks failed')
 sys.exit(1 if failures else 0)

@@ -74,16 +74,8 @@ class array_dataset {
   [[nodiscard]] std::pair<nn::matrix<Scalar>, nn::matrix<Scalar>> rank_slice(const std::vector<std::size_t>& samples,
                                                                              std::size_t rank,
                                                                              std::size_t world_size) const {
-    if (world_size == 0 || samples.size() % world_size != 0)
-      throw std::invalid_argument(fmt::format(
-          "kfsdp::array_dataset::rank_slice: global_batch {} does not split evenly over world_size {}, expected a "
-          "multiple of world_size",
-          samples.size(), world_size));
-    if (rank >= world_size)
-      throw std::invalid_argument(fmt::format(
-          "kfsdp::array_dataset::rank_slice: rank is {}, expected less than world_size = {}", rank, world_size));
-    const std::size_t local = samples.size() / world_size;
-    return gather<Scalar>(local, [&](std::size_t r) { return samples[rank * local + r]; });
+    const auto mine = rank_share(samples, rank, world_size, "kfsdp::array_dataset::rank_slice");
+    return gather<Scalar>(mine.size(), [&](std::size_t r) { return mine[r]; });
   }
 
   // All samples [first, first + count) in order (evaluation), as device matrices.

@@ -16,6 +16,7 @@
 #include <functional>
 #include <numeric>
 #include <stdexcept>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -64,19 +65,38 @@ inline std::vector<std::size_t> shuffled_micro_batch(std::size_t count, std::uin
   if (global_batch == 0)
     throw std::invalid_argument("kfsdp::io::shuffled_micro_batch: global_batch is 0, expected at least 1");
   if (count == 0) throw std::invalid_argument("kfsdp::io::shuffled_micro_batch: count is 0, expected at least 1");
+  // The last epoch's order, kept: consecutive micro-batches mostly share an epoch, and shuffling
+  // a million samples costs milliseconds a step.
+  struct cached_order {
+    std::size_t count = 0, epoch = 0;
+    std::uint64_t seed = 0;
+    std::vector<std::size_t> order;
+  };
+  thread_local cached_order cache;
   std::vector<std::size_t> samples(global_batch);
-  std::vector<std::size_t> order;
-  std::size_t order_epoch = 0;
   for (std::size_t i = 0; i < global_batch; ++i) {
     const std::size_t position = index * global_batch + i;
     const std::size_t epoch = position / count;
-    if (order.empty() || order_epoch != epoch) {  // a batch spans few epochs: shuffle each once
-      order = epoch_permutation(count, seed, epoch);
-      order_epoch = epoch;
-    }
-    samples[i] = order[position % count];
+    if (cache.order.empty() || cache.count != count || cache.seed != seed || cache.epoch != epoch)
+      cache = {count, epoch, seed, epoch_permutation(count, seed, epoch)};
+    samples[i] = cache.order[position % count];
   }
   return samples;
+}
+
+/// Rank `rank`'s contiguous share of a micro-batch's samples (global_batch / world_size of them),
+/// checked; `who` names the caller in the error.
+///   rank_share({7, 2, 5, 0}, 1, 2, "my_dataset::rank_slice") -> {5, 0}
+[[nodiscard]] inline std::vector<std::size_t> rank_share(const std::vector<std::size_t>& samples, std::size_t rank,
+                                                         std::size_t world_size, std::string_view who) {
+  if (world_size == 0 || samples.size() % world_size != 0)
+    throw std::invalid_argument(fmt::format(
+        "{}: global_batch {} does not split evenly over world_size {}, expected a multiple of world_size", who,
+        samples.size(), world_size));
+  if (rank >= world_size)
+    throw std::invalid_argument(fmt::format("{}: rank is {}, expected less than world_size = {}", who, rank, world_size));
+  const std::size_t local = samples.size() / world_size;
+  return {samples.begin() + std::ptrdiff_t(rank * local), samples.begin() + std::ptrdiff_t((rank + 1) * local)};
 }
 
 /// A dataset fit and distributed_sampler train on: its size and widths, the samples of a

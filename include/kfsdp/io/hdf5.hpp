@@ -264,17 +264,7 @@ class hdf5_dataset {
   [[nodiscard]] std::pair<nn::matrix<Scalar>, nn::matrix<Scalar>> rank_slice(const std::vector<std::size_t>& samples,
                                                                              std::size_t rank,
                                                                              std::size_t world_size) const {
-    if (world_size == 0 || samples.size() % world_size != 0)
-      throw std::invalid_argument(fmt::format(
-          "kfsdp::io::hdf5_dataset::rank_slice: global_batch {} does not split evenly over world_size {}, expected a "
-          "multiple of world_size",
-          samples.size(), world_size));
-    if (rank >= world_size)
-      throw std::invalid_argument(fmt::format(
-          "kfsdp::io::hdf5_dataset::rank_slice: rank is {}, expected less than world_size = {}", rank, world_size));
-    const std::size_t local = samples.size() / world_size;
-    const std::vector<std::size_t> mine(samples.begin() + std::ptrdiff_t(rank * local),
-                                        samples.begin() + std::ptrdiff_t((rank + 1) * local));
+    const auto mine = rank_share(samples, rank, world_size, "kfsdp::io::hdf5_dataset::rank_slice");
     return read_samples<Scalar>(mine, "rank_slice");
   }
 
