@@ -5,9 +5,10 @@
 //                   its place: no unpack; the buffer from the engine's pool),
 //                   kfsdp::comm::all_gather over mpi alone (= iall_gather + wait), raw
 //                   MPI_Allgather and raw MPI_Iallgather + MPI_Wait;
-//   reduce-scatter: kfsdp fsdp_engine::reduce_gradients after zero_grad, as in every step (one
-//                   reduce-scatter per parameter, straight from its gradient into the gradient
-//                   shard, then the division by the ranks), kfsdp::comm::reduce_scatter_sum over mpi
+//   reduce-scatter: kfsdp fsdp_engine::reduce_gradients after zero_grad, as in every step (the
+//                   bucket's gradients as one batch, comm::ireduce_scatter_sum_parts: one ring
+//                   from the gradients into the gradient shard, the division by the ranks folded
+//                   into its last addition), kfsdp::comm::reduce_scatter_sum over mpi
 //                   alone (the ring above its threshold), raw MPI_Reduce_scatter_block and raw
 //                   MPI_Ireduce_scatter_block + MPI_Wait.
 // The two raw columns show what a blocking MPI call would save over kfsdp's non-blocking one.

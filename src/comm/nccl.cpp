@@ -226,6 +226,25 @@ void nccl::issue_reduce_scatter_sum(const void* send, void* recv, std::size_t re
              function, "ncclReduceScatter", state_->communicator);
 }
 
+void nccl::issue_group(collective what, std::span<const part_call> calls, element_kind kind,
+                       std::string_view function) {
+  const ncclDataType_t type = nccl_type_of(static_cast<int>(kind));
+  check_nccl(ncclGroupStart(), function, "ncclGroupStart", state_->communicator);
+  // Every call is made and the group always ended, so a failure leaves NCCL outside a group.
+  ncclResult_t failed = ncclSuccess;
+  for (const part_call& call : calls) {
+    const ncclResult_t code =
+        what == collective::all_gather
+            ? ncclAllGather(call.send, call.recv, call.count, type, state_->communicator, state_->stream)
+            : ncclReduceScatter(call.send, call.recv, call.count, type, ncclSum, state_->communicator, state_->stream);
+    if (failed == ncclSuccess) failed = code;
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  check_nccl(failed, function, what == collective::all_gather ? "ncclAllGather" : "ncclReduceScatter",
+             state_->communicator);
+  check_nccl(ended, function, "ncclGroupEnd", state_->communicator);
+}
+
 void nccl::issue_broadcast(void* data, std::size_t count, element_kind kind, int root,
                            std::string_view function) {
   check_nccl(ncclBroadcast(data, data, count, nccl_type_of(static_cast<int>(kind)), root,

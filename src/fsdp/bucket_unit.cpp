@@ -54,17 +54,17 @@ typename bucket_unit<Scalar>::view bucket_unit<Scalar>::acquire_wire(unit_contex
 }
 
 template <class Scalar>
-template <class T, class Issue, class From, class To>
-comm::request bucket_unit<Scalar>::per_param(const unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
-                                             const Kokkos::View<T*>& to, Issue issue, From from_range,
-                                             To to_range) const {
-  std::vector<comm::request> parts;
+template <class T>
+comm::request bucket_unit<Scalar>::reduce_params(unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
+                                                 const Kokkos::View<T*>& to, comm::scale_type<T> factor) const {
+  using space = typename Kokkos::View<T*>::memory_space;
+  std::vector<comm::reduce_scatter_part<T, space>> parts;
   parts.reserve(param_count_);
   for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p)
     if (!ctx.is_frozen(p))
-      parts.push_back(issue(const_span_of(Kokkos::subview(from, from_range(p).pair())),
-                          span_of(Kokkos::subview(to, to_range(p).pair()))));
-  return comm::when_all(std::move(parts));
+      parts.push_back({const_span_of(Kokkos::subview(from, ctx.map.padded(p).pair())),
+                       span_of(Kokkos::subview(to, ctx.map.bucket_chunk(p).pair()))});
+  return ctx.comm.template ireduce_scatter_sum_parts<T, space>(parts, factor);
 }
 
 template <class Scalar>
@@ -174,9 +174,6 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
   // Frozen chunks of a pooled reduce buffer are never written by a collective: zeros, so that the
   // add leaves their gradient shard at zero.
   const auto reduced_fill = frozen_count > 0 ? buffer_pool<Scalar>::fill::zeros : buffer_pool<Scalar>::fill::none;
-  const auto padded = [&](std::size_t p) { return ctx.map.padded(p); };
-  const auto chunk = [&](std::size_t p) { return ctx.map.bucket_chunk(p); };
-  const auto reduce_scatter = [&](auto send, auto recv) { return ctx.comm.ireduce_scatter_sum(send, recv); };
   reduced_as_ = ctx.reduce_dtype;
   after_ = after;
   // A zero gradient shard receives the sums itself: the add would only copy them. Without replicas
@@ -188,10 +185,7 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
     if (before != Scalar(1)) KokkosBlas::scal(full_grads_, before, full_grads_);
     Kokkos::fence();
     if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
-    const auto reduce_scatter_scaled = [&](auto send, auto recv) {
-      return folds_after ? ctx.comm.ireduce_scatter_sum(send, recv, after) : ctx.comm.ireduce_scatter_sum(send, recv);
-    };
-    reduce_pending_ = per_param(ctx, full_grads_, reduced_grads_, reduce_scatter_scaled, padded, chunk);
+    reduce_pending_ = reduce_params(ctx, full_grads_, reduced_grads_, folds_after ? after : Scalar(1));
   } else {
     with_wire(reduced_as_, [&]<class Wire>(Wire) {
       // Divided in Scalar, then rounded once: the wire copy replaces the Scalar one.
@@ -200,8 +194,8 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
       Kokkos::fence();
       ctx.pool.release(full_grads_);
       if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
-      reduce_pending_ = per_param(ctx, wire_view<Wire>(packed_grads_, numel), wire_view<Wire>(reduced_grads_, shard),
-                                  reduce_scatter, padded, chunk);
+      reduce_pending_ =
+          reduce_params(ctx, wire_view<Wire>(packed_grads_, numel), wire_view<Wire>(reduced_grads_, shard), 1.0f);
     });
   }
   reduce_bytes_ = reduced_numel * wire_bytes(reduced_as_, sizeof(Scalar));

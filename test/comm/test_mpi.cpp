@@ -531,6 +531,114 @@ TEST_CASE("mpi: bad gather parts throw std::invalid_argument naming the part, be
   world.barrier();  // every rank got here without communicating
 }
 
+namespace {
+// A bucket's gradients as ireduce_scatter_sum_parts takes them: part k's send is its own buffer of
+// n*counts[k] elements, its recv a slice of one shard (the parts adjacent, as in a gradient shard).
+template <class T>
+struct reduce_parts_case {
+  std::vector<std::size_t> counts;
+  std::vector<std::vector<T>> sends;
+  std::vector<T> shard;
+  std::vector<comm::reduce_scatter_part<T, Kokkos::HostSpace>> parts;
+
+  reduce_parts_case(int rank, int ranks, std::vector<std::size_t> part_counts, bool inexact = false)
+      : counts(std::move(part_counts)) {
+    const auto n = static_cast<std::size_t>(ranks);
+    shard.assign(std::accumulate(counts.begin(), counts.end(), std::size_t{0}), T(-1));
+    std::size_t at = 0;
+    for (std::size_t k = 0; k < counts.size(); ++k) {
+      std::vector<T> send = contributions<T>(rank, n * counts[k]);
+      if constexpr (std::is_floating_point_v<T>)  // values whose sums round: the association shows
+        if (inexact)
+          for (std::size_t i = 0; i < send.size(); ++i) send[i] = T(1) / T(3 + 7 * rank + int((i + k) % 1013));
+      sends.push_back(std::move(send));
+      parts.push_back({comm::host_span<const T>(std::span<const T>(sends.back())),
+                       comm::host_span<T>(std::span(shard).subspan(at, counts[k]))});
+      at += counts[k];
+    }
+  }
+  // What one ireduce_scatter_sum a part gives, with the same factor.
+  std::vector<T> part_by_part(comm::mpi& world, comm::scale_type<T> factor) const {
+    std::vector<T> want(shard.size(), T(-1));
+    std::size_t at = 0;
+    for (std::size_t k = 0; k < counts.size(); ++k) {
+      comm::ireduce_scatter_sum<T, Kokkos::HostSpace>(world, parts[k].send,
+                                                      comm::host_span<T>(std::span(want).subspan(at, counts[k])), factor)
+          .wait();
+      at += counts[k];
+    }
+    return want;
+  }
+};
+}  // namespace
+
+TEST_CASE_TEMPLATE("mpi: ireduce_scatter_sum_parts gives every part what its own ireduce_scatter_sum gives", T, float,
+                   double, kfsdp::bf16, kfsdp::f16) {
+  const std::size_t segment = 256 * 1024 / sizeof(T);
+  using path = comm::mpi_options::device_memory_path;
+  for (const comm::mpi_options options :
+       {comm::mpi_options{}, comm::mpi_options{.check_collectives = true, .timeout = std::chrono::seconds(60)},
+        comm::mpi_options{.device_memory = path::staged}}) {
+    comm::mpi world(MPI_COMM_WORLD, options);
+    comm::any_communicator erased(world);
+    // The ring (a part across a segment boundary, an empty part) and the packed path.
+    for (const std::size_t ring_min_bytes : {std::size_t{1}, SIZE_MAX}) {
+      CAPTURE(ring_min_bytes);
+      world.set_reduce_scatter_ring_min_bytes(ring_min_bytes);
+      for (const auto& counts : {std::vector<std::size_t>{3, 0, 5, 1}, std::vector<std::size_t>{2, segment + 5, 7}})
+        for (const comm::scale_type<T> factor : {comm::scale_type<T>(1), comm::scale_type<T>(0.5)}) {
+          CAPTURE(counts.size());
+          CAPTURE(double(factor));
+          reduce_parts_case<T> direct(world.rank(), world.size(), counts), through_any(world.rank(), world.size(), counts);
+          const std::vector<T> want = direct.part_by_part(world, factor);
+          comm::request pending = world.ireduce_scatter_sum_parts<T>(direct.parts, factor);
+          while (!pending.test()) {}
+          CHECK(values_of(direct.shard) == values_of(want));
+          erased.ireduce_scatter_sum_parts<T, Kokkos::HostSpace>(through_any.parts, factor).wait();
+          CHECK(values_of(through_any.shard) == values_of(want));
+        }
+    }
+  }
+}
+
+TEST_CASE("mpi: the ring over parts sums in the order of ireduce_scatter_sum's ring, bit for bit") {
+  comm::mpi world;
+  world.set_reduce_scatter_ring_min_bytes(1);
+  const std::size_t segment = 256 * 1024 / sizeof(float);
+  reduce_parts_case<float> batch(world.rank(), world.size(), {segment - 3, 11, segment + 2}, /*inexact=*/true);
+  const std::vector<float> want = batch.part_by_part(world, 0.25f);
+  world.ireduce_scatter_sum_parts<float>(batch.parts, 0.25f).wait();
+  CHECK(batch.shard == want);
+}
+
+TEST_CASE("mpi: bad reduce-scatter parts throw std::invalid_argument naming the part, before communicating") {
+  comm::mpi world;
+  const auto n = static_cast<std::size_t>(world.size());
+  std::vector<float> send(4 * n), shard(4);
+  using part = comm::reduce_scatter_part<float, Kokkos::HostSpace>;
+  const auto sends = std::span<const float>(send);
+  const auto recvs = std::span(shard);
+  std::vector<part> parts = {{comm::host_span<const float>(sends.subspan(0, 2 * n)), comm::host_span<float>(recvs.subspan(0, 2))},
+                             {comm::host_span<const float>(sends.subspan(2 * n, 2 * n)), comm::host_span<float>(recvs.subspan(2, 1))}};
+  const std::string wrong_size = fmt::format("kfsdp::comm::mpi::ireduce_scatter_sum_parts: send has {} elements, "
+                                             "expected size()*recv.size() = {}*1 = {} (parts[1])", 2 * n, n, n);
+  CHECK_THROWS_WITH_AS((void)world.ireduce_scatter_sum_parts<float>(parts), wrong_size.c_str(), std::invalid_argument);
+  // parts[1]'s recv is parts[0]'s.
+  parts[1].recv = comm::host_span<float>(recvs.subspan(1, 2));
+  CHECK_THROWS_WITH_AS((void)world.ireduce_scatter_sum_parts<float>(parts),
+                       "kfsdp::comm::mpi::ireduce_scatter_sum_parts: parts[1].recv overlaps parts[0].recv; each "
+                       "part needs a recv of its own",
+                       std::invalid_argument);
+  // parts[1]'s send is parts[0]'s recv.
+  parts[1] = {comm::host_span<const float>(std::span<const float>(shard).subspan(0, n)), comm::host_span<float>(recvs.subspan(3, 1))};
+  if (n <= 2)
+    CHECK_THROWS_WITH_AS((void)world.ireduce_scatter_sum_parts<float>(parts),
+                         "kfsdp::comm::mpi::ireduce_scatter_sum_parts: parts[1].send overlaps parts[0].recv; each "
+                         "part needs a recv of its own",
+                         std::invalid_argument);
+  world.barrier();  // every rank got here without communicating
+}
+
 TEST_CASE("mpi: a count above INT_MAX is an error, not a silent overflow") {
   comm::mpi world;
   std::vector<float> small(1);

@@ -116,6 +116,41 @@ TEST_CASE("nccl: all_gather of rank-dependent data (one GPU per rank)") {
   gpus.barrier();
 }
 
+TEST_CASE("nccl: a bucket's parts gathered and reduce-scattered as one group each (one GPU per rank)") {
+  comm::mpi world;
+  const int devices = devices_on_every_rank(world);
+  if (devices == 0 || devices < world.size()) return;
+  comm::nccl gpus(world);
+  const auto ranks = static_cast<std::size_t>(gpus.size());
+  // Two parts of 2 and 3 elements a rank; rank r's element i of part k is 100 r + 10 k + i.
+  const std::size_t counts[2] = {2, 3};
+  device_buffer<float> shards(5), full(5 * ranks), sums(5);
+  std::vector<float> shard(5), gathered(5 * ranks), want_gathered(5 * ranks), summed(5), want_summed(5);
+  for (std::size_t k = 0, at = 0; k < 2; at += counts[k], ++k)
+    for (std::size_t i = 0; i < counts[k]; ++i) {
+      shard[at + i] = static_cast<float>(100 * gpus.rank() + 10 * k + i);
+      for (std::size_t r = 0; r < ranks; ++r) want_gathered[at * ranks + r * counts[k] + i] = float(100 * r + 10 * k + i);
+    }
+  REQUIRE(cudaMemcpy(shards.data, shard.data(), 5 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  const std::vector<comm::gather_part<float, on_device>> gathers = {
+      {{shards.data, 2}, {full.data, 2 * ranks}}, {{shards.data + 2, 3}, {full.data + 2 * ranks, 3 * ranks}}};
+  gpus.iall_gather_parts<float, on_device>(gathers).wait();
+  REQUIRE(cudaMemcpy(gathered.data(), full.data, gathered.size() * sizeof(float), cudaMemcpyDeviceToHost) ==
+          cudaSuccess);
+  CHECK(gathered == want_gathered);
+  // Every rank reduce-scatters the gathered buffer: rank r's chunk of part k summed over the ranks.
+  const std::vector<comm::reduce_scatter_part<float, on_device>> reductions = {
+      {{full.data, 2 * ranks}, {sums.data, 2}}, {{full.data + 2 * ranks, 3 * ranks}, {sums.data + 2, 3}}};
+  gpus.ireduce_scatter_sum_parts<float, on_device>(reductions).wait();
+  REQUIRE(cudaMemcpy(summed.data(), sums.data, 5 * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  for (std::size_t i = 0; i < 5; ++i) want_summed[i] = static_cast<float>(ranks) * shard[i];
+  CHECK(summed == want_summed);
+  const auto scaled = [&] { return gpus.ireduce_scatter_sum_parts<float, on_device>(reductions, 0.5f); };
+  CHECK_THROWS_WITH_AS(scaled(),
+                       doctest::Contains("factor is 0.5, expected 1 for device_memory buffers"), std::invalid_argument);
+  gpus.barrier();
+}
+
 static_assert(comm::moves_elements_in<comm::nccl, kfsdp::bf16, on_device>);
 static_assert(comm::moves_elements_in<comm::nccl, kfsdp::f16, on_device>);
 

@@ -63,6 +63,13 @@ class any_communicator {
                                             span_in<T, Space> recv, std::type_identity_t<scale_type<T>> factor) {
     return calls<T, Space>().reduce_scatter_scaled(backend_, send, recv, factor);
   }
+  // A batch of reduce-scatters, multiplied by factor, as the backend issues it
+  // (comm::ireduce_scatter_sum_parts).
+  template <class T, class Space>
+  [[nodiscard]] request ireduce_scatter_sum_parts(std::span<const reduce_scatter_part<T, Space>> parts,
+                                                  std::type_identity_t<scale_type<T>> factor = scale_type<T>(1)) {
+    return calls<T, Space>().reduce_scatter_parts(backend_, parts, factor);
+  }
   template <class T, class Space>
   [[nodiscard]] request ibroadcast(span_in<T, Space> data, int root) {
     return calls<T, Space>().broadcast(backend_, data, root);
@@ -102,6 +109,7 @@ class any_communicator {
     request (*all_gather_parts)(void*, std::span<const gather_part<T, Space>>);
     request (*reduce_scatter_sum)(void*, span_in<const T, Space>, span_in<T, Space>);
     request (*reduce_scatter_scaled)(void*, span_in<const T, Space>, span_in<T, Space>, scale_type<T>);
+    request (*reduce_scatter_parts)(void*, std::span<const reduce_scatter_part<T, Space>>, scale_type<T>);
     request (*broadcast)(void*, span_in<T, Space>, int);
     request (*all_reduce_sum)(void*, span_in<T, Space>);
   };
@@ -150,6 +158,9 @@ class any_communicator {
         },
         [](void* c, span_in<const T, Space> s, span_in<T, Space> r, scale_type<T> factor) {
           return comm::ireduce_scatter_sum<T, Space>(mover<T, Space>(*static_cast<C*>(c)), s, r, factor);
+        },
+        [](void* c, std::span<const reduce_scatter_part<T, Space>> parts, scale_type<T> factor) {
+          return comm::ireduce_scatter_sum_parts<T, Space>(mover<T, Space>(*static_cast<C*>(c)), parts, factor);
         },
         [](void* c, span_in<T, Space> d, int root) {
           return mover<T, Space>(*static_cast<C*>(c)).template ibroadcast<T, Space>(d, root);

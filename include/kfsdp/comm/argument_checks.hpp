@@ -79,19 +79,13 @@ void check_all_gather(std::string_view function, int rank, int size, std::span<c
                              byte_range::of(recv), sizeof(T));
 }
 
-// A batch of all-gathers (iall_gather_parts): each part as iall_gather(send, recv), the message
-// naming the part; no recv overlapping another part's recv, and no send another part's recv.
+// A batch's parts must not write over one another: no recv overlapping another part's recv, and no
+// send another part's recv (a part's own send and recv are its collective's check).
 template <class Parts>
-void check_all_gather_parts(std::string_view function, int rank, int size, const Parts& parts) {
+void check_parts_disjoint(std::string_view function, const Parts& parts) {
   std::vector<std::pair<byte_range, std::size_t>> recvs;  // by address, the empty ones left out
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    try {
-      check_all_gather(function, rank, size, parts[i].send.span(), parts[i].recv.span());
-    } catch (const std::invalid_argument& error) {
-      throw std::invalid_argument(fmt::format("{} (parts[{}])", error.what(), i));
-    }
+  for (std::size_t i = 0; i < parts.size(); ++i)
     if (!parts[i].recv.empty()) recvs.emplace_back(byte_range::of(parts[i].recv.span()), i);
-  }
   std::sort(recvs.begin(), recvs.end(), [](const auto& a, const auto& b) { return a.first.first < b.first.first; });
   const auto overlap = [&](std::string_view what, std::size_t i, std::size_t j) {
     return std::invalid_argument(fmt::format("{}: parts[{}].{} overlaps parts[{}].recv; each part needs a recv of its own",
@@ -112,12 +106,40 @@ void check_all_gather_parts(std::string_view function, int rank, int size, const
   }
 }
 
+// A batch of all-gathers (iall_gather_parts): each part as iall_gather(send, recv), the message
+// naming the part; the parts disjoint.
+template <class Parts>
+void check_all_gather_parts(std::string_view function, int rank, int size, const Parts& parts) {
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    try {
+      check_all_gather(function, rank, size, parts[i].send.span(), parts[i].recv.span());
+    } catch (const std::invalid_argument& error) {
+      throw std::invalid_argument(fmt::format("{} (parts[{}])", error.what(), i));
+    }
+  }
+  check_parts_disjoint(function, parts);
+}
+
 // reduce_scatter_sum(send, recv): sizes (requirement 3) and overlap.
 template <class T>
 void check_reduce_scatter(std::string_view function, int size, std::span<const T> send,
                           std::span<T> recv) {
   check_reduce_scatter_arguments(function, size, send.size(), byte_range::of(send), recv.size(),
                                  byte_range::of(recv));
+}
+
+// A batch of reduce-scatters (ireduce_scatter_sum_parts): each part as ireduce_scatter_sum(send,
+// recv), the message naming the part; the parts disjoint.
+template <class Parts>
+void check_reduce_scatter_parts(std::string_view function, int size, const Parts& parts) {
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    try {
+      check_reduce_scatter(function, size, parts[i].send.span(), parts[i].recv.span());
+    } catch (const std::invalid_argument& error) {
+      throw std::invalid_argument(fmt::format("{} (parts[{}])", error.what(), i));
+    }
+  }
+  check_parts_disjoint(function, parts);
 }
 
 // broadcast(data, root): 0 <= root < size() (requirement 4).

@@ -175,6 +175,24 @@ template <class T, class Space>
   return request(multiplied_on_completion<T, Space>{std::move(sums), recv, factor});
 }
 
+// The same for a batch whose sums complete together (nccl's group): every part's recv multiplied
+// once they are in.
+template <class T, class Space>
+struct parts_multiplied_on_completion {
+  request sums;
+  std::vector<span_in<T, Space>> recvs;
+  scale_type<T> factor;
+  bool test() {
+    if (!sums.test()) return false;
+    for (const span_in<T, Space>& recv : recvs) multiply(recv, factor);
+    return true;
+  }
+  void wait() {
+    sums.wait();
+    for (const span_in<T, Space>& recv : recvs) multiply(recv, factor);
+  }
+};
+
 }  // namespace detail
 
 // A backend that folds a factor into its reduce-scatter: c.ireduce_scatter_sum(send, recv, factor)
@@ -244,6 +262,55 @@ template <class T, class Space, class C>
   } else {
     return detail::multiplied_once_complete<T, Space>(c.template ireduce_scatter_sum<T, Space>(send, recv), recv,
                                                       factor);
+  }
+}
+
+// One part of a batch of reduce-scatters: once the batch completes, rank r's recv[i] = (sum over
+// ranks of send[r*recv.size() + i]) · factor, as ireduce_scatter_sum(send, recv, factor) would
+// leave it.
+template <class T, class Space>
+struct reduce_scatter_part {
+  span_in<const T, Space> send;
+  span_in<T, Space> recv;
+};
+
+// A backend that issues a batch of reduce-scatters as one collective:
+// c.ireduce_scatter_sum_parts(parts, factor) (mpi: one ring over the parts, nccl: one group).
+template <class C, class T, class Space>
+concept reduces_parts =
+    requires(C& c, std::span<const reduce_scatter_part<T, Space>> parts, scale_type<T> factor) {
+      { c.template ireduce_scatter_sum_parts<T, Space>(parts, factor) } -> std::same_as<request>;
+    };
+
+namespace detail {
+// One scaled ireduce_scatter_sum a part, as one request: the batch of a backend without one of its
+// own. The caller has checked the parts.
+template <class T, class Space, class C>
+[[nodiscard]] request reduce_part_by_part(C& c, std::span<const reduce_scatter_part<T, Space>> parts,
+                                          scale_type<T> factor) {
+  std::vector<request> each;
+  each.reserve(parts.size());
+  for (const reduce_scatter_part<T, Space>& part : parts)
+    each.push_back(comm::ireduce_scatter_sum<T, Space>(c, part.send, part.recv, factor));
+  return when_all(std::move(each));
+}
+}  // namespace detail
+
+// Every part reduce-scattered and multiplied by factor, as one request, on any communicator: the
+// backend's batch where it has one, else one ireduce_scatter_sum a part. Each part's sizes as
+// ireduce_scatter_sum's; no recv may overlap another part's send or recv. E.g. one bucket's
+// gradients, each parameter's padded gradient summed into its chunk of the gradient shard:
+//
+//   std::vector<kfsdp::comm::reduce_scatter_part<float, Kokkos::HostSpace>> parts = {{g0, s0}, {g1, s1}};
+//   kfsdp::comm::ireduce_scatter_sum_parts<float, Kokkos::HostSpace>(world, parts, 1.0f / world.size()).wait();
+template <class T, class Space, class C>
+[[nodiscard]] request ireduce_scatter_sum_parts(C& c, std::span<const reduce_scatter_part<T, Space>> parts,
+                                                std::type_identity_t<scale_type<T>> factor = scale_type<T>(1)) {
+  if constexpr (reduces_parts<C, T, Space>) {
+    return c.template ireduce_scatter_sum_parts<T, Space>(parts, factor);
+  } else {
+    detail::check_reduce_scatter_parts("kfsdp::comm::ireduce_scatter_sum_parts", c.size(), parts);
+    return detail::reduce_part_by_part<T, Space>(c, parts, factor);
   }
 }
 

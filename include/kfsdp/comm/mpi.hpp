@@ -119,10 +119,10 @@ MPI_Op sum_operation() {
 // What the ranks compare before a checked collective: the same on every rank, or a user's bug.
 enum class collective_kind : std::uint64_t {
   all_gather, reduce_scatter_sum, broadcast, all_reduce_sum, all_reduce_max, all_reduce_min, barrier,
-  all_gather_parts
+  all_gather_parts, reduce_scatter_parts
 };
 // The last kind: a larger value read from another rank (another kfsdp version) reads as this one.
-constexpr collective_kind collective_kind_last = collective_kind::all_gather_parts;
+constexpr collective_kind collective_kind_last = collective_kind::reduce_scatter_parts;
 // What the ranks compare of an element type: its bytes, and for the two 2-byte floating-point
 // formats a tag, so that bf16 on one rank against f16 on another is a mismatch too.
 constexpr std::uint64_t half_tag_bf16 = 0x100, half_tag_f16 = 0x200;
@@ -136,13 +136,13 @@ struct collective_call {
   collective_kind kind;
   std::uint64_t element_bytes;  // element_code<T>(); 0 for a barrier
   std::uint64_t count;          // per rank for all_gather (send) and reduce_scatter_sum (recv)
-  std::uint64_t root;           // broadcast: the root; all_gather_parts: the number of parts
+  std::uint64_t root;           // broadcast: the root; *_parts: the number of parts
   friend bool operator==(const collective_call&, const collective_call&) = default;
 };
 inline std::string describe(const collective_call& call) {
   constexpr std::string_view names[] = {"all_gather", "reduce_scatter_sum", "broadcast",
                                         "all_reduce_sum", "all_reduce_max", "all_reduce_min",
-                                        "barrier", "all_gather_parts"};
+                                        "barrier", "all_gather_parts", "reduce_scatter_parts"};
   const std::string_view name = names[static_cast<std::size_t>(call.kind)];
   if (call.kind == collective_kind::barrier) return fmt::format("{}()", name);
   const std::uint64_t tag = call.element_bytes & (half_tag_bf16 | half_tag_f16);
@@ -150,7 +150,7 @@ inline std::string describe(const collective_call& call) {
                                            tag == half_tag_bf16 ? " (bf16)" : tag == half_tag_f16 ? " (f16)" : "");
   if (call.kind == collective_kind::broadcast)
     return fmt::format("{}({}, root {})", name, elements, call.root);
-  if (call.kind == collective_kind::all_gather_parts)
+  if (call.kind == collective_kind::all_gather_parts || call.kind == collective_kind::reduce_scatter_parts)
     return fmt::format("{}({} per rank in {} parts)", name, elements, call.root);
   const bool per_rank = call.kind == collective_kind::all_gather ||
                         call.kind == collective_kind::reduce_scatter_sum;
@@ -490,6 +490,46 @@ class mpi {
   [[nodiscard]] request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send,
                                             std::span<T> recv) {
     return ireduce_scatter_sum<T, Kokkos::HostSpace>(host_span<const T>(send), host_span<T>(recv));
+  }
+
+  // A batch of reduce-scatters as one collective (comm::ireduce_scatter_sum_parts): one ring over
+  // the batch, whose block b is every part's chunk b, sent from where the parts lie through derived
+  // datatypes (no packing). E.g. two parts of 2 and 3 elements a rank at 2 ranks, rank 0's round:
+  //
+  //   sent to rank 1:  parts[0].send[2..4) parts[1].send[3..6)    (its block 1, one message)
+  //   received:        scratch[0..5)                               (rank 1's block 0)
+  //   then:            parts[0].recv[0..2) parts[1].recv[0..3) = (scratch + its block 0) · factor
+  //
+  // The sums are associated as ireduce_scatter_sum's ring associates them. A batch whose chunks
+  // total less than reduce_scatter_ring_min_bytes() is packed rank-major (FSDP2's chunk_cat) into
+  // one MPI_Ireduce_scatter_block instead; memory the host cannot reach, or staged, goes part by
+  // part.
+  template <element T, class Space>
+  [[nodiscard]] request ireduce_scatter_sum_parts(std::span<const reduce_scatter_part<T, Space>> parts,
+                                                  std::type_identity_t<scale_type<T>> factor = scale_type<T>(1)) {
+    constexpr std::string_view function = "kfsdp::comm::mpi::ireduce_scatter_sum_parts";
+    detail::check_reduce_scatter_parts(function, size_, parts);
+    if (!host_accessible<Space> || !reads_directly<Space>() || parts.size() == 1)
+      return detail::reduce_part_by_part<T, Space>(*this, parts, factor);
+    std::size_t total = 0;
+    for (const reduce_scatter_part<T, Space>& part : parts) total += part.recv.size();
+    const int count = detail::checked_int_count(function, "the parts' recv together", total);
+    verify_call(function, {detail::collective_kind::reduce_scatter_parts, detail::element_code<T>(), total,
+                           static_cast<std::uint64_t>(parts.size())});
+    if (size_ == 1 || uses_ring(total * sizeof(T)))
+      return request(ring_over_parts<T, Space>(comm_, rank_, size_, next_tag(), parts, factor, function, options_.timeout));
+    packed_parts<T, Space> packed(size_, parts, total, factor);
+    MPI_Request handle = MPI_REQUEST_NULL;
+    check(MPI_Ireduce_scatter_block(packed.packed.span().data(), packed.sums.span().data(), count,
+                                    detail::mpi_datatype<T>(), detail::sum_operation<T>(), comm_, &handle),
+          function, "MPI_Ireduce_scatter_block");
+    packed.sums_pending = pending(handle, function);
+    return request(std::move(packed));
+  }
+  template <element T>
+  [[nodiscard]] request ireduce_scatter_sum_parts(std::span<const reduce_scatter_part<T, Kokkos::HostSpace>> parts,
+                                                  std::type_identity_t<scale_type<T>> factor = scale_type<T>(1)) {
+    return ireduce_scatter_sum_parts<T, Kokkos::HostSpace>(parts, factor);
   }
 
   // Per-rank chunk size (bytes) from which reduce_scatter_sum uses the ring. Every rank must set
@@ -838,6 +878,176 @@ class mpi {
                                   {MPI_REQUEST_NULL, MPI_REQUEST_NULL}};
     std::size_t posted_ = 0;
     std::size_t finished_ = 0;
+  };
+
+  // The ring of ring_reduce_scatter over a batch of parts (ireduce_scatter_sum_parts). Block b is
+  // the concatenation of every part's chunk b; a step moves a segment [offset, offset + length) of
+  // it as one message described by an hindexed datatype over the pieces of the parts it covers
+  // (round 0 from the parts' sends, later rounds from their recvs, which hold the partial sums),
+  // into a contiguous scratch segment, then adds piece by piece into the recvs.
+  template <class T, class Space>
+  class ring_over_parts {
+   public:
+    ring_over_parts(MPI_Comm comm, int rank, int size, int tag, std::span<const reduce_scatter_part<T, Space>> parts,
+                    scale_type<T> factor, std::string_view function, std::chrono::duration<double> limit)
+        : comm_(comm),
+          rank_(rank),
+          size_(size),
+          tag_(tag),
+          parts_(parts.begin(), parts.end()),
+          starts_(parts.size() + 1, 0),
+          factor_(factor),
+          function_(function),
+          limit_(limit) {
+      for (std::size_t i = 0; i < parts_.size(); ++i) starts_[i + 1] = starts_[i] + parts_[i].recv.size();
+      count_ = starts_.back();
+      if (size_ == 1 || count_ == 0) {
+        for (const reduce_scatter_part<T, Space>& part : parts_) {
+          detail::copy(part.send, part.recv);
+          detail::multiply(part.recv, factor_);
+        }
+        return;
+      }
+      segment_ = std::min(count_, std::max<std::size_t>(1, ring_segment_bytes / sizeof(T)));
+      segments_per_round_ = (count_ + segment_ - 1) / segment_;
+      steps_ = static_cast<std::size_t>(size_ - 1) * segments_per_round_;
+      depth_ = segments_per_round_ >= 2 ? 2 : 1;
+      incoming_ = detail::owned_elements<T, Space>(2 * segment_);
+      post_ready_steps();
+    }
+
+    bool test() {
+      while (finished_ < steps_) {
+        int complete = 0;
+        check(MPI_Testall(2, pending_[finished_ % 2], &complete, MPI_STATUSES_IGNORE), function_, "MPI_Testall");
+        if (complete == 0) return false;
+        finish_step();
+      }
+      return true;
+    }
+    void wait() {
+      if (limit_.count() > 0) return wait_polling(*this, function_, limit_, rank_, size_);
+      while (finished_ < steps_) {
+        check(MPI_Waitall(2, pending_[finished_ % 2], MPI_STATUSES_IGNORE), function_, "MPI_Waitall");
+        finish_step();
+      }
+    }
+
+   private:
+    // Calls f(part, from, count, at) for each part's piece of block elements [offset, offset+length):
+    // elements [from, from + count) of the part's chunk, at `at` from the segment's start.
+    template <class F>
+    void for_each_piece(std::size_t offset, std::size_t length, F&& f) const {
+      auto part = std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin() - 1;
+      for (std::size_t at = 0; at < length; ++part) {
+        const std::size_t from = offset + at - starts_[part];
+        const std::size_t count = std::min(length - at, parts_[part].recv.size() - from);
+        if (count > 0) f(parts_[part], from, count, at);
+        at += count;
+      }
+    }
+    [[nodiscard]] int round_of(std::size_t step) const { return static_cast<int>(step / segments_per_round_); }
+    [[nodiscard]] std::size_t offset_of(std::size_t step) const { return (step % segments_per_round_) * segment_; }
+    [[nodiscard]] std::size_t length_of(std::size_t step) const { return std::min(segment_, count_ - offset_of(step)); }
+    [[nodiscard]] T* scratch(std::size_t step) const { return incoming_.span().data() + (step % 2) * segment_; }
+
+    void post_ready_steps() {
+      const int left = (rank_ - 1 + size_) % size_;
+      const int right = (rank_ + 1) % size_;
+      for (; posted_ < steps_ && posted_ - finished_ < depth_; ++posted_) {
+        const int round = round_of(posted_);
+        const std::size_t length = length_of(posted_);
+        // Round 0 passes on this rank's own block r-1; later rounds the partial sums kept in the recvs.
+        std::vector<int> lengths;
+        std::vector<MPI_Aint> addresses;
+        for_each_piece(offset_of(posted_), length, [&](const reduce_scatter_part<T, Space>& part, std::size_t from,
+                                                       std::size_t count, std::size_t) {
+          const T* outgoing = round == 0 ? part.send.data() + static_cast<std::size_t>(left) * part.recv.size()
+                                         : part.recv.data();
+          lengths.push_back(static_cast<int>(count));  // the total fits an int: checked by the caller
+          addresses.push_back(address_of(outgoing + from));
+        });
+        const hindexed<T> outgoing(function_, static_cast<int>(lengths.size()), lengths, addresses);
+        MPI_Request* requests = pending_[posted_ % 2];
+        check(MPI_Irecv(scratch(posted_), static_cast<int>(length), detail::mpi_datatype<T>(), left, tag_, comm_,
+                        &requests[0]),
+              function_, "MPI_Irecv");
+        check(MPI_Isend(MPI_BOTTOM, 1, outgoing.type, right, tag_, comm_, &requests[1]), function_, "MPI_Isend");
+      }
+    }
+
+    // The step's two messages are done: its pieces of the recvs become partial + own block.
+    void finish_step() {
+      const int round = round_of(finished_);
+      const int block = ((rank_ - round - 2) % size_ + size_) % size_;
+      const scale_type<T> factor = round == size_ - 2 ? factor_ : scale_type<T>(1);  // the last round scales
+      const T* incoming = scratch(finished_);
+      for_each_piece(offset_of(finished_), length_of(finished_),
+                     [&](const reduce_scatter_part<T, Space>& part, std::size_t from, std::size_t count, std::size_t at) {
+                       const T* own = part.send.data() + static_cast<std::size_t>(block) * part.recv.size() + from;
+                       detail::add(span_in<const T, Space>(incoming + at, count), span_in<const T, Space>(own, count),
+                                   part.recv.subspan(from, count), factor);
+                     });
+      ++finished_;
+      post_ready_steps();
+    }
+
+    MPI_Comm comm_;
+    int rank_;
+    int size_;
+    int tag_;
+    std::vector<reduce_scatter_part<T, Space>> parts_;
+    std::vector<std::size_t> starts_;  // part i's chunk starts at starts_[i] of a block; the block's size last
+    std::size_t count_ = 0;            // elements a block
+    std::size_t segment_ = 0;          // elements a message
+    std::size_t segments_per_round_ = 0;
+    std::size_t steps_ = 0;            // (size - 1) rounds of segments_per_round_ messages
+    std::size_t depth_ = 1;            // steps in flight at once
+    scale_type<T> factor_;
+    std::string_view function_;
+    std::chrono::duration<double> limit_;  // zero: no timeout
+    detail::owned_elements<T, Space> incoming_;
+    MPI_Request pending_[2][2] = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {MPI_REQUEST_NULL, MPI_REQUEST_NULL}};
+    std::size_t posted_ = 0;
+    std::size_t finished_ = 0;
+  };
+
+  // A small batch of reduce-scatters as one MPI_Ireduce_scatter_block: the parts' chunks packed
+  // rank-major (FSDP2's chunk_cat), the sums unpacked into the recvs once they are in. E.g. parts
+  // of 2 and 3 elements a rank at 2 ranks: packed = [p0 chunk 0 | p1 chunk 0 | p0 chunk 1 | p1 chunk 1].
+  template <class T, class Space>
+  struct packed_parts {
+    packed_parts(int size, std::span<const reduce_scatter_part<T, Space>> batch, std::size_t total,
+                 scale_type<T> scale)
+        : parts(batch.begin(), batch.end()), packed(static_cast<std::size_t>(size) * total), sums(total), factor(scale) {
+      T* into = packed.span().data();
+      for (int rank = 0; rank < size; ++rank)
+        for (const reduce_scatter_part<T, Space>& part : parts)
+          into = std::copy_n(part.send.data() + static_cast<std::size_t>(rank) * part.recv.size(), part.recv.size(), into);
+    }
+    bool test() {
+      if (!sums_pending.test()) return false;
+      unpack();
+      return true;
+    }
+    void wait() {
+      sums_pending.wait();
+      unpack();
+    }
+    void unpack() {
+      const T* from = sums.span().data();
+      for (const reduce_scatter_part<T, Space>& part : parts) {
+        T* to = part.recv.data();
+        for (std::size_t i = 0; i < part.recv.size(); ++i) to[i] = detail::product_of(from[i], factor);
+        from += part.recv.size();
+      }
+    }
+
+    std::vector<reduce_scatter_part<T, Space>> parts;  // host-accessible memory
+    detail::owned_elements<T, Space> packed;
+    detail::owned_elements<T, Space> sums;
+    scale_type<T> factor;
+    request sums_pending;  // declared last: destroyed (waited on) before the buffers
   };
 
   [[nodiscard]] bool uses_ring(std::size_t chunk_bytes) const noexcept {

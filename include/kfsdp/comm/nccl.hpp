@@ -27,11 +27,14 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
+#include <kfsdp/comm/memory.hpp>
 #include <kfsdp/comm/mpi.hpp>
 
 // The CUDA runtime's opaque handle types, declared as cuda_runtime.h declares them
@@ -108,6 +111,48 @@ class nccl {
     issue_reduce_scatter_sum(send.data(), recv.data(), recv.size(), kind_of<T>(), function);
     return record(function);
   }
+  // Batches (comm::iall_gather_parts, comm::ireduce_scatter_sum_parts): one NCCL call a part,
+  // issued between ncclGroupStart and ncclGroupEnd, so NCCL launches them as one operation; one
+  // event for the batch. The factor multiplies the sums once they are in (NCCL's sum cannot scale
+  // after adding).
+  template <element T, class Space>
+    requires(reads<Space>())
+  [[nodiscard]] request iall_gather_parts(std::span<const gather_part<T, Space>> parts) {
+    constexpr std::string_view function = "kfsdp::comm::nccl::iall_gather_parts";
+    detail::check_all_gather_parts(function, rank(), size(), parts);
+    std::vector<part_call> calls;
+    calls.reserve(parts.size());
+    for (const gather_part<T, Space>& part : parts) calls.push_back({part.send.data(), part.recv.data(), part.send.size()});
+    issue_group(collective::all_gather, calls, kind_of<T>(), function);
+    return record(function);
+  }
+  template <element T, class Space>
+    requires(reads<Space>())
+  [[nodiscard]] request ireduce_scatter_sum_parts(std::span<const reduce_scatter_part<T, Space>> parts,
+                                                  std::type_identity_t<scale_type<T>> factor = scale_type<T>(1)) {
+    constexpr std::string_view function = "kfsdp::comm::nccl::ireduce_scatter_sum_parts";
+    detail::check_reduce_scatter_parts(function, size(), parts);
+    std::vector<part_call> calls;
+    std::vector<span_in<T, Space>> recvs;
+    calls.reserve(parts.size());
+    for (const reduce_scatter_part<T, Space>& part : parts) {
+      calls.push_back({part.send.data(), part.recv.data(), part.recv.size()});
+      recvs.push_back(part.recv);
+    }
+    if constexpr (std::is_same_v<Space, device_memory>) {
+      if (factor != scale_type<T>(1))  // a cudaMalloc'd buffer has no execution space to multiply in
+        throw std::invalid_argument(fmt::format("{}: factor is {}, expected 1 for device_memory buffers (pass "
+                                                "Kokkos views to scale)", function, static_cast<double>(factor)));
+    }
+    issue_group(collective::reduce_scatter_sum, calls, kind_of<T>(), function);
+    request sums = record(function);
+    if constexpr (std::is_same_v<Space, device_memory>) {
+      return sums;
+    } else {
+      if (factor == scale_type<T>(1)) return sums;
+      return request(detail::parts_multiplied_on_completion<T, Space>{std::move(sums), std::move(recvs), factor});
+    }
+  }
   template <element T, class Space>
     requires(reads<Space>())
   [[nodiscard]] request ibroadcast(span_in<T, Space> data, int root) {
@@ -166,6 +211,15 @@ class nccl {
                         std::string_view function);
   void issue_reduce_scatter_sum(const void* send, void* recv, std::size_t recv_count,
                                 element_kind kind, std::string_view function);
+  // One part of a grouped batch: send and recv device pointers, and the count NCCL takes (the
+  // all-gather's send, the reduce-scatter's recv).
+  struct part_call {
+    const void* send;
+    void* recv;
+    std::size_t count;
+  };
+  enum class collective { all_gather, reduce_scatter_sum };
+  void issue_group(collective what, std::span<const part_call> calls, element_kind kind, std::string_view function);
   void issue_broadcast(void* data, std::size_t count, element_kind kind, int root,
                        std::string_view function);
   void issue_all_reduce(void* data, std::size_t count, element_kind kind, reduction operation,
@@ -184,5 +238,6 @@ class nccl {
 
 static_assert(communicator_in<nccl, nccl::device_memory>);
 static_assert(has_host_channel<nccl>);
+static_assert(gathers_parts<nccl, float, nccl::device_memory> && reduces_parts<nccl, float, nccl::device_memory>);
 
 }  // namespace kfsdp::comm

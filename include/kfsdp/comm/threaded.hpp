@@ -90,6 +90,17 @@ class threaded {
       comm::ireduce_scatter_sum<T, Space>(backend_, send, recv, factor).wait();
     });
   }
+  // A batch of reduce-scatters as one task: the backend's batch where it has one.
+  template <element T, class Space>
+    requires moves_elements_in<C, T, Space>
+  [[nodiscard]] request ireduce_scatter_sum_parts(std::span<const reduce_scatter_part<T, Space>> parts,
+                                                  std::type_identity_t<scale_type<T>> factor = scale_type<T>(1)) {
+    detail::check_reduce_scatter_parts("kfsdp::comm::threaded::ireduce_scatter_sum_parts", size(), parts);
+    return submit([this, batch = std::vector<reduce_scatter_part<T, Space>>(parts.begin(), parts.end()), factor] {
+      comm::ireduce_scatter_sum_parts<T, Space>(backend_, std::span<const reduce_scatter_part<T, Space>>(batch), factor)
+          .wait();
+    });
+  }
   template <element T, class Space>
     requires moves_elements_in<C, T, Space>
   [[nodiscard]] request ibroadcast(span_in<T, Space> data, int root) {

@@ -115,12 +115,11 @@ class bucket_unit {
   template <class T>
   [[nodiscard]] comm::request gather_params(unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
                                             const Kokkos::View<T*>& to) const;
-  // One collective per parameter: from[from_range(p)] to[to_range(p)], as one request.
-  // Frozen parameters are skipped.
-  template <class T, class Issue, class From, class To>
-  [[nodiscard]] comm::request per_param(const unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
-                                        const Kokkos::View<T*>& to, Issue issue, From from_range,
-                                        To to_range) const;
+  // The bucket's gradients reduce-scattered as one batch, times `factor`: each unfrozen
+  // parameter's padded gradient in `from` into its chunk of `to` (comm::ireduce_scatter_sum_parts).
+  template <class T>
+  [[nodiscard]] comm::request reduce_params(unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
+                                            const Kokkos::View<T*>& to, comm::scale_type<T> factor) const;
   // A pooled Scalar buffer with room for numel elements of `wire`.
   [[nodiscard]] view acquire_wire(unit_context<Scalar>& ctx, const char* label, std::size_t numel, wire_precision wire,
                                   typename buffer_pool<Scalar>::fill how = buffer_pool<Scalar>::fill::none);

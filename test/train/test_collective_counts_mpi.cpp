@@ -1,0 +1,172 @@
+// The collectives of one training step, counted: per bucket one all-gather in forward (one more in
+// backward under ZeRO3, but for the root unit's, which stay gathered), one reduce-scatter, and under HSDP one all-reduce over the replicas, for
+// every sharding x bucketing. Run with 1, 2, 3 and 4 ranks.
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <random>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/io/array_dataset.hpp>
+#include <kfsdp/optim/sgd.hpp>
+#include <kfsdp/train/trainer.hpp>
+
+namespace comm = kfsdp::comm;
+
+namespace {
+
+// An mpi communicator that counts the collectives it is asked for, a batch (a bucket's parts)
+// counting as one; the agreement checks (all_reduce_max) are not counted.
+struct counting {
+  comm::mpi& backend;
+  std::size_t all_gathers = 0, reduce_scatters = 0, all_reduces = 0, broadcasts = 0;
+
+  [[nodiscard]] int rank() const { return backend.rank(); }
+  [[nodiscard]] int size() const { return backend.size(); }
+  void barrier() { backend.barrier(); }
+
+  template <comm::element T, class Space>
+  [[nodiscard]] comm::request iall_gather(std::type_identity_t<comm::span_in<const T, Space>> send,
+                                          comm::span_in<T, Space> recv) {
+    ++all_gathers;
+    return backend.iall_gather<T, Space>(send, recv);
+  }
+  template <comm::element T, class Space>
+  [[nodiscard]] comm::request iall_gather_parts(std::span<const comm::gather_part<T, Space>> parts) {
+    ++all_gathers;
+    return comm::iall_gather_parts<T, Space>(backend, parts);
+  }
+  template <comm::element T, class Space>
+  [[nodiscard]] comm::request ireduce_scatter_sum(std::type_identity_t<comm::span_in<const T, Space>> send,
+                                                  comm::span_in<T, Space> recv) {
+    ++reduce_scatters;
+    return backend.ireduce_scatter_sum<T, Space>(send, recv);
+  }
+  template <comm::element T, class Space>
+  [[nodiscard]] comm::request ireduce_scatter_sum(std::type_identity_t<comm::span_in<const T, Space>> send,
+                                                  comm::span_in<T, Space> recv,
+                                                  std::type_identity_t<comm::scale_type<T>> factor) {
+    ++reduce_scatters;
+    return backend.ireduce_scatter_sum<T, Space>(send, recv, factor);
+  }
+  template <comm::element T, class Space>
+  [[nodiscard]] comm::request ireduce_scatter_sum_parts(std::span<const comm::reduce_scatter_part<T, Space>> parts,
+                                                        std::type_identity_t<comm::scale_type<T>> factor) {
+    ++reduce_scatters;
+    return comm::ireduce_scatter_sum_parts<T, Space>(backend, parts, factor);
+  }
+  template <comm::element T, class Space>
+  [[nodiscard]] comm::request ibroadcast(comm::span_in<T, Space> data, int root) {
+    ++broadcasts;
+    return backend.ibroadcast<T, Space>(data, root);
+  }
+  template <comm::element T, class Space>
+  [[nodiscard]] comm::request iall_reduce_sum(comm::span_in<T, Space> data) {
+    ++all_reduces;
+    return backend.iall_reduce_sum<T, Space>(data);
+  }
+  // Host memory.
+  template <comm::element T>
+  [[nodiscard]] comm::request iall_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    return iall_gather<T, Kokkos::HostSpace>(comm::host_span<const T>(send), comm::host_span<T>(recv));
+  }
+  template <comm::element T>
+  [[nodiscard]] comm::request ireduce_scatter_sum(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    return ireduce_scatter_sum<T, Kokkos::HostSpace>(comm::host_span<const T>(send), comm::host_span<T>(recv));
+  }
+  template <comm::element T>
+  [[nodiscard]] comm::request ibroadcast(std::span<T> data, int root) {
+    return ibroadcast<T, Kokkos::HostSpace>(comm::host_span<T>(data), root);
+  }
+  template <comm::element T>
+  [[nodiscard]] comm::request iall_reduce_sum(std::span<T> data) {
+    return iall_reduce_sum<T, Kokkos::HostSpace>(comm::host_span<T>(data));
+  }
+  template <comm::ordered_element T>
+  void all_reduce_max(std::span<T> data) {
+    backend.all_reduce_max(data);
+  }
+  template <comm::ordered_element T>
+  void all_reduce_min(std::span<T> data) {
+    backend.all_reduce_min(data);
+  }
+
+  [[nodiscard]] std::size_t total() const { return all_gathers + reduce_scatters + all_reduces + broadcasts; }
+};
+static_assert(comm::communicator<counting>);
+static_assert(comm::reduces_parts<counting, double, Kokkos::HostSpace>);
+
+// Input, two residual blocks, output: under LAYER and BLOCK bucketing the buckets differ from NONE's.
+constexpr std::size_t width = 8;
+using model = kfsdp::sequential<"", kfsdp::linear<"input", 3, width>, kfsdp::tanh_layer<>,
+                                kfsdp::repeat<"hidden", 2, kfsdp::residual<"", kfsdp::linear<"fc", width, width>, kfsdp::gelu<>>>,
+                                kfsdp::linear<"output", width, 1>, kfsdp::mse<>>;
+
+kfsdp::io::array_dataset samples() {
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> u(-1, 1);
+  constexpr std::size_t count = 24;
+  std::vector<double> x(count * 3), y(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    for (std::size_t j = 0; j < 3; ++j) x[i * 3 + j] = u(rng);
+    y[i] = x[i * 3] * x[i * 3 + 1] - x[i * 3 + 2];
+  }
+  return kfsdp::io::array_dataset(x, 3, y, 1);
+}
+
+}  // namespace
+
+TEST_CASE("collectives per step: per bucket 1 all-gather (+1 in backward under ZeRO3), 1 reduce-scatter, +1 "
+          "all-reduce under HSDP") {
+  comm::mpi world;
+  const int n = world.size();
+  // HSDP: shard groups of half the ranks at an even world size, else of one rank; every group a replica.
+  const int group = n % 2 == 0 ? n / 2 : 1;
+  comm::mpi shard_group = world.split(world.rank() / group, world.rank());
+  comm::mpi replica_group = world.split(world.rank() % group, world.rank());
+  const auto data = samples();
+  for (const bool hsdp : {false, true})
+    for (const auto sharding : {kfsdp::sharding_strategy::zero2, kfsdp::sharding_strategy::zero3})
+      for (const auto bucketing : {kfsdp::bucketing::none, kfsdp::bucketing::layer, kfsdp::bucketing::block}) {
+        CAPTURE(hsdp);
+        CAPTURE(kfsdp::to_string(sharding));
+        CAPTURE(kfsdp::to_string(bucketing));
+        counting shards{hsdp ? shard_group : world}, replicas{replica_group};
+        kfsdp::fsdp_options options{.sharding_strategy = sharding, .bucketing_strategy = bucketing};
+        if (hsdp) options.replica_group = comm::any_communicator(replicas);
+        kfsdp::with_trainer<double>(model{}, shards, options, {}, [&](auto& t) {
+          t.initialize(5);
+          kfsdp::optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.01});
+          const auto ranks = std::size_t(shards.size()), rank = std::size_t(shards.rank());
+          const auto step = [&](std::size_t s) {
+            auto [x, y] = data.rank_slice<double>(data.micro_batch(1, s, 24 / std::size_t(n) * ranks), rank, ranks);
+            (void)t.step({{x, y}}, sgd);
+          };
+          step(0);  // the first step may set up what later steps reuse
+          const counting before_shards = shards, before_replicas = replicas;
+          step(1);
+          const std::size_t buckets = t.engine().plan().buckets.size();
+          CAPTURE(buckets);
+          if (bucketing != kfsdp::bucketing::none) CHECK(buckets < t.engine().params().size());
+          // ZeRO3 frees a unit's buckets after its forward and gathers them again for its backward;
+          // the root unit (0) stays gathered, as FSDP2's root does.
+          const std::size_t regathered = sharding == kfsdp::sharding_strategy::zero3
+                                             ? buckets - t.units().front().buckets.size() : 0;
+          if (sharding == kfsdp::sharding_strategy::zero3) CHECK(regathered > 0);  // the blocks' units
+          CHECK(shards.all_gathers - before_shards.all_gathers == buckets + regathered);
+          CHECK(shards.reduce_scatters - before_shards.reduce_scatters == buckets);
+          CHECK(shards.broadcasts - before_shards.broadcasts == 0);
+          // The step's own sums (the loss, the gradient norm): over the shard group and the replicas,
+          // the same number whatever the buckets.
+          const std::size_t own_sums = shards.all_reduces - before_shards.all_reduces;
+          CHECK(own_sums <= 2);
+          const bool replicated = hsdp && replicas.size() > 1;
+          CHECK(replicas.all_reduces - before_replicas.all_reduces == (replicated ? buckets : 0) + (hsdp ? own_sums : 0));
+          CHECK(replicas.total() - before_replicas.total() == replicas.all_reduces - before_replicas.all_reduces);
+        });
+      }
+}
