@@ -1,15 +1,20 @@
 // Llama (model/llama.hpp) trained by kfsdp::trainer: the concat container equals one linear over
 // the concatenated weights; the whole model's gradients equal central differences of its loss;
-// sharded training equals one process at every world size. Run with 1, 2 and 3 ranks.
+// sharded training equals one process at every world size; on the tiny fixture of
+// test/model/llama (made by transformers), the logits, the loss and 3 SGD steps equal transformers'.
+// Run with 1, 2 and 3 ranks.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/comm/self.hpp>
+#include <kfsdp/io/safetensors_file.hpp>
 #include <kfsdp/io/text_dataset.hpp>
 #include <kfsdp/optim/sgd.hpp>
 #include <kfsdp/train/gpt.hpp>
@@ -53,7 +58,98 @@ nn::matrix<double> rows_of_rank(const nn::matrix<double>& m, int rank, int size)
   return out;
 }
 
+// The fixture (test/model/llama/README.md): transformers' LlamaForCausalLM, its config.json's sizes.
+const std::filesystem::path fixture = std::filesystem::path(KFSDP_SOURCE_ROOT) / "test" / "model" / "llama";
+const llama_config fixture_config{.vocab = 256, .dim = 64, .hidden = 176, .layers = 2, .heads = 4, .kv_heads = 2,
+                                  .seq = 64, .rope_theta = 5000.0, .rms_norm_eps = 1e-6};
+
+// Every tensor of the safetensors files of a Hugging Face checkpoint directory.
+state_dict read_directory(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.path().extension() == ".safetensors") files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  state_dict all;
+  for (const auto& file : files)
+    for (const tensor& t : io::load_state_dict_file(file)) all.add(t);
+  return all;
+}
+
+const state_dict& reference() {
+  static const state_dict r = io::load_state_dict_file(fixture / "reference.safetensors");
+  return r;
+}
+
+template <class Scalar>
+double max_abs_difference(std::span<const Scalar> got, std::span<const Scalar> want) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - double(want[i])));
+  return worst;
+}
+
+// transformers' logits on window 0 and mean loss over windows 0..3, from the fixture's weights on `world`.
+template <class Scalar>
+void check_fixture(comm::mpi& world, const std::filesystem::path& dir, const char* suffix, double logits_tolerance,
+                   double loss_tolerance) {
+  trainer<llama_descriptor, Scalar, zero3, block_bucketing> t(make_llama(fixture_config), world);
+  t.engine().load_original_state_dict(read_directory(dir));
+  const auto data = io::text_windows::from_file(std::filesystem::path(KFSDP_SOURCE_ROOT) / "data" / "kjv-genesis-exodus.txt",
+                                                fixture_config.seq);
+  std::vector<int> tokens, targets;
+  data.append(0, tokens, targets);
+  std::vector<Scalar> logits;
+  t.with_full_model([&] {
+    const auto view = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.predict(device_ids(tokens)));
+    logits.assign(view.data(), view.data() + view.span());
+  });
+  const double logits_error =
+      max_abs_difference<Scalar>(logits, reference().at(std::string("logits.") + suffix).template values<Scalar>());
+  const double want = double(reference().at(std::string("loss.") + suffix).template values<Scalar>()[0]);
+  const double loss = evaluate_windows(t, data, 4, world);
+  MESSAGE(std::string(suffix), " at ", world.size(), " ranks: logits within ", logits_error, ", loss ", loss, " against ", want,
+          " (relative ", std::abs(loss - want) / want, ")");
+  CHECK(logits_error <= logits_tolerance);
+  CHECK(std::abs(loss - want) <= loss_tolerance * want);
+}
+
 }  // namespace
+
+TEST_CASE("the fixture's logits and loss equal transformers' (f32: 1e-5 and 1e-6 relative)") {
+  comm::mpi world;
+  check_fixture<float>(world, fixture / "tiny-f32", "f32", 1e-5, 1e-6);
+}
+
+TEST_CASE("the fixture in f64 (sharded files): logits and loss equal transformers'") {
+  comm::mpi world;
+  check_fixture<double>(world, fixture / "tiny-f64-sharded", "f64", 1e-10, 1e-10);
+}
+
+TEST_CASE("3 SGD steps (zero3/block, f64) give transformers' parameters") {
+  comm::mpi world;
+  trainer<llama_descriptor, double, zero3, block_bucketing> t(make_llama(fixture_config), world);
+  t.engine().load_original_state_dict(read_directory(fixture / "tiny-f64-sharded"));
+  const auto data = io::text_windows::from_file(std::filesystem::path(KFSDP_SOURCE_ROOT) / "data" / "kjv-genesis-exodus.txt",
+                                                fixture_config.seq);
+  optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.1});
+  const std::size_t ws = std::size_t(world.size());
+  for (std::size_t s = 0; s < 3; ++s) {  // step s: windows 3s, 3s + 1, 3s + 2 over the ranks
+    std::vector<int> tokens, targets;
+    std::vector<std::size_t> windows{3 * s, 3 * s + 1, 3 * s + 2};
+    if (3 % ws != 0) {  // ranks that do not divide the batch: every rank takes the whole batch (the same mean)
+      for (std::size_t w : windows) data.append(w, tokens, targets);
+    } else {
+      data.rank_slice(windows, std::size_t(world.rank()), ws, tokens, targets);
+    }
+    t.step({{device_ids(tokens), device_ids(targets)}}, sgd);
+  }
+  const state_dict trained = t.engine().original_state_dict();
+  double worst = 0;
+  for (const tensor& p : trained)
+    worst = std::max(worst, max_abs_difference<double>(p.values<double>(), reference().at("trained." + p.name).values<double>()));
+  MESSAGE("parameters after 3 SGD steps at ", world.size(), " ranks within ", worst, " of torch's");
+  CHECK(worst <= 1e-9);
+}
 
 TEST_CASE("concat of linears (q/k/v-style) trains as one linear over the concatenated weights") {
   comm::mpi world;
