@@ -26,6 +26,11 @@ non-overlapping windows of seq + 1 = 65 bytes from offset 0; window w is bytes [
 inputs its first 64 bytes, targets its last 64. The loss is the mean cross-entropy over every
 target of the batch.
 
+float64 throughout: transformers computes RMSNorm and RoPE's angles in float32 even in a float64 model
+(LlamaRMSNorm casts to float32, LlamaRotaryEmbedding takes .float()), which leaves ~1e-6 in the logits;
+the float64 models here compute both in float64 (exact_float64), with sdpa attention (softmax in the
+model's dtype), so that a float64 implementation compares to 1e-10. Float32 is transformers' as is.
+
 Training: 3 steps of plain SGD (no momentum, no weight decay), lr 0.1, in float64; step s takes
 windows 3s, 3s+1, 3s+2 (kfsdp's sequential sampling with batch 3), the loss their mean.
 """
@@ -35,11 +40,13 @@ import json
 import math
 import os
 import sys
+import types
 
 import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
@@ -75,6 +82,29 @@ def loss_of(model, indices):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)), logits
 
 
+def exact_float64(model):
+    """The model's RMSNorms and rotary embedding computed in float64 (transformers' are in float32)."""
+    theta = config().rope_parameters["rope_theta"]
+
+    def rms_norm(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    def rotary(self, x, position_ids):
+        head_dim = 2 * self.inv_freq.shape[0]
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        freqs = position_ids[..., None].to(torch.float64) * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    assert model.config._attn_implementation == "sdpa"  # eager attention would take the softmax in float32
+    for module in model.modules():
+        if isinstance(module, LlamaRMSNorm):
+            module.forward = types.MethodType(rms_norm, module)
+        elif isinstance(module, LlamaRotaryEmbedding):
+            module.forward = types.MethodType(rotary, module)
+    return model
+
+
 def make_model(dtype):
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config()).to(torch.float64)
@@ -91,7 +121,7 @@ def make_model(dtype):
             p.copy_(value.to(torch.float32).to(torch.float64))
     model = model.to(dtype)
     model.eval()
-    return model
+    return exact_float64(model) if dtype == torch.float64 else model
 
 
 def make():
@@ -135,7 +165,7 @@ def make():
 
 
 def check(directory, expect, loss_windows, rtol):
-    model = LlamaForCausalLM.from_pretrained(directory, dtype=torch.float64)
+    model = exact_float64(LlamaForCausalLM.from_pretrained(directory, dtype=torch.float64))
     model.eval()
     with torch.no_grad():
         loss = loss_of(model, list(range(loss_windows)))[0].item()
