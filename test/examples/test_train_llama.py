@@ -51,6 +51,11 @@ with tempfile.TemporaryDirectory() as tmp:
     for n in (2, 3):
         check(close(losses(run(n, *small, '--batch', '6', '--steps', '6', '--sharding', 'zero3')), ref, 1e-10),
               f'world size {n} (zero3, block) trains like world size 1')
+    check(close(losses(run(2, *small, '--batch', '6', '--steps', '6', '--checkpointing', 'on', '--sharding', 'zero3')), ref, 1e-10),
+          'activation checkpointing (each decoder layer recomputed in backward) trains alike')
+    tied = losses(run(1, *small, '--batch', '6', '--steps', '6', '--tie-weights', 'on'))
+    check(close(losses(run(3, *small, '--batch', '6', '--steps', '6', '--tie-weights', 'on', '--sharding', 'zero3')), tied, 1e-10)
+          and tied != ref, 'tied embeddings train alike at 1 and 3 ranks (and differently from untied)')
 
     # A Hugging Face directory evaluates as transformers does (float64 reference), at any world size.
     want = reference['loss.f64'][0]
