@@ -3,14 +3,16 @@
 LlamaForCausalLM of the same configuration on the same text, at 1 and 2 ranks. Prints figures, never fails
 on a timing. Needs torch and transformers from PyPI (measurement only; the tests do not).
 
-    python3 bench/llama_vs_pytorch.py [BUILD_DIR] [--steps 20] [--ranks 1,2]
+    python3 bench/llama_vs_pytorch.py [BUILD_DIR] [--steps 20] [--ranks 1,2] [--rounds 3]
 
 Both sides: train_llama's defaults (4 layers, dim 128, hidden 352, 4 heads, 2 kv heads, rope_theta 1e4,
 seq 64, vocab 256, untied), float32, AdamW (lr 2e-3, weight decay 0.01 on 2-D weights), clip 1.0,
 global batch 16 windows (1,024 tokens per step) split over the ranks, one BLAS thread per rank;
 kfsdp ZeRO3 with block bucketing (each decoder layer a unit, as fully_shard per layer), PyTorch
-reshard_after_forward=True (ZeRO3). The figure is the median of the steps after 3 warm-up steps: for
-train_llama, its per-step tokens/s (--metrics); for PyTorch, the slowest rank's step time.
+reshard_after_forward=True (ZeRO3). A run's figure is the median of its steps after 3 warm-up steps: for
+train_llama, its per-step tokens/s (--metrics); for PyTorch, from the slowest rank's step time. The rounds
+alternate the two programs, so that load on a shared machine falls on both; the table shows the median
+over rounds and the range.
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
 
@@ -90,6 +92,7 @@ def main():
     parser.add_argument("build", nargs="?", default="build")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--ranks", default="1,2")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data", default="data/kjv-genesis-exodus.txt")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -98,9 +101,14 @@ def main():
     print("| ranks | train_llama tokens/s | PyTorch FSDP2 tokens/s | train_llama / PyTorch |")
     print("| --- | --- | --- | --- |")
     for ranks in map(int, args.ranks.split(",")):
-        ours = kfsdp_tokens_per_s(args.build, ranks, args.steps, args.data)
-        theirs = pytorch_tokens_per_s(ranks, args.steps, args.data)
-        print(f"| {ranks} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f} |", flush=True)
+        ours, theirs = [], []
+        for _ in range(args.rounds):
+            ours.append(kfsdp_tokens_per_s(args.build, ranks, args.steps, args.data))
+            theirs.append(pytorch_tokens_per_s(ranks, args.steps, args.data))
+        ratios = [a / b for a, b in zip(ours, theirs)]
+        span = lambda xs, f: f"{f(statistics.median(xs))} ({f(min(xs))}–{f(max(xs))})"
+        print(f"| {ranks} | {span(ours, '{:,.0f}'.format)} | {span(theirs, '{:,.0f}'.format)} | "
+              f"{span(ratios, '{:.2f}'.format)} |", flush=True)
 
 
 if __name__ == "__main__":
