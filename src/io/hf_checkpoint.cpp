@@ -274,6 +274,22 @@ void replace_directory(const std::filesystem::path& staging, const std::filesyst
   fs::remove_all(aside);
 }
 
+// Removes "<name>.tmp.<16 hex digits>" directories beside `target` that a killed save left behind.
+void remove_leftover_staging(const std::filesystem::path& target) {
+  namespace fs = std::filesystem;
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::error_code error;
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  for (fs::directory_iterator it(parent, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() == prefix.size() + 16 && name.starts_with(prefix) &&
+        name.find_first_not_of("0123456789abcdef", prefix.size()) == std::string::npos && it->is_directory(error)) {
+      std::error_code ignored;
+      fs::remove_all(it->path(), ignored);
+    }
+  }
+}
+
 }  // namespace
 
 template <class Scalar>
@@ -297,6 +313,7 @@ void save_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>
   const fs::path staging = broadcast_string(comm.native(), rank == 0 ? temporary_name(target).string() : std::string());
   together(comm, [&] {
     if (rank != 0 || !writer) return;
+    remove_leftover_staging(target);
     fs::create_directory(staging);
     const fs::path config = staging / "config.json";
     file_descriptor out{::open(config.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
@@ -310,11 +327,12 @@ void save_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>
     together(comm, [&] {
       if (rank == 0 && writer) replace_directory(staging, target, function);
     });
-  } catch (...) {
+  } catch (...) {  // every rank is here (the failure was agreed): none returns before the cleanup
     if (rank == 0 && writer) {
       std::error_code ignored;
       fs::remove_all(staging, ignored);
     }
+    MPI_Barrier(comm.native());
     throw;
   }
 }
