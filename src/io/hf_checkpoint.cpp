@@ -51,22 +51,25 @@ std::map<std::string, std::string, std::less<>> read_weight_map(std::string_view
   return file_of;
 }
 
-// `count` values of `type` (little-endian, as safetensors stores them) into the engine's scalar.
+// `count` values stored as `Stored` (little-endian, as safetensors keeps them) into the engine's
+// scalar, each through `value` (the identity, or a half format's bits to float).
+template <class Stored, class Scalar, class Value>
+void widen(const std::byte* raw, std::size_t count, Scalar* out, Value value) {
+  for (std::size_t i = 0; i < count; ++i) {
+    Stored stored;
+    std::memcpy(&stored, raw + i * sizeof(Stored), sizeof(Stored));
+    out[i] = static_cast<Scalar>(value(stored));
+  }
+}
+
 template <class Scalar>
 void convert(const std::byte* raw, dtype type, std::size_t count, Scalar* out) {
-  const auto each = [&]<class Stored>(auto to_scalar) {
-    for (std::size_t i = 0; i < count; ++i) {
-      Stored value;
-      std::memcpy(&value, raw + i * sizeof(Stored), sizeof(Stored));
-      out[i] = static_cast<Scalar>(to_scalar(value));
-    }
-  };
-  const auto same = [](auto value) { return value; };
+  const auto same = [](auto stored) { return stored; };
   switch (type) {
-    case dtype::F64: each.template operator()<double>(same); return;
-    case dtype::F32: each.template operator()<float>(same); return;
-    case dtype::BF16: each.template operator()<std::uint16_t>([](std::uint16_t bits) { return half_detail::bf16_to_float(bits); }); return;
-    case dtype::F16: each.template operator()<std::uint16_t>([](std::uint16_t bits) { return half_detail::f16_to_float(bits); }); return;
+    case dtype::F64: return widen<double>(raw, count, out, same);
+    case dtype::F32: return widen<float>(raw, count, out, same);
+    case dtype::BF16: return widen<std::uint16_t>(raw, count, out, half_detail::bf16_to_float);
+    case dtype::F16: return widen<std::uint16_t>(raw, count, out, half_detail::f16_to_float);
     default: break;
   }
   throw std::logic_error("kfsdp::io::load_pretrained: convert called for a dtype it does not read");
