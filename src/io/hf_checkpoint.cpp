@@ -51,22 +51,25 @@ std::map<std::string, std::string, std::less<>> read_weight_map(std::string_view
   return file_of;
 }
 
-// `count` values of `type` (little-endian, as safetensors stores them) into the engine's scalar.
+// `count` values stored as `Stored` (little-endian, as safetensors keeps them) into the engine's
+// scalar, each through `value` (the identity, or a half format's bits to float).
+template <class Stored, class Scalar, class Value>
+void widen(const std::byte* raw, std::size_t count, Scalar* out, Value value) {
+  for (std::size_t i = 0; i < count; ++i) {
+    Stored stored;
+    std::memcpy(&stored, raw + i * sizeof(Stored), sizeof(Stored));
+    out[i] = static_cast<Scalar>(value(stored));
+  }
+}
+
 template <class Scalar>
 void convert(const std::byte* raw, dtype type, std::size_t count, Scalar* out) {
-  const auto each = [&]<class Stored>(auto to_scalar) {
-    for (std::size_t i = 0; i < count; ++i) {
-      Stored value;
-      std::memcpy(&value, raw + i * sizeof(Stored), sizeof(Stored));
-      out[i] = static_cast<Scalar>(to_scalar(value));
-    }
-  };
-  const auto same = [](auto value) { return value; };
+  const auto same = [](auto stored) { return stored; };
   switch (type) {
-    case dtype::F64: each.template operator()<double>(same); return;
-    case dtype::F32: each.template operator()<float>(same); return;
-    case dtype::BF16: each.template operator()<std::uint16_t>([](std::uint16_t bits) { return half_detail::bf16_to_float(bits); }); return;
-    case dtype::F16: each.template operator()<std::uint16_t>([](std::uint16_t bits) { return half_detail::f16_to_float(bits); }); return;
+    case dtype::F64: return widen<double>(raw, count, out, same);
+    case dtype::F32: return widen<float>(raw, count, out, same);
+    case dtype::BF16: return widen<std::uint16_t>(raw, count, out, half_detail::bf16_to_float);
+    case dtype::F16: return widen<std::uint16_t>(raw, count, out, half_detail::f16_to_float);
     default: break;
   }
   throw std::logic_error("kfsdp::io::load_pretrained: convert called for a dtype it does not read");
@@ -274,6 +277,22 @@ void replace_directory(const std::filesystem::path& staging, const std::filesyst
   fs::remove_all(aside);
 }
 
+// Removes "<name>.tmp.<16 hex digits>" directories beside `target` that a killed save left behind.
+void remove_leftover_staging(const std::filesystem::path& target) {
+  namespace fs = std::filesystem;
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::error_code error;
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  for (fs::directory_iterator it(parent, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() == prefix.size() + 16 && name.starts_with(prefix) &&
+        name.find_first_not_of("0123456789abcdef", prefix.size()) == std::string::npos && it->is_directory(error)) {
+      std::error_code ignored;
+      fs::remove_all(it->path(), ignored);
+    }
+  }
+}
+
 }  // namespace
 
 template <class Scalar>
@@ -297,6 +316,7 @@ void save_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>
   const fs::path staging = broadcast_string(comm.native(), rank == 0 ? temporary_name(target).string() : std::string());
   together(comm, [&] {
     if (rank != 0 || !writer) return;
+    remove_leftover_staging(target);
     fs::create_directory(staging);
     const fs::path config = staging / "config.json";
     file_descriptor out{::open(config.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
@@ -310,11 +330,12 @@ void save_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>
     together(comm, [&] {
       if (rank == 0 && writer) replace_directory(staging, target, function);
     });
-  } catch (...) {
+  } catch (...) {  // every rank is here (the failure was agreed): none returns before the cleanup
     if (rank == 0 && writer) {
       std::error_code ignored;
       fs::remove_all(staging, ignored);
     }
+    MPI_Barrier(comm.native());
     throw;
   }
 }

@@ -10,6 +10,7 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <kfsdp/comm/mpi.hpp>
@@ -218,12 +219,51 @@ TEST_CASE("save_pretrained replaces a directory whole, and a failed save leaves 
   std::size_t entries = 0;
   for ([[maybe_unused]] const auto& entry : fs::directory_iterator(scratch.path)) ++entries;
   CHECK(entries == 1);  // no staging directory left beside it
+  world.barrier();      // every rank counted before rank 0 adds one
+
+  // A staging directory that a killed save left is removed by the next save.
+  const fs::path leftover = scratch.path / "model.tmp.0123456789abcdef";
+  if (world.rank() == 0) fs::create_directory(leftover);
+  world.barrier();
 
   io::save_pretrained(target, engine, world, "{}");
   CHECK_FALSE(fs::exists(target / "model.safetensors.index.json"));  // the old shards went with it
+  CHECK_FALSE(fs::exists(leftover));
   fsdp_engine<double> saved(llama_table(), world, {});
   io::load_pretrained(target, saved, world);
   check_equal(saved, engine.original_state_dict());
+}
+
+TEST_CASE("BF16 and F16 files load into float and double engines, converted exactly") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  const std::vector<param_info> embedding{llama_table().front()};  // model.embed_tokens.weight [256, 64]
+  // 1.5 and -0.25 in each format, alternating: bf16 0x3FC0 0xBE80, f16 0x3E00 0xB400.
+  for (const auto& [type, plus, minus] : {std::tuple{dtype::BF16, 0x3FC0, 0xBE80}, std::tuple{dtype::F16, 0x3E00, 0xB400}}) {
+    CAPTURE(io::dtype_name(type));
+    const fs::path directory = scratch.path / std::string(io::dtype_name(type));
+    if (world.rank() == 0) {
+      fs::create_directory(directory);
+      const io::file_layout layout = io::make_header({{"model.embed_tokens.weight", type, {256, 64}}});
+      std::ofstream out(directory / "model.safetensors", std::ios::binary);
+      out.write(reinterpret_cast<const char*>(layout.prefix.data()), static_cast<std::streamsize>(layout.prefix.size()));
+      for (int i = 0; i < 256 * 64; ++i) {
+        const int bits = i % 2 == 0 ? plus : minus;
+        out.put(static_cast<char>(bits & 0xff)).put(static_cast<char>(bits >> 8));
+      }
+    }
+    world.barrier();
+    fsdp_engine<float> single(embedding, world, {});
+    io::load_pretrained(directory, single, world);
+    fsdp_engine<double> wide(embedding, world, {});
+    io::load_pretrained(directory, wide, world);
+    const state_dict single_sd = single.original_state_dict(), wide_sd = wide.original_state_dict();
+    const auto f = single_sd.at("model.embed_tokens.weight").values<float>();
+    const auto d = wide_sd.at("model.embed_tokens.weight").values<double>();
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < f.size(); ++i) wrong += f[i] != (i % 2 == 0 ? 1.5f : -0.25f) || d[i] != double(f[i]);
+    CHECK(wrong == 0);
+  }
 }
 
 TEST_CASE("a directory that does not fit the model is refused on every rank, naming the file and the tensor") {

@@ -67,24 +67,26 @@ def config():
                        pad_token_id=None)
 
 
-def windows(indices):
-    """Inputs and targets [len(indices), SEQ] of the given windows."""
+def windows(indices, seq=SEQ):
+    """Inputs and targets [len(indices), seq] of the given windows (of seq + 1 bytes)."""
     with open(os.path.join(ROOT, DATA), "rb") as f:
         text = f.read()
-    rows = [list(text[w * (SEQ + 1):(w + 1) * (SEQ + 1)]) for w in indices]
+    rows = [list(text[w * (seq + 1):(w + 1) * (seq + 1)]) for w in indices]
     x = torch.tensor(rows, dtype=torch.long)
-    return x[:, :SEQ], x[:, 1:]
+    return x[:, :seq], x[:, 1:]
 
 
-def loss_of(model, indices):
-    inputs, targets = windows(indices)
+def loss_of(model, indices, seq=SEQ):
+    inputs, targets = windows(indices, seq)
     logits = model(input_ids=inputs).logits
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)), logits
 
 
 def exact_float64(model):
     """The model's RMSNorms and rotary embedding computed in float64 (transformers' are in float32)."""
-    theta = config().rope_parameters["rope_theta"]
+    # the model's own theta (transformers 5 keeps it in rope_parameters, 4 in rope_theta)
+    rope = getattr(model.config, "rope_parameters", None)
+    theta = rope["rope_theta"] if rope else model.config.rope_theta
 
     def rms_norm(self, x):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
@@ -164,13 +166,14 @@ def make():
                       **metadata}, indent=1))
 
 
-def check(directory, expect, loss_windows, rtol):
+def check(directory, expect, loss_windows, rtol, seq):
     model = exact_float64(LlamaForCausalLM.from_pretrained(directory, dtype=torch.float64))
     model.eval()
+    seq = seq or model.config.max_position_embeddings
     with torch.no_grad():
-        loss = loss_of(model, list(range(loss_windows)))[0].item()
+        loss = loss_of(model, list(range(loss_windows)), seq)[0].item()
     error = abs(loss - expect) / abs(expect)
-    print(f"{directory}: loss {loss:.12g} over windows 0..{loss_windows - 1} (float64), expected {expect:.12g}, "
+    print(f"{directory}: loss {loss:.12g} over windows 0..{loss_windows - 1} of {seq} bytes (float64), expected {expect:.12g}, "
           f"relative error {error:.3g} (tolerance {rtol:g}); transformers {transformers.__version__}, "
           f"torch {torch.__version__}")
     return 0 if error <= rtol else 1
@@ -182,9 +185,10 @@ if __name__ == "__main__":
     parser.add_argument("--expect", type=float, help="with --check: the loss kfsdp printed (eval_loss)")
     parser.add_argument("--windows", type=int, default=len(LOSS_WINDOWS), help="with --check: windows 0..W-1")
     parser.add_argument("--rtol", type=float, default=1e-6, help="with --check: relative tolerance")
+    parser.add_argument("--seq", type=int, help="with --check: window length (default: max_position_embeddings)")
     args = parser.parse_args()
     if args.check:
         if args.expect is None:
             parser.error("--check needs --expect LOSS")
-        sys.exit(check(args.check, args.expect, args.windows, args.rtol))
+        sys.exit(check(args.check, args.expect, args.windows, args.rtol, args.seq))
     make()
