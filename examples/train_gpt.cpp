@@ -35,35 +35,24 @@ import kfsdp;
 #endif
 
 #include "cli.hpp"
+#include "text_training.hpp"
 
 namespace {
 
 using kfsdp::examples::cli;
 
 struct settings {
-  std::string data, save, load, trace, resume, metrics, backend, dtype;
-  std::size_t save_every, hybrid_shard, batch, steps, grad_accum, eval_windows, sample_bytes, log_every;
-  double clip;
+  std::string data, save, load, trace, resume, backend, dtype;
+  std::size_t save_every, hybrid_shard, batch, eval_windows, sample_bytes;
   std::uint64_t seed;
   kfsdp::gpt_config model;
-  kfsdp::optim::optimizer_choice optimizer;
-  kfsdp::io::window_sampling sampling;
-  kfsdp::grad_accumulation accumulation;
+  kfsdp::examples::text_training training;  // steps, optimizer, clipping, sampling, accumulation, logging
   kfsdp::examples::fsdp_flags flags;  // sharding, bucketing, checkpointing, wire dtypes, overlap
 };
 
 cli make_cli() {
   cli c("train_gpt", "train the example GPT with FSDP (run under mpirun)");
-  kfsdp::examples::add_gpt_flags(c)
-      .flag("steps", "400", "optimizer steps")
-      .flag("lr", "0.002", "learning rate")
-      .flag("optimizer", "adamw", "adamw | sgd")
-      .flag("momentum", "0.9", "SGD momentum")
-      .flag("weight-decay", "0.01", "weight decay (AdamW decoupled, SGD L2)")
-      .flag("clip", "1.0", "clip the global gradient norm to this (0: off)")
-      .flag("sampling", "random", "random | sequential windows")
-      .flag("grad-accum", "1", "micro-batches per step (each of --batch windows)")
-      .flag("grad-accum-mode", "unsharded", "unsharded (no_sync: reduce once) | sharded (reduce every micro-batch)")
+  kfsdp::examples::add_text_training_flags(kfsdp::examples::add_gpt_flags(c))
       .flag("hybrid-shard", "0", "HSDP: shard within groups of this many consecutive ranks, or within each node (node), "
                                  "replicate across groups (0: flat FSDP)")
       .flag("save", "", "write weights + optimizer state here (safetensors) at the end")
@@ -71,9 +60,8 @@ cli make_cli() {
       .flag("resume", "", "continue the run saved in this checkpoint (weights, optimizer, step)")
       .flag("load", "", "start from these weights (safetensors)")
       .flag("eval", "0", "with --load: print eval_loss over the first W windows and exit")
-      .flag("sample", "200", "bytes of generated text printed at the end (0: none)")
-      .flag("log-every", "1", "print every k-th step")
-      .flag("metrics", "", "write one JSON line per step here (rank 0; loss, tokens/s, memory, comm bytes; overwritten)")
+      .flag("sample", "200", "bytes of generated text printed at the end (0: none)");
+  kfsdp::examples::add_step_log_flags(c)
       .flag("trace", "", "write a Chrome/Perfetto timeline of the steps here (one file per rank: FILE.rank<r>.json)")
       .flag("backend", "mpi", "mpi | nccl (one GPU per rank; needs a CUDA build of Kokkos)");
   kfsdp::examples::add_fsdp_flags(c, "zero2", "block");
@@ -82,26 +70,19 @@ cli make_cli() {
 
 settings read(const cli& c, int world_size) {
   settings s{.data = c.str("data"), .save = c.str("save"), .load = c.str("load"), .trace = c.str("trace"),
-             .resume = c.str("resume"), .metrics = c.str("metrics"), .backend = c.choice("backend", {"mpi", "nccl"}),
+             .resume = c.str("resume"), .backend = c.choice("backend", {"mpi", "nccl"}),
              .dtype = c.choice("dtype", {"f32", "f64"}), .save_every = c.size("save-every"),
              .hybrid_shard = c.str("hybrid-shard") == "node" ? kfsdp::shard_per_node : c.size("hybrid-shard"),
-             .batch = c.size("batch"), .steps = c.size("steps"), .grad_accum = c.size("grad-accum"),
-             .eval_windows = c.size("eval"), .sample_bytes = c.size("sample"),
-             .log_every = std::max<std::size_t>(1, c.size("log-every")), .clip = c.real_at_least("clip", 0),
+             .batch = c.size("batch"), .eval_windows = c.size("eval"), .sample_bytes = c.size("sample"),
              .seed = c.size("seed"), .model = kfsdp::examples::gpt_config_of(c),
-             .optimizer = {.kind = c.choice("optimizer", {"adamw", "sgd"}), .lr = c.real_at_least("lr", 0),
-                           .momentum = c.real_at_least("momentum", 0), .weight_decay = c.real_at_least("weight-decay", 0)},
-             .sampling = kfsdp::io::parse_sampling(c.str("sampling")),
-             .accumulation = kfsdp::parse_grad_accumulation(c.str("grad-accum-mode")),
-             .flags = kfsdp::examples::fsdp_flags_of(c)};
+             .training = kfsdp::examples::text_training_of(c), .flags = kfsdp::examples::fsdp_flags_of(c)};
   auto fail = [](const std::string& m) { throw std::invalid_argument("train_gpt: " + m); };
   if (s.eval_windows == 0 && (s.batch == 0 || s.batch % std::size_t(world_size) != 0))
     fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
-  if (s.grad_accum == 0) fail("--grad-accum is 0, expected at least 1");
   if (s.eval_windows > 0 && s.load.empty()) fail("--eval needs --load FILE (the weights to evaluate)");
   if (!s.resume.empty() && !s.load.empty()) fail("--resume and --load both given: --resume restores the weights too");
   if (s.save_every > 0 && s.save.empty()) fail("--save-every needs --save FILE");
-  if (s.eval_windows > 0 && !s.metrics.empty()) fail("--metrics and --eval both given: --eval trains no steps");
+  if (s.eval_windows > 0 && !s.training.metrics.empty()) fail("--metrics and --eval both given: --eval trains no steps");
   if (s.hybrid_shard > 0 && s.backend != "mpi") fail("--hybrid-shard works with --backend mpi only for now");
   return s;
 }
@@ -110,7 +91,7 @@ settings read(const cli& c, int world_size) {
 std::string sizing_flags(const settings& s) {
   return fmt::format("--layers {} --dim {} --heads {} --seq {} --batch {} --dtype {} --optimizer {} --sharding {} "
                      "--checkpointing {} (more ranks, --sharding zero3, --checkpointing on or smaller sizes need less)",
-                     s.model.layers, s.model.dim, s.model.heads, s.model.seq, s.batch, s.dtype, s.optimizer.kind,
+                     s.model.layers, s.model.dim, s.model.heads, s.model.seq, s.batch, s.dtype, s.training.optimizer.kind,
                      kfsdp::to_string(s.flags.fsdp.sharding_strategy), s.flags.checkpointing ? "on" : "off");
 }
 
@@ -124,7 +105,7 @@ int run(const settings& s, kfsdp::session& job) {
   const kfsdp::memory_need need = kfsdp::estimate_gpt_memory(
       s.model,
       {.scalar_bytes = sizeof(Scalar), .shard_ranks = std::size_t(job.shard_group().size()), .windows_per_rank = s.batch / ws,
-       .optimizer_states = s.optimizer.kind == "adamw" ? 2u : s.optimizer.momentum > 0 ? 1u : 0u,
+       .optimizer_states = s.training.optimizer.kind == "adamw" ? 2u : s.training.optimizer.momentum > 0 ? 1u : 0u,
        .checkpointing = s.flags.checkpointing, .fsdp = s.flags.fsdp},
       job.host_memory_per_rank());
   job.require_memory(need, sizing_flags(s));
@@ -156,7 +137,6 @@ int run(const settings& s, kfsdp::session& job) {
   const kfsdp::trainer_options training{.checkpointing = s.flags.checkpointing};
   return kfsdp::with_trainer<Scalar>(kfsdp::make_gpt(s.model), engine_comm, options, training, [&](auto& trainer) {
     auto& engine = trainer.engine();
-    using batch = typename std::remove_reference_t<decltype(trainer)>::batch;
     if (!s.trace.empty()) engine.set_trace(&trace);
     if (s.load.empty())
       trainer.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
@@ -171,7 +151,7 @@ int run(const settings& s, kfsdp::session& job) {
       return 0;
     }
 
-    kfsdp::optim::any_optimizer<Scalar> optimizer(trainer, s.optimizer);  // 2-D weights decay, 1-D parameters not
+    kfsdp::optim::any_optimizer<Scalar> optimizer(trainer, s.training.optimizer);  // 2-D weights decay, 1-D parameters not
     // A checkpoint: the weights, the optimizer's state (the checkpoint protocol), the step and the configuration.
     // Under HSDP the first shard group writes the (flat) file; every group resumes from it.
     const auto save = [&](std::size_t steps_done) {
@@ -194,32 +174,18 @@ int run(const settings& s, kfsdp::session& job) {
       fmt::print("train_gpt: {} ranks, {} ({} parameters, {} per rank), {} / {} bucketing ({} buckets), {}, "
                  "batch {} x {} windows of {} bytes, {} windows in {}\n",
                  ws, s.dtype, engine.plan().full_numel, engine.plan().shard_numel, kfsdp::to_string(s.flags.fsdp.sharding_strategy),
-                 kfsdp::to_string(s.flags.fsdp.bucketing_strategy), engine.plan().buckets.size(), s.optimizer.kind,
-                 s.grad_accum, s.batch, s.model.seq + 1, data.count(), s.data);
+                 kfsdp::to_string(s.flags.fsdp.bucketing_strategy), engine.plan().buckets.size(), s.training.optimizer.kind,
+                 s.training.grad_accum, s.batch, s.model.seq + 1, data.count(), s.data);
     if (root && need.activations > 0) fmt::print("train_gpt: estimated memory per rank {}\n", kfsdp::describe(need));
-    kfsdp::step_log log(world, {.program = "train_gpt", .metrics = s.metrics, .unit = "tokens", .steps = s.steps,
-                                .log_every = s.log_every});
-    std::vector<batch> batches(s.grad_accum);
-    for (std::size_t step = first_step; step < s.steps; ++step) {
-      for (std::size_t k = 0; k < s.grad_accum; ++k) {
-        std::vector<int> tokens, targets;
-        data.rank_slice(data.micro_batch(s.sampling, s.seed, step * s.grad_accum + k, s.batch),
-                        std::size_t(world.rank()), ws, tokens, targets);
-        batches[k] = {kfsdp::device_ids(tokens), kfsdp::device_ids(targets)};
-      }
-      log.measure(step, trainer, optimizer, s.optimizer.lr, s.grad_accum * s.batch * s.model.seq, [&] {
-        try {
-          return trainer.step(std::span<const batch>(batches), optimizer, s.clip, s.accumulation);
-        } catch (const kfsdp::non_finite_loss& diverged) {  // every rank alike; nothing more is saved
-          throw std::runtime_error(fmt::format("train_gpt: step {}/{}: {} (--lr {}, --clip {})", step + 1, s.steps,
-                                               diverged.what(), s.optimizer.lr, s.clip));
-        }
-      });
-      if (s.save_every > 0 && (step + 1) % s.save_every == 0 && step + 1 < s.steps) {
-        save(step + 1);
-        if (root) fmt::print("saved {} at step {}\n", s.save, step + 1);  // one line per save
-      }
-    }
+    kfsdp::step_log log(world, {.program = "train_gpt", .metrics = s.training.metrics, .unit = "tokens",
+                                .steps = s.training.steps, .log_every = s.training.log_every});
+    kfsdp::examples::train_on_windows(trainer, optimizer, data, s.training, s.batch, s.seed, first_step, world, log, "train_gpt",
+                                      [&](std::size_t steps_done) {
+                                        if (s.save_every > 0 && steps_done % s.save_every == 0 && steps_done < s.training.steps) {
+                                          save(steps_done);
+                                          if (root) fmt::print("saved {} at step {}\n", s.save, steps_done);  // one line per save
+                                        }
+                                      });
     if (!s.trace.empty()) {
       engine.set_trace(nullptr);
       trace.write(fmt::format("{}.rank{}.json", s.trace, world.rank()));
@@ -227,7 +193,7 @@ int run(const settings& s, kfsdp::session& job) {
     }
     log.print_loss_change();
     if (!s.save.empty()) {
-      save(std::max(s.steps, first_step));
+      save(std::max(s.training.steps, first_step));
       if (root) fmt::print("saved {}\n", s.save);
     }
     if (s.sample_bytes > 0) {

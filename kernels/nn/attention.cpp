@@ -11,37 +11,39 @@ namespace kfsdp::nn {
 
 namespace detail {
 
-// The shape of the attention kernels: windows B, heads H, positions T, dim D, head_dim hd = D / H.
-// A head-major buffer holds parts of [B·T, parts·D] split per head: heads(part, b·H + h, t, c)
-// is column part·D + h·hd + c of row b·T + t, so that every (part, window, head) is one
-// contiguous row-major [T, hd] matrix for BLAS. Worked example, D = 4, H = 2 (hd = 2), T = 3:
-//   qkv row 4 = (b 1, t 1), column 7 = k part (1), head 1, c 1  ->  heads(1, 1·2 + 1, 1, 1).
+// The shape of the attention kernels: windows B, query heads H, key/value heads KV (H/KV query heads
+// share one), positions T, head_dim hd, dim D = H·hd. The input row is [q (H·hd) | k (KV·hd) | v (KV·hd)].
+// A head-major buffer holds parts split per head: heads(part, b·n + h, t, c) is column
+// first_col + h·hd + c of row b·T + t, n being the part's head count (H for q, y; KV for k, v), so that
+// every (part, window, head) is one contiguous row-major [T, hd] matrix for BLAS. Worked example,
+// H = 2, KV = 1, hd = 2, T = 3 (row [q0 q0 q1 q1 | k0 k0 | v0 v0]):
+//   qkv row 4 = (b 1, t 1), column 5 = k part (first_col 4), head 0, c 1  ->  heads(1, 1·1 + 0, 1, 1).
 struct attention_shape {
-  int windows, heads, seq, dim, head_dim;
+  int windows, heads, kv_heads, seq, head_dim;
 
-  attention_shape(std::size_t windows_, std::size_t heads_, std::size_t seq_, std::size_t dim_)
-      : windows(int(windows_)), heads(int(heads_)), seq(int(seq_)), dim(int(dim_)), head_dim(int(dim_ / heads_)) {
+  attention_shape(std::size_t windows_, std::size_t heads_, std::size_t kv_heads_, std::size_t seq_, std::size_t head_dim_)
+      : windows(int(windows_)), heads(int(heads_)), kv_heads(int(kv_heads_)), seq(int(seq_)), head_dim(int(head_dim_)) {
     // The kernels index in int: 3 parts (q, k, v) × the (window, head, position) range must fit.
     const auto what = [] { return "causal_self_attention: (part, window, head, position) range"; };
     check_int_extent("causal_self_attention", "the (part, window, head, position) range", "threads",
                      checked_mul(checked_mul(checked_mul(3, windows_, what), heads_, what), seq_, what));
-    check_int_extent("causal_self_attention", "qkv", "columns", checked_mul(3, dim_, [] { return "causal_self_attention: qkv columns"; }));
   }
   [[nodiscard]] int score_rows() const { return windows * heads * seq; }
+  [[nodiscard]] int group() const { return heads / kv_heads; }  // query heads per key/value head
 };
 
-// One thread per (row, part, head) copies a run of head_dim contiguous elements either way between
-// rows [B·T, parts·D] and the head-major heads(first_part + part, b·H + h, t, 0 .. hd).
+// One thread per (row, head) copies a run of head_dim contiguous elements either way between the
+// columns first_col .. first_col + nheads·hd of rows [B·T, *] and the head-major heads(part, b·nheads + h, t, 0 .. hd).
 template <class Scalar, bool to_heads, class Rows, class Heads>
-void copy_heads(const char* label, const attention_shape& shape, const Rows& rows, const Heads& heads, int first_part) {
-  const int seq = shape.seq, dim = shape.dim, head_dim = shape.head_dim, nheads = shape.heads;
-  const int parts = int(rows.extent(1)) / dim;
+void copy_heads(const char* label, const attention_shape& shape, const Rows& rows, const Heads& heads, int part,
+                int first_col, int nheads) {
+  const int seq = shape.seq, head_dim = shape.head_dim;
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, int(rows.extent(0)) * parts * nheads), KOKKOS_LAMBDA(int index) {
-        const int row = index / (parts * nheads), part = (index / nheads) % parts, h = index % nheads;
-        const int b = row / seq, t = row % seq, first_col = part * dim + h * head_dim;
-        Scalar* head_row = &heads(first_part + part, b * nheads + h, t, 0);
-        auto* run = &rows(row, first_col);  // (taken outside the if constexpr, which nvcc's device lambdas require)
+      label, Kokkos::RangePolicy<execution_space>(0, int(rows.extent(0)) * nheads), KOKKOS_LAMBDA(int index) {
+        const int row = index / nheads, h = index % nheads;
+        const int b = row / seq, t = row % seq;
+        Scalar* head_row = &heads(part, b * nheads + h, t, 0);
+        auto* run = &rows(row, first_col + h * head_dim);  // (taken outside the if constexpr, which nvcc's device lambdas require)
         if constexpr (to_heads)
           for (int c = 0; c < head_dim; ++c) head_row[c] = run[c];
         else
@@ -49,16 +51,18 @@ void copy_heads(const char* label, const attention_shape& shape, const Rows& row
       });
 }
 
-// heads(first_part + p, ...) = the per-head split of part p of rows [B·T, parts·D].
+// heads(part, ...) = the per-head split of nheads heads of rows [B·T, *] from column first_col.
 template <class Scalar>
-void split_heads(const attention_shape& shape, const_matrix<Scalar> rows, tensor4<Scalar> heads, int first_part) {
-  copy_heads<Scalar, true>("kfsdp::nn::attention_split_heads", shape, rows, heads, first_part);
+void split_heads(const attention_shape& shape, const_matrix<Scalar> rows, tensor4<Scalar> heads, int part, int first_col,
+                 int nheads) {
+  copy_heads<Scalar, true>("kfsdp::nn::attention_split_heads", shape, rows, heads, part, first_col, nheads);
 }
 
-// The inverse of split_heads: part p of rows [B·T, parts·D] = heads(first_part + p, ...).
+// The inverse of split_heads.
 template <class Scalar>
-void merge_heads(const attention_shape& shape, tensor4<Scalar> heads, int first_part, matrix<Scalar> rows) {
-  copy_heads<Scalar, false>("kfsdp::nn::attention_merge_heads", shape, rows, heads, first_part);
+void merge_heads(const attention_shape& shape, tensor4<Scalar> heads, int part, matrix<Scalar> rows, int first_col,
+                 int nheads) {
+  copy_heads<Scalar, false>("kfsdp::nn::attention_merge_heads", shape, rows, heads, part, first_col, nheads);
 }
 
 // One thread per score row (b, h, t): softmax over the keys s <= t in place, 0 above the diagonal.
@@ -108,14 +112,23 @@ matrix<Scalar> block(const tensor4<Scalar>& t, int first, int second) {
 }  // namespace detail
 
 template <class Scalar>
-causal_self_attention<Scalar>::causal_self_attention(std::size_t dim, std::size_t heads,
-                                                     std::size_t seq_len)
-    : dim_(dim), heads_(heads), seq_len_(seq_len) {
+causal_self_attention<Scalar>::causal_self_attention(std::size_t dim, std::size_t heads, std::size_t seq_len)
+    : causal_self_attention(dim, heads, seq_len, heads) {}
+
+template <class Scalar>
+causal_self_attention<Scalar>::causal_self_attention(std::size_t dim, std::size_t heads, std::size_t seq_len,
+                                                     std::size_t kv_heads)
+    : dim_(dim), heads_(heads), kv_heads_(kv_heads), seq_len_(seq_len) {
   if (heads == 0 || dim % heads != 0)
     throw std::invalid_argument("causal_self_attention: heads = " + std::to_string(heads) +
                                 " must divide dim = " + std::to_string(dim));
+  if (kv_heads == 0 || heads % kv_heads != 0)
+    throw std::invalid_argument("causal_self_attention: kv_heads = " + std::to_string(kv_heads) +
+                                " must divide heads = " + std::to_string(heads));
   if (seq_len == 0) throw std::invalid_argument("causal_self_attention: seq_len must be > 0");
-  (void)checked_mul(3, dim, [] { return "causal_self_attention: in_features (3 · dim)"; });
+  const auto what = [] { return "causal_self_attention: in_features ((heads + 2 · kv_heads) · head_dim)"; };
+  in_features_ = checked_mul(checked_add(heads, checked_mul(2, kv_heads, what), what), dim / heads, what);
+  detail::check_int_extent("causal_self_attention", "qkv", "columns", in_features_);
   (void)detail::checked_numel("causal_self_attention", "a window's probabilities", {heads, seq_len, seq_len}, sizeof(Scalar));
 }
 
@@ -151,9 +164,9 @@ void causal_self_attention<Scalar>::ensure_heads(const char* where, const char* 
                                                  std::size_t parts, std::size_t batch) const {
   const std::size_t window_heads = checked_mul(batch, heads_, [&] { return std::string(where) + ": " + label + " windows · heads"; });
   if (heads.extent(0) == parts && heads.extent(1) == window_heads) return;
-  (void)detail::checked_numel(where, label, {parts, window_heads, seq_len_, dim_ / heads_}, sizeof(Scalar));
+  (void)detail::checked_numel(where, label, {parts, window_heads, seq_len_, head_dim()}, sizeof(Scalar));
   heads = tensor4<Scalar>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), parts, window_heads,
-                          seq_len_, dim_ / heads_);
+                          seq_len_, head_dim());
 }
 
 // Per (window b, head h), with the head-major parts q, k, v, y of heads_:
@@ -170,30 +183,35 @@ void causal_self_attention<Scalar>::forward(const params&, const_matrix<Scalar> 
   if (c.probs.extent(0) != batch) c = make_cache(rows);
   c.qkv = qkv;
   if (rows == 0) return;
-  const detail::attention_shape shape(batch, heads_, seq_len_, dim_);
+  const detail::attention_shape shape(batch, heads_, kv_heads_, seq_len_, head_dim());
   constexpr int q = 0, k = 1, v = 2, out = 3;
+  const int H = shape.heads, KV = shape.kv_heads, hd = shape.head_dim;
   ensure_heads(where, "kfsdp::nn::attention::heads", heads_scratch_, 4, batch);
-  detail::split_heads<Scalar>(shape, qkv, heads_scratch_, q);
-  const Scalar scale = Scalar(1) / math::sqrt(Scalar(dim_ / heads_));
+  detail::split_heads<Scalar>(shape, qkv, heads_scratch_, q, 0, H);
+  detail::split_heads<Scalar>(shape, qkv, heads_scratch_, k, H * hd, KV);
+  detail::split_heads<Scalar>(shape, qkv, heads_scratch_, v, (H + KV) * hd, KV);
+  const Scalar scale = Scalar(1) / math::sqrt(Scalar(hd));
+  // Query head h reads key/value head h / group (transformers' repeat_kv).
   for (int b = 0; b < shape.windows; ++b)
-    for (int h = 0; h < shape.heads; ++h) {
-      const int bh = b * shape.heads + h;
-      detail::gemm<Scalar>("N", "T", scale, detail::block(heads_scratch_, q, bh), detail::block(heads_scratch_, k, bh),
+    for (int h = 0; h < H; ++h) {
+      const int bh = b * H + h, bg = b * KV + h / shape.group();
+      detail::gemm<Scalar>("N", "T", scale, detail::block(heads_scratch_, q, bh), detail::block(heads_scratch_, k, bg),
                            Scalar(0), detail::block(c.probs, b, h));
     }
   detail::causal_softmax_rows<Scalar>(shape, c.probs);
   for (int b = 0; b < shape.windows; ++b)
-    for (int h = 0; h < shape.heads; ++h) {
-      const int bh = b * shape.heads + h;
-      detail::gemm<Scalar>("N", "N", Scalar(1), detail::block(c.probs, b, h), detail::block(heads_scratch_, v, bh),
+    for (int h = 0; h < H; ++h) {
+      const int bh = b * H + h, bg = b * KV + h / shape.group();
+      detail::gemm<Scalar>("N", "N", Scalar(1), detail::block(c.probs, b, h), detail::block(heads_scratch_, v, bg),
                            Scalar(0), detail::block(heads_scratch_, out, bh));
     }
-  detail::merge_heads<Scalar>(shape, heads_scratch_, out, y);
+  detail::merge_heads<Scalar>(shape, heads_scratch_, out, y, 0, H);
 }
 
 // Per (window b, head h), P = probs(b, h), with q, k, v, dy split per head:
 //   dP = dy vᵀ,  dS = P ∘ (dP − rowsum(P ∘ dP)) (a kernel over the rows),
 //   dq = scale · dS k,  dk = scale · dSᵀ q,  dv = Pᵀ dy   (GEMMs; no atomics, no shared writes)
+// A key/value head's dk and dv sum over the query heads of its group, in order (beta 1 after the first).
 template <class Scalar>
 void causal_self_attention<Scalar>::backward(const params&, const grads&, const cache& c,
                                              const_matrix<Scalar> dy, matrix<Scalar> dqkv) {
@@ -209,34 +227,40 @@ void causal_self_attention<Scalar>::backward(const params&, const grads&, const 
   detail::check_matrix(where, "dy", dy, rows, dim_);
   detail::check_matrix(where, "dqkv", dqkv, rows, in_features());
   if (rows == 0) return;
-  const detail::attention_shape shape(batch, heads_, seq_len_, dim_);
+  const detail::attention_shape shape(batch, heads_, kv_heads_, seq_len_, head_dim());
+  const int H = shape.heads, KV = shape.kv_heads, hd = shape.head_dim;
   if (dscores_.extent(0) != batch) dscores_ = make_scores(where, "kfsdp::nn::attention::dscores", batch, false);
   // Inputs q, k, v, dy in heads_scratch_ (split again: another forward may have run since), outputs in grad_heads_.
   constexpr int q = 0, k = 1, v = 2, dy_part = 3, dq = 0, dk = 1, dv = 2;
   ensure_heads(where, "kfsdp::nn::attention::heads", heads_scratch_, 4, batch);
   ensure_heads(where, "kfsdp::nn::attention::grad_heads", grad_heads_, 3, batch);
-  detail::split_heads<Scalar>(shape, c.qkv, heads_scratch_, q);
-  detail::split_heads<Scalar>(shape, dy, heads_scratch_, dy_part);
-  const Scalar scale = Scalar(1) / math::sqrt(Scalar(dim_ / heads_));
+  detail::split_heads<Scalar>(shape, c.qkv, heads_scratch_, q, 0, H);
+  detail::split_heads<Scalar>(shape, c.qkv, heads_scratch_, k, H * hd, KV);
+  detail::split_heads<Scalar>(shape, c.qkv, heads_scratch_, v, (H + KV) * hd, KV);
+  detail::split_heads<Scalar>(shape, dy, heads_scratch_, dy_part, 0, H);
+  const Scalar scale = Scalar(1) / math::sqrt(Scalar(hd));
   for (int b = 0; b < shape.windows; ++b)
-    for (int h = 0; h < shape.heads; ++h) {
-      const int bh = b * shape.heads + h;
+    for (int h = 0; h < H; ++h) {
+      const int bh = b * H + h, bg = b * KV + h / shape.group();
       detail::gemm<Scalar>("N", "T", Scalar(1), detail::block(heads_scratch_, dy_part, bh),
-                           detail::block(heads_scratch_, v, bh), Scalar(0), detail::block(dscores_, b, h));
+                           detail::block(heads_scratch_, v, bg), Scalar(0), detail::block(dscores_, b, h));
     }
   detail::softmax_backward_rows<Scalar>(shape, c.probs, dscores_);
   for (int b = 0; b < shape.windows; ++b)
-    for (int h = 0; h < shape.heads; ++h) {
-      const int bh = b * shape.heads + h;
+    for (int h = 0; h < H; ++h) {
+      const int bh = b * H + h, bg = b * KV + h / shape.group();
+      const Scalar first_of_group = h % shape.group() == 0 ? Scalar(0) : Scalar(1);  // beta: overwrite, then add
       const const_matrix<Scalar> probs = detail::block(c.probs, b, h), dscores = detail::block(dscores_, b, h);
-      detail::gemm<Scalar>("N", "N", scale, dscores, detail::block(heads_scratch_, k, bh), Scalar(0),
+      detail::gemm<Scalar>("N", "N", scale, dscores, detail::block(heads_scratch_, k, bg), Scalar(0),
                            detail::block(grad_heads_, dq, bh));
-      detail::gemm<Scalar>("T", "N", scale, dscores, detail::block(heads_scratch_, q, bh), Scalar(0),
-                           detail::block(grad_heads_, dk, bh));
-      detail::gemm<Scalar>("T", "N", Scalar(1), probs, detail::block(heads_scratch_, dy_part, bh), Scalar(0),
-                           detail::block(grad_heads_, dv, bh));
+      detail::gemm<Scalar>("T", "N", scale, dscores, detail::block(heads_scratch_, q, bh), first_of_group,
+                           detail::block(grad_heads_, dk, bg));
+      detail::gemm<Scalar>("T", "N", Scalar(1), probs, detail::block(heads_scratch_, dy_part, bh), first_of_group,
+                           detail::block(grad_heads_, dv, bg));
     }
-  detail::merge_heads<Scalar>(shape, grad_heads_, dq, dqkv);
+  detail::merge_heads<Scalar>(shape, grad_heads_, dq, dqkv, 0, H);
+  detail::merge_heads<Scalar>(shape, grad_heads_, dk, dqkv, H * hd, KV);
+  detail::merge_heads<Scalar>(shape, grad_heads_, dv, dqkv, (H + KV) * hd, KV);
 }
 
 template class causal_self_attention<float>;

@@ -10,21 +10,6 @@ namespace {
 
 // ------------------------------------------------------------------ the parallel reader
 
-// Rank 0 reads the header; every rank parses the same bytes, so all reach the same verdict.
-inline std::vector<std::byte> header_on_every_rank(std::string_view function, const std::filesystem::path& path,
-                                                   comm::mpi& comm, std::uint64_t& file_size) {
-  std::vector<std::byte> prefix;
-  together(comm, [&] {
-    if (comm.rank() == 0) prefix = read_header_bytes(path, file_size, function);
-  });
-  std::uint64_t sizes[2] = {file_size, prefix.size()};
-  MPI_Bcast(sizes, 2, MPI_UINT64_T, 0, comm.native());
-  file_size = sizes[0];
-  prefix.resize(sizes[1]);
-  MPI_Bcast(prefix.data(), static_cast<int>(prefix.size()), MPI_BYTE, 0, comm.native());
-  return prefix;
-}
-
 // The tensors a load refuses (strict): a standard safetensors file (no kfsdp keys) holds weights
 // only, so each tensor of it that the model does not have is one; a kfsdp file's weights are
 // counted by parameters_key instead, and its other tensors are a checkpoint's optimizer state.
@@ -102,7 +87,7 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
         fail(tensor.name, fmt::format("no '{}{}' in __metadata__, expected its checksum",
                                       checksum_key_prefix, tensor.name));
       if (tensor.local_bytes > 0)
-        pieces.push_back({first_row_offset<Scalar>(*found, engine.mapping(), tensor.param, static_cast<std::size_t>(rank)),
+        pieces.push_back({first_row_offset(*found, engine.mapping(), tensor.param, static_cast<std::size_t>(rank)),
                           tensor.local_bytes});
       present.push_back(tensor);
     }

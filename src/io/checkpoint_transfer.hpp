@@ -189,6 +189,21 @@ inline std::string broadcast_string(MPI_Comm comm, std::string text) {
   return text;
 }
 
+// Rank 0 reads the header; every rank parses the same bytes, so all reach the same verdict.
+inline std::vector<std::byte> header_on_every_rank(std::string_view function, const std::filesystem::path& path,
+                                                   comm::mpi& comm, std::uint64_t& file_size) {
+  std::vector<std::byte> prefix;
+  together(comm, [&] {
+    if (comm.rank() == 0) prefix = read_header_bytes(path, file_size, function);
+  });
+  std::uint64_t sizes[2] = {file_size, prefix.size()};
+  MPI_Bcast(sizes, 2, MPI_UINT64_T, 0, comm.native());
+  file_size = sizes[0];
+  prefix.resize(sizes[1]);
+  MPI_Bcast(prefix.data(), static_cast<int>(prefix.size()), MPI_BYTE, 0, comm.native());
+  return prefix;
+}
+
 // ------------------------------------------------------------------ sharded tensors
 
 // One tensor of the file: a parameter's rows from one flat view (the weights or a named shard).
@@ -260,9 +275,8 @@ inline std::vector<std::uint64_t> shape_of(const param_info& param) {
 }
 
 // The absolute file offset of this rank's first row of parameter p's `tensor` (full, row-major).
-template <class Scalar>
-std::uint64_t first_row_offset(const tensor_info& tensor, const shard_mapping& map, std::size_t p, std::size_t rank) {
-  return tensor.begin + map.elements(p, rank).first * sizeof(Scalar);
+inline std::uint64_t first_row_offset(const tensor_info& tensor, const shard_mapping& map, std::size_t p, std::size_t rank) {
+  return tensor.begin + map.elements(p, rank).first * dtype_size(tensor.type);
 }
 
 // Every tensor's checksum over all ranks: the ranks' pieces combined in rank order.

@@ -13,7 +13,8 @@ namespace {
 template <class Scalar>
 void write_sharded_file(std::string_view function, const std::filesystem::path& requested,
                         fsdp_engine<Scalar>& engine, comm::mpi& comm,
-                        std::span<const named_shard<Scalar>> shards, const metadata_map& metadata) {
+                        std::span<const named_shard<Scalar>> shards, const metadata_map& metadata,
+                        dtype stored = dtype_of<Scalar>) {
   const MPI_Comm native = comm.native();
   const int rank = comm.rank();
   std::vector<sharded_tensor<Scalar>> tensors;
@@ -24,7 +25,15 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
     path = save_target(requested, function);  // every rank refuses the same bad path
     check_communicator(engine, comm, function);
     check_user_metadata(metadata, function);
+    if (stored != dtype_of<Scalar> && !(stored == dtype::F32 && shards.empty()))
+      throw std::invalid_argument(fmt::format("{}: stored dtype {}, expected {} (the engine's) or F32 (weights only)",
+                                              function, dtype_name(stored), dtype_name(dtype_of<Scalar>)));
     tensors = sharded_tensors(engine, shards, function);
+    // In the file's dtype: a double engine's weights stored as F32 take half the bytes.
+    for (sharded_tensor<Scalar>& tensor : tensors) {
+      tensor.staging_offset = tensor.staging_offset / sizeof(Scalar) * dtype_size(stored);
+      tensor.local_bytes = tensor.local_bytes / sizeof(Scalar) * dtype_size(stored);
+    }
     // This rank's rows of every tensor, back to back in file order, on the host.
     staging.resize(tensors.empty() ? 0 : tensors.back().staging_offset + tensors.back().local_bytes);
     std::vector<Scalar> host;
@@ -37,10 +46,16 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
                           tensor.flat);
         copied = tensor.flat;
       }
-      const std::size_t first = tensor.flat_first;
-      check_finite(std::span<const Scalar>(host.data() + first, tensor.local_bytes / sizeof(Scalar)), tensor.name,
-                   function, requested);
-      std::memcpy(staging.data() + tensor.staging_offset, host.data() + first, tensor.local_bytes);
+      const std::size_t first = tensor.flat_first, count = tensor.local_bytes / dtype_size(stored);
+      check_finite(std::span<const Scalar>(host.data() + first, count), tensor.name, function, requested);
+      if (stored == dtype_of<Scalar>) {
+        std::memcpy(staging.data() + tensor.staging_offset, host.data() + first, tensor.local_bytes);
+      } else {
+        std::vector<float> narrowed(host.begin() + static_cast<std::ptrdiff_t>(first),
+                                    host.begin() + static_cast<std::ptrdiff_t>(first + count));
+        check_finite(std::span<const float>(narrowed), tensor.name, function, requested);  // beyond float's range
+        std::memcpy(staging.data() + tensor.staging_offset, narrowed.data(), tensor.local_bytes);
+      }
       local_checksums.push_back(
           checksum_of(std::span(staging).subspan(tensor.staging_offset, tensor.local_bytes)));
     }
@@ -57,15 +72,14 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
     std::uint64_t weight_numel = 0;
     for (std::size_t t = 0; t < tensors.size(); ++t) {
       const param_info& param = engine.params()[tensors[t].param];
-      entries.push_back({tensors[t].name, dtype_of<Scalar>, shape_of(param)});
+      entries.push_back({tensors[t].name, stored, shape_of(param)});
       if (t < engine.params().size()) weight_numel += param.numel;  // the weights come first
     }
-    layout = checkpoint_layout(entries, checksums, metadata, engine.params().size(), weight_numel,
-                               dtype_name(dtype_of<Scalar>));
+    layout = checkpoint_layout(entries, checksums, metadata, engine.params().size(), weight_numel, dtype_name(stored));
     for (std::size_t t = 0; t < tensors.size(); ++t)
       if (tensors[t].local_bytes > 0)
-        pieces.push_back({first_row_offset<Scalar>(layout.tensors[t], engine.mapping(), tensors[t].param,
-                                                   static_cast<std::size_t>(rank)),
+        pieces.push_back({first_row_offset(layout.tensors[t], engine.mapping(), tensors[t].param,
+                                           static_cast<std::size_t>(rank)),
                           tensors[t].local_bytes});
   });
 
@@ -153,10 +167,10 @@ void written_by_first_group(std::string_view function, const std::filesystem::pa
 
 template <class Scalar>
 void save_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
-                const metadata_map& metadata) {
+                const metadata_map& metadata, dtype stored) {
   constexpr std::string_view function = "kfsdp::io::save_model";
   written_by_first_group(function, path, engine,
-                         [&] { write_sharded_file<Scalar>(function, path, engine, comm, {}, metadata); });
+                         [&] { write_sharded_file<Scalar>(function, path, engine, comm, {}, metadata, stored); });
 }
 
 template <class Scalar>
@@ -176,7 +190,7 @@ void set_stop_after_header(std::function<bool(const std::filesystem::path&)> hoo
 
 #define KFSDP_CHECKPOINT_INSTANTIATE(Scalar)                                                      \
   template void save_model<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&,           \
-                                   comm::mpi&, const metadata_map&);                              \
+                                   comm::mpi&, const metadata_map&, dtype);                       \
   template void save_checkpoint<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&,      \
                                         comm::mpi&, const checkpoint_state<Scalar>&);
 KFSDP_CHECKPOINT_INSTANTIATE(float)

@@ -340,4 +340,67 @@ class json_reader {
   std::size_t position_ = 0;
 };
 
+// A parsed JSON value, for small documents read whole (config.json, an index): objects keep their
+// keys in order (a duplicate key is an error), numbers and literals their text.
+//   {"a": [1, true]}  ->  object, keys {"a"}, values {array, values {number "1", boolean "true"}}
+struct json_value {
+  json_kind kind = json_kind::null;
+  std::string text;               // a string's decoded text, a number's text, "true" or "false"
+  std::vector<std::string> keys;  // an object's keys
+  std::vector<json_value> values; // an object's values (beside its keys) or an array's items
+
+  // The member called `key` of an object, or nullptr.
+  [[nodiscard]] const json_value* find(std::string_view key) const noexcept {
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key) return &values[i];
+    return nullptr;
+  }
+};
+
+// Reads the value at the cursor (and nothing after it) into a tree.
+inline json_value read_json_value(json_reader& in, std::size_t depth = 0) {
+  json_value value;
+  value.kind = in.next_kind();
+  if (depth >= max_json_depth) in.syntax_error("arrays and objects nested deeper than " + std::to_string(max_json_depth));
+  switch (value.kind) {
+    case json_kind::object:
+      in.expect('{', "");
+      if (in.consume('}')) break;
+      do {
+        std::string key = in.read_string();
+        if (std::find(value.keys.begin(), value.keys.end(), key) != value.keys.end())
+          in.syntax_error("duplicate key " + printable(key));
+        in.expect(':', "after an object key");
+        value.keys.push_back(std::move(key));
+        value.values.push_back(read_json_value(in, depth + 1));
+      } while (in.consume(','));
+      in.expect('}', "or ',' in an object");
+      break;
+    case json_kind::array:
+      in.expect('[', "");
+      if (in.consume(']')) break;
+      do value.values.push_back(read_json_value(in, depth + 1));
+      while (in.consume(','));
+      in.expect(']', "or ',' in an array");
+      break;
+    case json_kind::string: value.text = in.read_string(); break;
+    case json_kind::number: value.text = std::string(in.read_number_text()); break;
+    case json_kind::boolean:
+      value.text = in.peek() == 't' ? "true" : "false";
+      in.skip_value(depth);
+      break;
+    case json_kind::null: in.skip_value(depth); break;
+  }
+  return value;
+}
+
+// A whole document: one value and nothing but white space after it.
+inline json_value parse_json(std::string_view text, std::string_view file_name) {
+  json_reader in(text, file_name);
+  json_value value = read_json_value(in);
+  in.skip_whitespace();
+  if (!in.at_end()) in.syntax_error("expected the end of the text after the value");
+  return value;
+}
+
 }  // namespace kfsdp::io::json_detail

@@ -106,7 +106,7 @@ TEST_CASE("the layers' buffer sizes") {
   check_overflow([] { (void)kfsdp::nn::cross_entropy<float>(256).make_cache(pow2(63)); },
                  {"cross_entropy::make_cache", text(pow2(63))});
   // Attention: 3 · dim, a window's heads · seq · seq, and batch · heads · seq · seq.
-  check_overflow([] { kfsdp::nn::causal_self_attention<double>(pow2(63), 1, 1); }, {"3 · dim", text(pow2(63))});
+  check_overflow([] { kfsdp::nn::causal_self_attention<double>(pow2(63), 1, 1); }, {"in_features ((heads + 2 · kv_heads) · head_dim)", text(pow2(63))});
   check_overflow([] { kfsdp::nn::causal_self_attention<double>(64, 4, pow2(31)); }, {"probabilities", text(pow2(31))});
   check_overflow([] { (void)kfsdp::nn::causal_self_attention<double>(64, 4, 32).make_cache(pow2(62)); },
                  {"causal_self_attention::make_cache", "probs", text(pow2(57))});

@@ -57,13 +57,15 @@ namespace kfsdp::io {
 /// Writes the full model as one safetensors file at `path` (collective over `comm`, which must be
 /// the engine's ranks in the engine's order). `metadata` must be the same on every rank (checked).
 /// Byte-identical to save_state_dict_file(path, engine.original_state_dict(), metadata).
+/// `stored` F32 writes a double engine's weights as float (rounded; a value beyond float's range
+/// is refused as not finite); load_pretrained (io/hf_checkpoint.hpp) reads such a file back.
 /// Throws on every rank: std::invalid_argument (a reserved or non-UTF-8 metadata key, ranks that
 /// disagree), std::runtime_error (the file system); `path` is then left as it was.
 ///
 ///   kfsdp::io::save_model("gpt.safetensors", engine, world, {{"model.layers", "4"}});
 template <class Scalar>
 void save_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
-                const metadata_map& metadata = {});
+                const metadata_map& metadata = {}, dtype stored = dtype_of<Scalar>);
 
 /// save_model plus every view of state.shards as full tensors and state.metadata, in the same
 /// file (one rename, so weights and optimizer state can never come from two different saves).

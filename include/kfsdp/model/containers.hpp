@@ -6,6 +6,9 @@
 //   puts all of its parameters in one bucket); repeat<Name, N, Block> names its copies 0..N-1
 //   (the element's own name is not used), and N may be dyn. Each copy is one FSDP unit, as a block is.
 //   residual<Name, Children...> is a sequential f whose output is x + f(x) (features in and out).
+//   concat<Name, Children...> gives every child the same input and lays their outputs side by side:
+//     concat<"", linear<"q_proj", 64, 64, false>, linear<"k_proj", 64, 32, false>>  [rows, 64] -> [rows, 96]
+//     (parameters q_proj.weight [64, 64], k_proj.weight [32, 64]: one projection, separate names)
 // Neighbours must agree on what flows between them (ids, features, loss): a mismatch fails to
 // compile in check_chain<Producer, Consumer>, whose arguments are the two layers.
 
@@ -77,6 +80,17 @@ struct residual : detail::container<layer_kind::container, Name, Children...> {
   static_assert(std::is_same_v<typename base::input, features> && std::is_same_v<typename base::output, features>,
                 "kfsdp::residual: its children must take and give features");
   static constexpr bool adds_input = true;
+  using base::base;
+};
+
+// [f_1(x) | f_2(x) | ...]: each child reads x, its output fills the next columns (Llama's q/k/v and
+// gate/up projections under their own names); the input's gradient is the sum of the children's.
+template <fixed_string Name, descriptor... Children>
+struct concat : detail::container<layer_kind::container, Name, Children...> {
+  using base = detail::container<layer_kind::container, Name, Children...>;
+  static_assert(((std::is_same_v<input_t<Children>, features> && std::is_same_v<output_t<Children>, features>) && ...),
+                "kfsdp::concat: its children must take and give features");
+  static constexpr bool concatenates = true;
   using base::base;
 };
 

@@ -6,6 +6,8 @@
 //   positional_embedding<"wpe", 32, 64> -> weight [32, 64] N(0, 1)   x + weight[row % 32]
 //   gelu<>, gelu_tanh<>, relu<>, silu<>, tanh_layer<>                    no parameters
 //   causal_self_attention<"", 64, 4, 32>                             [rows, 192] -> [rows, 64]
+//   causal_self_attention<"", 64, 4, 32, 2> (grouped-query: 2 kv heads) [rows, 128] -> [rows, 64]
+//   rotary_embedding<"", 4, 2, 16, 32>   (RoPE on q and k)           [rows, 128] -> [rows, 128]
 //   cross_entropy<"", 256>, mse<>                                    loss layers (targets)
 // A size may be kfsdp::dyn and given to the constructor: linear<"fc", dyn, dyn>(in, out).
 // Each layer's compute (forward, backward) is kfsdp::compute_t<Layer, Scalar> (train/ops.hpp), chosen by
@@ -172,29 +174,79 @@ template <fixed_string Name = "">
 struct tanh_layer final : activation<Name, activation_fn::tanh> {};  // not `tanh`: that would hide std::tanh in kfsdp
 
 // Causal multi-head self-attention over windows of Seq rows: q, k, v = split(x [rows, 3·Dim]),
-// y [rows, Dim] (no parameters: the projections around it are linears).
-template <fixed_string Name, std::size_t Dim = dyn, std::size_t Heads = dyn, std::size_t Seq = dyn>
+// y [rows, Dim] (no parameters: the projections around it are linears). With KVHeads key/value
+// heads (grouped-query attention; KVHeads divides Heads) x is [q (Dim) | k (KVHeads·hd) | v (KVHeads·hd)],
+// hd = Dim / Heads, and query head h reads key/value head h / (Heads / KVHeads):
+//   causal_self_attention<"", 64, 4, 32, 2>                          [rows, 128] -> [rows, 64]
+template <fixed_string Name, std::size_t Dim = dyn, std::size_t Heads = dyn, std::size_t Seq = dyn, std::size_t KVHeads = Heads>
 struct causal_self_attention {
+  static_assert(Heads == dyn || KVHeads == dyn || Heads % KVHeads == 0,
+                "kfsdp::causal_self_attention: KVHeads must divide Heads");
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::layer;
-  using anonymous = causal_self_attention<"", Dim, Heads, Seq>;  // the same layer unnamed: what its compute is chosen by
+  using anonymous = causal_self_attention<"", Dim, Heads, Seq, KVHeads>;  // the same layer unnamed: what its compute is chosen by
 
   std::size_t dim = Dim;
   std::size_t heads = Heads;
   std::size_t seq = Seq;
+  std::size_t kv_heads = KVHeads;
 
-  constexpr causal_self_attention() requires(Dim != dyn && Heads != dyn && Seq != dyn) = default;
+  constexpr causal_self_attention() requires(Dim != dyn && Heads != dyn && Seq != dyn && KVHeads != dyn) = default;
   constexpr causal_self_attention(std::size_t d, std::size_t h, std::size_t s)
+    requires(KVHeads == Heads)
+      : causal_self_attention(d, h, s, h) {}
+  constexpr causal_self_attention(std::size_t d, std::size_t h, std::size_t s, std::size_t kv)
       : dim(checked_extent<Dim>("causal_self_attention", Name.view(), "dim", d)),
         heads(checked_extent<Heads>("causal_self_attention", Name.view(), "heads", h)),
-        seq(checked_extent<Seq>("causal_self_attention", Name.view(), "seq", s)) {
+        seq(checked_extent<Seq>("causal_self_attention", Name.view(), "seq", s)),
+        kv_heads(checked_extent<KVHeads>("causal_self_attention", Name.view(), "kv_heads", kv)) {
     if (dim % heads != 0)
       throw std::invalid_argument("kfsdp: causal_self_attention '" + std::string(Name.view()) + "': heads is " +
                                   std::to_string(heads) + ", expected a divisor of dim = " + std::to_string(dim));
+    if (heads % kv_heads != 0)
+      throw std::invalid_argument("kfsdp: causal_self_attention '" + std::string(Name.view()) + "': kv_heads is " +
+                                  std::to_string(kv_heads) + ", expected a divisor of heads = " + std::to_string(heads));
   }
 
-  [[nodiscard]] constexpr std::size_t expected_in_features() const { return 3 * dim; }
+  [[nodiscard]] constexpr std::size_t expected_in_features() const { return dim + 2 * kv_heads * (dim / heads); }
   [[nodiscard]] constexpr std::size_t out_features_for(std::size_t) const { return dim; }
+  constexpr std::array<param_decl, 0> params() const { return {}; }
+};
+
+// Rotary position embedding (RoPE) on the queries and keys of a row [q (Heads·hd) | k (KVHeads·hd) | v (KVHeads·hd)],
+// the values passed through; position t = the row's index within its window of Seq rows. In each
+// rotated head, pair (i, i + hd/2) turns by the angle t · theta^(−2i/hd) (transformers' rotate_half):
+//   y_i = x_i cos − x_{i+hd/2} sin,   y_{i+hd/2} = x_{i+hd/2} cos + x_i sin.
+//   rotary_embedding<"", 4, 2, 16, 32>  (heads 4, kv_heads 2, hd 16, seq 32)   [rows, 128] -> [rows, 128]
+template <fixed_string Name, std::size_t Heads = dyn, std::size_t KVHeads = dyn, std::size_t HeadDim = dyn, std::size_t Seq = dyn>
+struct rotary_embedding {
+  static_assert(HeadDim == dyn || HeadDim % 2 == 0, "kfsdp::rotary_embedding: HeadDim must be even (RoPE turns pairs)");
+  static constexpr auto name = Name;
+  static constexpr layer_kind kind = layer_kind::layer;
+  using anonymous = rotary_embedding<"", Heads, KVHeads, HeadDim, Seq>;  // the same layer unnamed: what its compute is chosen by
+
+  std::size_t heads = Heads;
+  std::size_t kv_heads = KVHeads;
+  std::size_t head_dim = HeadDim;
+  std::size_t seq = Seq;
+  double theta = 10000.0;  // transformers' rope_theta
+
+  constexpr rotary_embedding() requires(Heads != dyn && KVHeads != dyn && HeadDim != dyn && Seq != dyn) = default;
+  constexpr rotary_embedding(std::size_t h, std::size_t kv, std::size_t hd, std::size_t s, double base = 10000.0)
+      : heads(checked_extent<Heads>("rotary_embedding", Name.view(), "heads", h)),
+        kv_heads(checked_extent<KVHeads>("rotary_embedding", Name.view(), "kv_heads", kv)),
+        head_dim(checked_extent<HeadDim>("rotary_embedding", Name.view(), "head_dim", hd)),
+        seq(checked_extent<Seq>("rotary_embedding", Name.view(), "seq", s)),
+        theta(base) {
+    if (head_dim % 2 != 0)
+      throw std::invalid_argument("kfsdp: rotary_embedding '" + std::string(Name.view()) + "': head_dim is " +
+                                  std::to_string(head_dim) + ", expected an even number (RoPE turns pairs)");
+    if (!(theta > 0.0))
+      throw std::invalid_argument("kfsdp: rotary_embedding '" + std::string(Name.view()) + "': theta is " +
+                                  std::to_string(theta) + ", expected a positive number");
+  }
+
+  [[nodiscard]] constexpr std::size_t expected_in_features() const { return (heads + 2 * kv_heads) * head_dim; }
   constexpr std::array<param_decl, 0> params() const { return {}; }
 };
 

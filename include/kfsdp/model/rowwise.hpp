@@ -64,9 +64,10 @@ struct rms_norm : rowwise<Name> {
 };
 
 // y = silu(gate) · value, [gate | value] = x: [rows, 2·H] -> [rows, H] (Llama's MLP after a fused
-// gate/up projection).
+// gate/up projection). Final, so that std::tuple stores it as a member: GCC 12 rejects constant
+// evaluation of a tuple whose empty base class derives from another empty class.
 template <fixed_string Name = "">
-struct swiglu : rowwise<Name> {
+struct swiglu final : rowwise<Name> {
   static constexpr auto expression(auto x) {
     const auto gate = x.half(0);
     return gate * sigmoid(gate) * x.half(1);

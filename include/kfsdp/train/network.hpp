@@ -452,6 +452,96 @@ class residual_node : public node_base<residual_node<D, S>, S, features, feature
   nn::matrix<S> out_, dx_;
 };
 
+// [f_1(x) | f_2(x) | ...]: the children over one input, their outputs side by side; backward gives
+// each child its columns of dy and sums the input gradients the children return.
+template <class D, class S, class... C>
+class concat_node : public node_base<concat_node<D, S, C...>, S, features, features> {
+ public:
+  using node_base<concat_node, S, features, features>::unit;
+
+  concat_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit)
+      : input_grad_(input_grad), children_(make_children(d, b, input_grad, as_unit, std::index_sequence_for<C...>{})) {}
+
+  value_t<features, S> compute_forward(pass_context<S>& ctx, value_t<features, S> x) {
+    const nn::matrix<S> out = detail::ensure(out_, "kfsdp::nn::activation", name_, x.extent(0), out_features());
+    for_each_child([&](auto& child, std::size_t first, std::size_t width) {
+      const nn::const_matrix<S> part = child.forward(ctx, x);
+      Kokkos::deep_copy(Kokkos::subview(out, Kokkos::ALL, std::pair(first, first + width)), part);
+    });
+    return out_;
+  }
+  gradient_t<features, S> compute_backward(pass_context<S>& ctx, gradient_t<features, S> dy) {
+    bool first_gradient = true;
+    for_each_child_reversed([&](auto& child, std::size_t first, std::size_t width, nn::matrix<S>& part) {
+      detail::ensure(part, "kfsdp::nn::gradient", name_, dy.extent(0), width);
+      Kokkos::deep_copy(part, Kokkos::subview(dy, Kokkos::ALL, std::pair(first, first + width)));
+      const nn::const_matrix<S> dx = child.backward(ctx, part);
+      if (!input_grad_) return;
+      if (first_gradient) Kokkos::deep_copy(detail::ensure(dx_, "kfsdp::nn::gradient", name_, dx.extent(0), dx.extent(1)), dx);
+      else nn::detail::add_into<S>(dx_, dx);
+      first_gradient = false;
+    });
+    if (!input_grad_) return {};
+    return dx_;
+  }
+  void release() {
+    std::apply([](auto&... c) { (c.release(), ...); }, children_);
+    out_ = {};
+    dx_ = {};
+    for (auto& part : dy_parts_) part = {};
+  }
+  [[nodiscard]] std::size_t out_features() const { return first_column_.back(); }
+
+ private:
+  template <std::size_t... I>
+  std::tuple<node_t<C, S>...> make_children(const D& d, detail::network_builder& b, bool input_grad, bool as_unit,
+                                            std::index_sequence<I...>) {
+    const bool is_unit = detail::count_params(d) > 0 && !b.inside_unit && as_unit;
+    if (is_unit) unit = b.unit_of_param[b.next_param];
+    const auto saved = b.enter_unit(unit);
+    const auto prefix = b.prefix;
+    name_ = prefix.empty() ? std::string("(concat)") : "concat " + std::string(prefix.view());
+    const std::size_t in = b.width;
+    const std::string previous = b.previous;
+    auto child = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) {
+      b.width = in != 0 ? in : b.input_width;  // every child reads the concat's input
+      b.previous = previous;
+      b.prefix = detail::join_name(prefix, std::tuple_element_t<J, std::tuple<C...>>::name.view());
+      node_t<std::tuple_element_t<J, std::tuple<C...>>, S> made(std::get<J>(d.children), b, input_grad, false);
+      first_column_[J + 1] = first_column_[J] + b.width;
+      return made;
+    };
+    std::tuple<node_t<C, S>...> made{child(std::integral_constant<std::size_t, I>{})...};  // braces: in order
+    b.width = first_column_.back();
+    b.previous = "'" + std::string(prefix.view()) + "' before it";
+    b.prefix = prefix;
+    b.leave_unit(saved);
+    return made;
+  }
+  template <class F>
+  void for_each_child(F&& visit) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (visit(std::get<I>(children_), first_column_[I], first_column_[I + 1] - first_column_[I]), ...);
+    }(std::index_sequence_for<C...>{});
+  }
+  template <class F>
+  void for_each_child_reversed(F&& visit) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      constexpr std::size_t last = sizeof...(C) - 1;
+      (visit(std::get<last - I>(children_), first_column_[last - I], first_column_[last - I + 1] - first_column_[last - I],
+             dy_parts_[last - I]),
+       ...);
+    }(std::index_sequence_for<C...>{});
+  }
+
+  bool input_grad_;
+  std::string name_;
+  std::array<std::size_t, sizeof...(C) + 1> first_column_{};  // child J's columns: first_column_[J] .. first_column_[J + 1]
+  std::tuple<node_t<C, S>...> children_;
+  std::array<nn::matrix<S>, sizeof...(C)> dy_parts_;  // each child's columns of dy, contiguous
+  nn::matrix<S> out_, dx_;
+};
+
 // N copies, each its own unit (wrap_policy::blocks).
 template <class D, class S>
 class repeat_node : public node_base<repeat_node<D, S>, S, input_t<D>, output_t<D>> {
@@ -495,7 +585,8 @@ class repeat_node : public node_base<repeat_node<D, S>, S, input_t<D>, output_t<
 
 namespace detail {
 // Which node computes D, told by D's members (nvcc deduces no fixed_string in a partial specialization,
-// so none matches container<K, N, C...>): a residual adds its input, a repeat has one element type,
+// so none matches container<K, N, C...>): a residual adds its input, a concat lays its children's
+// outputs side by side, a repeat has one element type,
 // any other container its children's tuple, and everything else is a layer.
 template <class D, class S>
 struct node_of {
@@ -508,8 +599,17 @@ struct sequence_of<D, S, std::tuple<C...>> {
   using type = sequence_node<D, S, C...>;
 };
 template <class D, class S>
-  requires requires { typename D::children_type; } && (!requires { D::adds_input; })
+  requires requires { typename D::children_type; } && (!requires { D::adds_input; }) && (!requires { D::concatenates; })
 struct node_of<D, S> : sequence_of<D, S, typename D::children_type> {};
+template <class D, class S, class Children>
+struct concat_of;
+template <class D, class S, class... C>
+struct concat_of<D, S, std::tuple<C...>> {
+  using type = concat_node<D, S, C...>;
+};
+template <class D, class S>
+  requires requires { typename D::children_type; } && requires { D::concatenates; }
+struct node_of<D, S> : concat_of<D, S, typename D::children_type> {};
 template <class D, class S>
   requires requires { typename D::children_type; } && requires { D::adds_input; }
 struct node_of<D, S> {

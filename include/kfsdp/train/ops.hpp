@@ -46,6 +46,7 @@
 #include <kfsdp/nn/cross_entropy.hpp>
 #include <kfsdp/nn/embedding.hpp>
 #include <kfsdp/nn/linear.hpp>
+#include <kfsdp/nn/rotary.hpp>
 #include <kfsdp/train/layer_params.hpp>
 #include <kfsdp/train/rowwise.hpp>
 
@@ -138,13 +139,24 @@ struct attention_op {
   nn::causal_self_attention<S> kernel;
   typename nn::causal_self_attention<S>::cache cache;
   template <class D>
-  explicit attention_op(const D& d) : kernel(d.dim, d.heads, d.seq) {}
+  explicit attention_op(const D& d) : kernel(d.dim, d.heads, d.seq, d.kv_heads) {}
   void forward(const layer_params<const S>&, nn::const_matrix<S> x, nn::matrix<S> y) {
     if (cache.qkv.extent(0) != x.extent(0) || cache.probs.data() == nullptr) cache = kernel.make_cache(x.extent(0));
     kernel.forward({}, x, y, cache);
   }
   void backward(const layer_params<const S>&, const layer_params<S>&, nn::const_matrix<S> dy, nn::matrix<S> dx) {
     kernel.backward({}, {}, cache, dy, scratch_if_empty("causal_self_attention", dx, dy.extent(0), kernel.in_features()));
+  }
+};
+
+template <class S>
+struct rotary_op {
+  nn::rotary_embedding<S> kernel;
+  template <class D>
+  explicit rotary_op(const D& d) : kernel(d.heads, d.kv_heads, d.head_dim, d.seq, d.theta) {}
+  void forward(const layer_params<const S>&, nn::const_matrix<S> x, nn::matrix<S> y) { kernel.forward(x, y); }
+  void backward(const layer_params<const S>&, const layer_params<S>&, nn::const_matrix<S> dy, nn::matrix<S> dx) {
+    if (dx.data() != nullptr) kernel.backward(dy, dx);
   }
 };
 
@@ -227,13 +239,15 @@ struct compute_of<positional_embedding<"", T, D>, S> {
 };
 template <activation_fn F, class S>
 struct compute_of<activation<"", F>, S> { using type = derived_op<derived_activation<F>, S>; };
-template <std::size_t D, std::size_t H, std::size_t T, class S>
-struct compute_of<causal_self_attention<"", D, H, T>, S> {
+template <std::size_t D, std::size_t H, std::size_t T, std::size_t KV, class S>
+struct compute_of<causal_self_attention<"", D, H, T, KV>, S> {
   static_assert(D == dyn || product_fits({3, D}), "kfsdp::causal_self_attention: its input features, 3 · Dim, overflow 64 bits");
   static_assert(H == dyn || T == dyn || product_fits({H, T, T, sizeof(S)}),
                 "kfsdp::causal_self_attention: a window's probabilities, Heads · Seq · Seq · sizeof(Scalar) bytes, overflow 64 bits");
   using type = attention_op<S>;
 };
+template <std::size_t H, std::size_t KV, std::size_t HD, std::size_t T, class S>
+struct compute_of<rotary_embedding<"", H, KV, HD, T>, S> { using type = rotary_op<S>; };
 template <std::size_t C, class S>
 struct compute_of<cross_entropy<"", C>, S> { using type = cross_entropy_op<S>; };
 template <class S>

@@ -1,0 +1,153 @@
+// train_llama — trains a Llama-family model (transformers' LlamaForCausalLM layout: RMSNorm, RoPE,
+// grouped-query attention, SwiGLU; byte vocabulary) with FSDP, or evaluates / fine-tunes a Hugging
+// Face checkpoint directory.
+//
+//   mpirun -np 2 build/examples/train_llama --data data/kjv-genesis-exodus.txt
+//   mpirun -np 2 build/examples/train_llama --load HF_DIR --eval 4          # prints eval_loss
+//   mpirun -np 2 build/examples/train_llama --load HF_DIR --steps 50 --save TUNED_DIR
+//
+// The model is one descriptor (kfsdp::make_llama), each decoder layer an FSDP unit; kfsdp::trainer
+// trains it. With --load the sizes come from HF_DIR/config.json; --save writes config.json and
+// model.safetensors, which transformers' from_pretrained reads. The flags train_gpt has for a run
+// over text windows (optimizer, clipping, sampling, accumulation, logging, sharding) are the same.
+
+#include <filesystem>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <Kokkos_Core.hpp>
+#include <fmt/format.h>
+
+#include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/io/hf_checkpoint.hpp>
+#include <kfsdp/io/hf_config.hpp>
+#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/optim/any_optimizer.hpp>
+#include <kfsdp/session.hpp>
+#include <kfsdp/train/gpt.hpp>
+#include <kfsdp/train/llama.hpp>
+#include <kfsdp/train/step_log.hpp>
+#include <kfsdp/train/trainer.hpp>
+
+#include "cli.hpp"
+#include "text_training.hpp"
+
+namespace {
+
+using kfsdp::examples::cli;
+
+struct settings {
+  std::string data, load, save, dtype;
+  std::size_t batch, window, eval_windows;
+  std::uint64_t seed;
+  kfsdp::llama_config model;
+  kfsdp::examples::text_training training;
+  kfsdp::examples::fsdp_flags flags;
+};
+
+cli make_cli() {
+  cli c("train_llama", "train a Llama-family model with FSDP, or evaluate a Hugging Face checkpoint (run under mpirun)");
+  c.flag("data", "data/kjv-genesis-exodus.txt", "training text (bytes)")
+      .flag("layers", "4", "decoder layers (num_hidden_layers)")
+      .flag("dim", "128", "hidden_size")
+      .flag("hidden", "352", "the MLP's width (intermediate_size)")
+      .flag("heads", "4", "query heads (num_attention_heads)")
+      .flag("kv-heads", "2", "key/value heads, a divisor of --heads (num_key_value_heads)")
+      .flag("rope-theta", "10000", "RoPE's base (rope_theta)")
+      .flag("seq", "64", "context length T (a window is T+1 bytes); with --load at most max_position_embeddings")
+      .flag("tie-weights", "off", "on: lm_head.weight is model.embed_tokens.weight (tie_word_embeddings) | off")
+      .flag("batch", "16", "global batch in windows, split evenly over the ranks")
+      .flag("dtype", "f32", "f32 | f64")
+      .flag("seed", "1337", "initialisation and sampling seed");
+  kfsdp::examples::add_text_training_flags(c)
+      .flag("load", "", "start from this Hugging Face directory (config.json + safetensors; its sizes replace the size flags)")
+      .flag("eval", "0", "with --load: print eval_loss over the first W windows and exit")
+      .flag("save", "", "write the trained model here as a Hugging Face directory (config.json + model.safetensors)");
+  kfsdp::examples::add_step_log_flags(c);
+  kfsdp::examples::add_fsdp_flags(c, "zero2", "block");
+  return c;
+}
+
+settings read(const cli& c, int world_size) {
+  settings s{.data = c.str("data"), .load = c.str("load"), .save = c.str("save"), .dtype = c.choice("dtype", {"f32", "f64"}),
+             .batch = c.size("batch"), .window = c.positive("seq"), .eval_windows = c.size("eval"), .seed = c.size("seed"),
+             .model = {.dim = c.positive("dim"), .hidden = c.positive("hidden"), .layers = c.positive("layers"),
+                       .heads = c.positive("heads"), .kv_heads = c.positive("kv-heads"), .seq = c.positive("seq"),
+                       .rope_theta = c.real("rope-theta"), .tie_weights = c.choice("tie-weights", {"on", "off"}) == "on"},
+             .training = kfsdp::examples::text_training_of(c), .flags = kfsdp::examples::fsdp_flags_of(c)};
+  auto fail = [](const std::string& m) { throw std::invalid_argument("train_llama: " + m); };
+  if (s.load.empty()) {
+    try {
+      s.model.validate();
+    } catch (const std::invalid_argument& e) {
+      fail(fmt::format("the size flags: {}", e.what()));
+    }
+  }
+  if (s.eval_windows == 0 && (s.batch == 0 || s.batch % std::size_t(world_size) != 0))
+    fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
+  if (s.eval_windows > 0 && s.load.empty()) fail("--eval needs --load HF_DIR (the model to evaluate)");
+  if (s.eval_windows > 0 && !s.training.metrics.empty()) fail("--metrics and --eval both given: --eval trains no steps");
+  return s;
+}
+
+template <class Scalar>
+int run(const settings& s, kfsdp::session& job) {
+  kfsdp::comm::mpi& world = job.world();
+  const bool root = job.is_root();
+  const kfsdp::llama_config config = s.load.empty() ? s.model : kfsdp::io::read_llama_config(s.load);
+  const auto data = kfsdp::io::text_windows::from_file(s.data, s.window);
+  // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
+  kfsdp::comm::threaded overlapped(job.shard_group());
+  const kfsdp::comm::any_communicator engine_comm = s.flags.overlap ? kfsdp::comm::any_communicator(overlapped)
+                                                                    : kfsdp::comm::any_communicator(job.shard_group());
+  const kfsdp::trainer_options training{.checkpointing = s.flags.checkpointing};
+  return kfsdp::with_trainer<Scalar>(
+      kfsdp::make_llama(config, s.window), engine_comm, job.fsdp(s.flags.fsdp), training, [&](auto& trainer) {
+        auto& engine = trainer.engine();
+        if (s.load.empty())
+          trainer.initialize(s.seed, kfsdp::llama_init());
+        else  // a tied model's directory may still hold lm_head.weight (some writers keep it)
+          kfsdp::io::load_pretrained(s.load, engine, job.shard_group(),
+                                     config.tie_weights ? std::vector<std::string>{"lm_head.weight"} : std::vector<std::string>{});
+
+        if (s.eval_windows > 0) {  // evaluation only
+          const double loss = kfsdp::evaluate_windows(trainer, data, s.eval_windows, world);
+          if (root) fmt::print("eval_loss {:.12g}\n", loss);
+          return 0;
+        }
+
+        kfsdp::optim::any_optimizer<Scalar> optimizer(trainer, s.training.optimizer);  // 2-D weights decay, 1-D not
+        if (root)
+          fmt::print("train_llama: {} ranks, {} ({} parameters, {} per rank; {} layers, dim {}, {} heads, {} kv heads), "
+                     "{} / {} bucketing ({} buckets), {}, batch {} x {} windows of {} bytes, {} windows in {}\n",
+                     world.size(), s.dtype, engine.plan().full_numel, engine.plan().shard_numel, config.layers, config.dim,
+                     config.heads, config.kv_heads, kfsdp::to_string(s.flags.fsdp.sharding_strategy),
+                     kfsdp::to_string(s.flags.fsdp.bucketing_strategy), engine.plan().buckets.size(),
+                     s.training.optimizer.kind, s.training.grad_accum, s.batch, s.window + 1, data.count(), s.data);
+        kfsdp::step_log log(world, {.program = "train_llama", .metrics = s.training.metrics, .unit = "tokens",
+                                    .steps = s.training.steps, .log_every = s.training.log_every});
+        kfsdp::examples::train_on_windows(trainer, optimizer, data, s.training, s.batch, s.seed, 0, world, log, "train_llama",
+                                          [](std::size_t) {});
+        log.print_loss_change();
+        if (!s.save.empty()) {
+          kfsdp::io::save_pretrained(s.save, engine, job.shard_group(), kfsdp::io::llama_config_json(config, kfsdp::io::dtype_of<Scalar>),
+                                     kfsdp::io::dtype_of<Scalar>);
+          if (root) fmt::print("saved {}\n", s.save);
+        }
+        return 0;
+      });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kfsdp::session job(argc, argv);  // MPI, Kokkos, the world; a bad flag or KFSDP_* variable: "error: ..." and exit 2
+  return job.run([&] {
+    cli c = make_cli();
+    if (!c.parse(argc, argv)) return 0;
+    const settings s = read(c, job.size());
+    return s.dtype == "f32" ? run<float>(s, job) : run<double>(s, job);
+  });
+}

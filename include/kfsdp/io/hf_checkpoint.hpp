@@ -1,0 +1,66 @@
+#pragma once
+// kfsdp::io Hugging Face checkpoints — a model directory as transformers' save_pretrained writes it
+// and from_pretrained reads it, loaded into and saved from a trainer's sharded parameters over
+// MPI-IO (opt-in: this header includes mpi.h). Parameters are matched by name, so the model's
+// names must be the checkpoint's (make_llama names them as transformers' LlamaForCausalLM does).
+//
+//   tiny-llama/config.json                  the model's config (io/hf_config.hpp reads and writes it)
+//   tiny-llama/model.safetensors            every tensor in one file, or
+//   tiny-llama/model.safetensors.index.json {"metadata": {...}, "weight_map": {"lm_head.weight":
+//   tiny-llama/model-00001-of-00002.safetensors   "model-00002-of-00002.safetensors", ...}}
+//   tiny-llama/model-00002-of-00002.safetensors   the shards the index names
+//
+// Each rank reads only its own rows of each tensor (kfsdp shards along dim 0, so they are one byte
+// range of the row-major tensor) from the file that holds it, at any world size, and converts them
+// to the engine's scalar (F64, F32, BF16 and F16 files load into float and double engines).
+//
+//   kfsdp::comm::mpi world;
+//   const kfsdp::llama_config config = kfsdp::io::read_llama_config("tiny-llama");
+//   kfsdp::fsdp_engine<double> engine(kfsdp::make_param_table(kfsdp::make_llama(config)), world, {});
+//   kfsdp::io::load_pretrained("tiny-llama", engine, world);
+//   ...                                                                 // train
+//   kfsdp::io::save_pretrained("tuned-llama", engine, world, kfsdp::io::llama_config_json(config),
+//                              kfsdp::dtype::F32);
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/fsdp/engine.hpp>
+#include <kfsdp/io/hf_config.hpp>
+#include <kfsdp/io/safetensors.hpp>
+
+namespace kfsdp::io {
+
+/// Loads every parameter of the engine by name from a Hugging Face directory (collective over
+/// `comm`, the engine's ranks in order): model.safetensors.index.json and the files it names when
+/// the index is there, model.safetensors otherwise. Strict: every parameter must be in the
+/// directory with the same shape, and every tensor of the directory must be a parameter, except
+/// those named in `ignore` (a tied model's "lm_head.weight", which some writers keep). Files
+/// written by kfsdp carry checksums, which are verified. Padding rows are set to zero.
+/// Throws format_error on every rank, naming the file and the tensor, for a missing or unexpected
+/// tensor, another shape, a dtype that is not F64, F32, BF16 or F16, a malformed file or index;
+/// std::runtime_error for the file system. The shards are then unchanged.
+///
+///   kfsdp::io::load_pretrained("tiny-llama", engine, world);
+///   kfsdp::io::load_pretrained("tied-llama", engine, world, {"lm_head.weight"});
+template <class Scalar>
+void load_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+                     const std::vector<std::string>& ignore = {});
+
+/// Writes the engine's parameters as a Hugging Face directory (collective over `comm`):
+/// `config_json` as config.json and every parameter under its name in model.safetensors, stored as
+/// `stored` (F32 or the engine's scalar; metadata {"format": "pt"}, as transformers expects, and
+/// kfsdp's checksums). Nothing is ever half-written: the directory is assembled under a temporary
+/// name beside it and renamed into place (an existing directory is swapped out whole and removed,
+/// so keep nothing else in it). Throws std::invalid_argument for a stored dtype other than F32 or
+/// the engine's scalar, or a parameter that is not finite; std::runtime_error for the file system.
+///
+///   kfsdp::io::save_pretrained("tuned-llama", engine, world, kfsdp::io::llama_config_json(config));
+template <class Scalar>
+void save_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+                     std::string_view config_json, dtype stored = dtype_of<Scalar>);
+
+}  // namespace kfsdp::io

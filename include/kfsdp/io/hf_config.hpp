@@ -1,0 +1,48 @@
+#pragma once
+// A Hugging Face Llama directory's config.json, read into kfsdp::llama_config and written from it
+// (no MPI, no Kokkos). The weights beside it: io/hf_checkpoint.hpp.
+//
+//   config.json (transformers' LlamaConfig)        kfsdp::llama_config
+//   "vocab_size": 256                        ->    .vocab = 256
+//   "hidden_size": 64                        ->    .dim = 64
+//   "intermediate_size": 176                 ->    .hidden = 176
+//   "num_hidden_layers": 2                   ->    .layers = 2
+//   "num_attention_heads": 4                 ->    .heads = 4
+//   "num_key_value_heads": 2                 ->    .kv_heads = 2        (absent: = heads)
+//   "max_position_embeddings": 64            ->    .seq = 64            (absent: 2048)
+//   "rope_theta": 5000, or (transformers 5)
+//   "rope_parameters": {"rope_theta": 5000}  ->    .rope_theta = 5000   (absent: 10000)
+//   "rms_norm_eps": 1e-6                     ->    .rms_norm_eps = 1e-6 (absent: 1e-6)
+//   "tie_word_embeddings": false             ->    .tie_weights = false (absent: false)
+// Refused, naming the key, because the model would compute something else: "model_type" other
+// than "llama", "hidden_act" other than "silu", "attention_bias" or "mlp_bias" true, "rope_scaling"
+// set or a "rope_type" other than "default", "head_dim" other than hidden_size / heads.
+//
+//   kfsdp::llama_config config = kfsdp::io::read_llama_config("tiny-llama");   // tiny-llama/config.json
+//   std::string json = kfsdp::io::llama_config_json(config, kfsdp::dtype::F32);
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/model/llama_config.hpp>
+
+namespace kfsdp::io {
+
+/// The config of config.json's text; `origin` names it in messages. Throws format_error naming
+/// the origin and the key for text that is not JSON, a missing or mistyped key, an unsupported
+/// setting (above) or sizes that llama_config::validate refuses.
+[[nodiscard]] llama_config parse_llama_config(std::string_view json, std::string_view origin = "config.json");
+
+/// The config of `path`: a directory (its config.json) or the file itself. Throws format_error as
+/// parse_llama_config, std::runtime_error naming the file when it cannot be read.
+[[nodiscard]] llama_config read_llama_config(const std::filesystem::path& path);
+
+/// config.json for `config` that transformers' from_pretrained reads as a LlamaForCausalLM:
+/// model_type "llama", architectures, torch_dtype (F32 -> "float32", F64 "float64", BF16
+/// "bfloat16", F16 "float16": the dtype of the weights beside it), the sizes above. Throws
+/// std::invalid_argument for a config that validate refuses or another dtype.
+[[nodiscard]] std::string llama_config_json(const llama_config& config, dtype stored = dtype::F32);
+
+}  // namespace kfsdp::io

@@ -1,0 +1,154 @@
+// Llama from Hugging Face directories (io/hf_checkpoint.hpp) under mpirun with 1, 2 and 3 ranks:
+// the tiny fixture that transformers wrote (test/model/llama) read with read_llama_config and
+// load_pretrained gives transformers' logits and loss; trained 3 SGD steps, saved with
+// save_pretrained and loaded again, it holds torch's parameters; a tied model saves without
+// lm_head.weight and loads an untied directory when told to ignore it.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/io/hf_checkpoint.hpp>
+#include <kfsdp/io/safetensors_file.hpp>
+#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/optim/sgd.hpp>
+#include <kfsdp/train/gpt.hpp>
+#include <kfsdp/train/llama.hpp>
+#include <kfsdp/train/trainer.hpp>
+
+using namespace kfsdp;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path root = KFSDP_SOURCE_ROOT;
+const fs::path fixture = root / "test" / "model" / "llama";
+
+const state_dict& reference() {
+  static const state_dict r = io::load_state_dict_file(fixture / "reference.safetensors");
+  return r;
+}
+
+io::text_windows text() { return io::text_windows::from_file(root / "data" / "kjv-genesis-exodus.txt", 64); }
+
+template <class Scalar>
+double max_abs_difference(std::span<const Scalar> got, std::span<const Scalar> want) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - double(want[i])));
+  return worst;
+}
+
+// A directory name made on rank 0, the same on every rank, removed at the end.
+struct scratch_directory {
+  explicit scratch_directory(comm::mpi& world) : world_(world) {
+    std::uint64_t nonce = std::random_device{}();
+    MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, world.native());
+    path = fs::temp_directory_path() / ("kfsdp-llama-pretrained-" + std::to_string(nonce));
+    if (world.rank() == 0) fs::create_directories(path);
+    world.barrier();
+  }
+  ~scratch_directory() {
+    world_.barrier();
+    if (world_.rank() == 0) fs::remove_all(path);
+  }
+  scratch_directory(const scratch_directory&) = delete;
+  scratch_directory& operator=(const scratch_directory&) = delete;
+  fs::path path;
+
+ private:
+  comm::mpi& world_;
+};
+
+template <class Scalar>
+using llama_trainer = trainer<llama_descriptor, Scalar, zero3, block_bucketing>;
+
+// transformers' logits on window 0 and mean loss over windows 0..3, from the directory as read.
+template <class Scalar>
+void check_against_transformers(comm::mpi& world, const fs::path& directory, const char* suffix, double logits_tolerance,
+                                double loss_tolerance) {
+  const llama_config config = io::read_llama_config(directory);
+  llama_trainer<Scalar> t(make_llama(config), world);
+  io::load_pretrained(directory, t.engine(), world);
+  const auto data = text();
+  std::vector<int> tokens, targets;
+  data.append(0, tokens, targets);
+  std::vector<Scalar> logits;
+  t.with_full_model([&] {
+    const auto view = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.predict(device_ids(tokens)));
+    logits.assign(view.data(), view.data() + view.span());
+  });
+  const double logits_error =
+      max_abs_difference<Scalar>(logits, reference().at(std::string("logits.") + suffix).template values<Scalar>());
+  const double want = double(reference().at(std::string("loss.") + suffix).template values<Scalar>()[0]);
+  const double loss = evaluate_windows(t, data, 4, world);
+  MESSAGE(directory.filename().string(), " at ", world.size(), " ranks: logits within ", logits_error, ", loss ", loss,
+          " against ", want, " (relative ", std::abs(loss - want) / want, ")");
+  CHECK(logits_error <= logits_tolerance);
+  CHECK(std::abs(loss - want) <= loss_tolerance * want);
+}
+
+}  // namespace
+
+TEST_CASE("the fixture read with read_llama_config and load_pretrained gives transformers' logits and loss") {
+  comm::mpi world;
+  check_against_transformers<float>(world, fixture / "tiny-f32", "f32", 1e-5, 1e-6);
+  check_against_transformers<double>(world, fixture / "tiny-f64-sharded", "f64", 1e-10, 1e-10);
+}
+
+TEST_CASE("3 SGD steps from the loaded fixture, saved with save_pretrained and loaded again, hold torch's parameters") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  const llama_config config = io::read_llama_config(fixture / "tiny-f64-sharded");
+  llama_trainer<double> t(make_llama(config), world);
+  io::load_pretrained(fixture / "tiny-f64-sharded", t.engine(), world);
+  const auto data = text();
+  optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.1});
+  const std::size_t ws = std::size_t(world.size());
+  for (std::size_t s = 0; s < 3; ++s) {  // step s: windows 3s, 3s + 1, 3s + 2 over the ranks
+    std::vector<int> tokens, targets;
+    const std::vector<std::size_t> windows{3 * s, 3 * s + 1, 3 * s + 2};
+    if (3 % ws != 0) {  // ranks that do not divide the batch: every rank takes the whole batch (the same mean)
+      for (std::size_t w : windows) data.append(w, tokens, targets);
+    } else {
+      data.rank_slice(windows, std::size_t(world.rank()), ws, tokens, targets);
+    }
+    t.step({{device_ids(tokens), device_ids(targets)}}, sgd);
+  }
+  io::save_pretrained(scratch.path / "trained", t.engine(), world, io::llama_config_json(config, dtype::F64));
+
+  const llama_config again = io::read_llama_config(scratch.path / "trained");
+  CHECK(again.rope_theta == config.rope_theta);
+  CHECK(again.kv_heads == config.kv_heads);
+  trainer<llama_descriptor, double, zero3> loaded(make_llama(again), world);  // another bucketing
+  io::load_pretrained(scratch.path / "trained", loaded.engine(), world);
+  double worst = 0;
+  for (const tensor& p : loaded.engine().original_state_dict())
+    worst = std::max(worst, max_abs_difference<double>(p.values<double>(), reference().at("trained." + p.name).values<double>()));
+  MESSAGE("parameters after 3 SGD steps at ", world.size(), " ranks, saved and loaded: within ", worst, " of torch's");
+  CHECK(worst <= 1e-9);
+}
+
+TEST_CASE("a tied Llama saves without lm_head.weight and loads an untied directory that names it in `ignore`") {
+  comm::mpi world;
+  scratch_directory scratch(world);
+  llama_config config = io::read_llama_config(fixture / "tiny-f32");
+  config.tie_weights = true;
+  llama_trainer<float> tied(make_llama(config), world);
+  CHECK_THROWS_AS(io::load_pretrained(fixture / "tiny-f32", tied.engine(), world), io::format_error);
+  io::load_pretrained(fixture / "tiny-f32", tied.engine(), world, {"lm_head.weight"});
+  io::save_pretrained(scratch.path / "tied", tied.engine(), world, io::llama_config_json(config));
+  CHECK(io::read_llama_config(scratch.path / "tied").tie_weights);
+  const state_dict saved = io::load_state_dict_file(scratch.path / "tied" / "model.safetensors");
+  CHECK(saved.find("lm_head.weight") == nullptr);
+  const state_dict original = io::load_state_dict_file(fixture / "tiny-f32" / "model.safetensors");
+  CHECK(max_abs_difference<float>(saved.at("model.embed_tokens.weight").values<float>(),
+                                  original.at("model.embed_tokens.weight").values<float>()) == 0);
+}
