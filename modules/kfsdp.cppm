@@ -46,6 +46,7 @@ module;
 #include <kfsdp/io/checksum.hpp>
 #include <kfsdp/io/dataset.hpp>
 #include <kfsdp/io/distributed_sampler.hpp>
+#include <kfsdp/io/hf_config.hpp>
 #include <kfsdp/io/numpy.hpp>
 #include <kfsdp/io/safetensors.hpp>
 #include <kfsdp/io/safetensors_file.hpp>
@@ -63,6 +64,7 @@ module;
 #include <kfsdp/model/descriptor.hpp>
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/model/layers.hpp>
+#include <kfsdp/model/llama.hpp>
 #include <kfsdp/model/llama_config.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/model/rowwise.hpp>
@@ -72,6 +74,7 @@ module;
 #include <kfsdp/nn/detail/gemm.hpp>
 #include <kfsdp/nn/embedding.hpp>
 #include <kfsdp/nn/linear.hpp>
+#include <kfsdp/nn/rotary.hpp>
 #include <kfsdp/nn/views.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/any_optimizer.hpp>
@@ -86,6 +89,7 @@ module;
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/gradient_check.hpp>
 #include <kfsdp/train/layer_params.hpp>
+#include <kfsdp/train/llama.hpp>
 #include <kfsdp/train/network.hpp>
 #include <kfsdp/train/ops.hpp>
 #include <kfsdp/train/rowwise.hpp>
@@ -100,6 +104,7 @@ module;
 #ifdef KFSDP_MODULE_MPI
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/io/hf_checkpoint.hpp>
 #include <kfsdp/session.hpp>
 #include <kfsdp/train/fit.hpp>
 #endif
@@ -416,6 +421,19 @@ using kfsdp::io::shuffled_micro_batch;
 export namespace kfsdp::io {
 using kfsdp::io::distributed_sampler;
 }
+#ifdef KFSDP_MODULE_MPI
+// <kfsdp/io/hf_checkpoint.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::load_pretrained;
+using kfsdp::io::save_pretrained;
+}
+#endif
+// <kfsdp/io/hf_config.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::llama_config_json;
+using kfsdp::io::parse_llama_config;
+using kfsdp::io::read_llama_config;
+}
 // <kfsdp/io/numpy.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::npz_names;
@@ -518,6 +536,7 @@ using kfsdp::meta::type_list;
 export namespace kfsdp {
 using kfsdp::block;
 using kfsdp::check_chain;
+using kfsdp::concat;
 using kfsdp::repeat;
 using kfsdp::residual;
 using kfsdp::sequential;
@@ -570,9 +589,20 @@ using kfsdp::linear;
 using kfsdp::mse;
 using kfsdp::positional_embedding;
 using kfsdp::relu;
+using kfsdp::rotary_embedding;
 using kfsdp::silu;
 using kfsdp::tanh_layer;
 using kfsdp::tied;
+}
+// <kfsdp/model/llama.hpp>
+export namespace kfsdp {
+using kfsdp::llama;
+using kfsdp::llama_attention;
+using kfsdp::llama_block;
+using kfsdp::llama_descriptor;
+using kfsdp::llama_head;
+using kfsdp::llama_mlp;
+using kfsdp::make_llama;
 }
 // <kfsdp/model/llama_config.hpp>
 export namespace kfsdp {
@@ -621,6 +651,10 @@ using kfsdp::nn::embedding_tensors;
 export namespace kfsdp::nn {
 using kfsdp::nn::linear;
 using kfsdp::nn::linear_tensors;
+}
+// <kfsdp/nn/rotary.hpp>
+export namespace kfsdp::nn {
+using kfsdp::nn::rotary_embedding;
 }
 // <kfsdp/nn/views.hpp>
 export namespace kfsdp::nn {
@@ -752,8 +786,13 @@ using kfsdp::gradient_check_report;
 export namespace kfsdp {
 using kfsdp::layer_params;
 }
+// <kfsdp/train/llama.hpp>
+export namespace kfsdp {
+using kfsdp::llama_init;
+}
 // <kfsdp/train/network.hpp>
 export namespace kfsdp {
+using kfsdp::concat_node;
 using kfsdp::flow;
 using kfsdp::gradient_t;
 using kfsdp::leaf_node;
@@ -779,6 +818,7 @@ using kfsdp::derived_op;
 using kfsdp::embedding_op;
 using kfsdp::linear_op;
 using kfsdp::positional_embedding_op;
+using kfsdp::rotary_op;
 using kfsdp::scratch_if_empty;
 }
 // <kfsdp/train/rowwise.hpp>
