@@ -251,8 +251,8 @@ struct reference_rates {
 void print_header(const reference_rates& ref) {
   fmt::print("\n# roofline: train_gpt's shapes (tokens {}, dim {}, heads {}, seq {}, vocab {}); median of the repeats\n",
              tokens, dim, heads, seq, vocab);
-  fmt::print("# sgemm 512x128*128x384: {:.2f} GFLOP/s; memcpy 1 MiB: {:.2f} GB/s (read + write)\n",
-             ref.sgemm_flops / 1e9, ref.memcpy_bytes / 1e9);
+  fmt::print("# sgemm 512x128*128x384: {:.2f} GFLOP/s; memcpy 1 MiB: {:.2f} GB/s (read + write); BLAS: {}\n",
+             ref.sgemm_flops / 1e9, ref.memcpy_bytes / 1e9, kfsdp::bench::blas_in_use());
   fmt::print("{:<26} {:>9} {:>8} {:>10} {:>8} {:>10} {:>9}\n", "kernel", "ms", "GFLOP/s", "%sgemm", "GB/s", "%memcpy",
              "step_ms");
 }

@@ -12,6 +12,8 @@
 //   M = 4 · 12 · 128² + 128 · 256 = 819,200, so 6 · M · 512 = 2.516 GFLOP;
 //   attention 12 · 64² · 128 · 4 layers · 8 windows = 0.201 GFLOP; the step 2.718 GFLOP.
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -20,12 +22,30 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/nn/linear.hpp>
 
 namespace kfsdp::bench {
+
+// The BLAS of this build (-Dblas, set by bench/meson.build) and the library whose sgemm_ the process
+// calls, e.g. "openblas (sgemm_ from /lib/x86_64-linux-gnu/libopenblas.so.0)".
+inline std::string blas_in_use() {
+#ifdef KFSDP_BENCH_BLAS
+  const std::string configured = KFSDP_BENCH_BLAS;
+#else
+  const std::string configured = "unknown";
+#endif
+  Dl_info info{};
+  void* const sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
+  const std::string library = sgemm != nullptr && dladdr(sgemm, &info) != 0 && info.dli_fname != nullptr
+                                  ? std::string(info.dli_fname)
+                                  : std::string("no sgemm_ found");
+  return fmt::format("{} (sgemm_ from {})", configured, library);
+}
 
 // Median wall time of `timed` over repeats (at least 1), after one warm-up run; fences each.
 inline double median_seconds(std::size_t repeats, const std::function<void()>& timed) {

@@ -261,6 +261,7 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
                "({} tokens/step), overlap {}, limit_all_gathers {}; {} rounds of {} warm-up + {} timed steps per combination\n",
                ws, s.model.layers, s.model.dim, s.model.heads, s.model.seq, s.dtype, adamw_states, s.batch,
                s.batch * s.model.seq, s.overlap ? "on" : "off", s.schedule.limit_all_gathers, s.rounds, s.warmup, s.steps);
+  if (root) fmt::print("BLAS: {}\n", kfsdp::bench::blas_in_use());
   // The sgemm rate of this run, at c_attn's product over one rank's tokens, on every rank at once
   // (as the step runs) before and after the steps; the best of them, so that %sgemm is not flattered.
   const std::size_t rank_tokens = s.batch / ws * s.model.seq;

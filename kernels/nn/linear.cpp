@@ -18,16 +18,22 @@ void broadcast_rows(const_vector<Scalar> bias, matrix<Scalar> y) {
       KOKKOS_LAMBDA(int r, int o) { y(r, o) = bias(o); });
 }
 
-// sums[c] += Σ_r m[r, c], rows summed in order (deterministic, no atomics).
+// sums[c] += Σ_r m[r, c], rows summed in order (deterministic, no atomics). Each work item owns a
+// block of columns and walks the rows, so it reads contiguous row segments (one pass over m, as a
+// GEMV m^T·1 would), not one strided column at a time:
+//   cols 10, block 4: items {0..3}, {4..7}, {8, 9}; item 1 adds m(r, 4..7) for r = 0, 1, ...
 template <class Scalar>
 void add_column_sums(const_matrix<Scalar> m, vector<Scalar> sums) {
+  constexpr int block = 32;
   const int rows = int(m.extent(0)), cols = int(m.extent(1));
   Kokkos::parallel_for(
-      "kfsdp::nn::add_column_sums", Kokkos::RangePolicy<execution_space>(0, cols),
-      KOKKOS_LAMBDA(int c) {
-        Scalar sum = 0;
-        for (int r = 0; r < rows; ++r) sum += m(r, c);
-        sums(c) += sum;
+      "kfsdp::nn::add_column_sums", Kokkos::RangePolicy<execution_space>(0, (cols + block - 1) / block),
+      KOKKOS_LAMBDA(int item) {
+        const int first = item * block, count = cols - first < block ? cols - first : block;
+        Scalar partial[block] = {};
+        for (int r = 0; r < rows; ++r)
+          for (int j = 0; j < count; ++j) partial[j] += m(r, first + j);
+        for (int j = 0; j < count; ++j) sums(first + j) += partial[j];
       });
 }
 

@@ -43,16 +43,16 @@ void validate(const adamw_options& options, std::string_view who) {
 
 template void adamw_step<float>(const Kokkos::View<float*>&, const Kokkos::View<const float*>&,
                                 const Kokkos::View<float*>&, const Kokkos::View<float*>&,
-                                const adamw_options&, std::int64_t);
+                                const adamw_options&, std::int64_t, double);
 template void adamw_step<double>(const Kokkos::View<double*>&, const Kokkos::View<const double*>&,
                                  const Kokkos::View<double*>&, const Kokkos::View<double*>&,
-                                 const adamw_options&, std::int64_t);
+                                 const adamw_options&, std::int64_t, double);
 template void adamw_step<float>(const Kokkos::View<float*>&, const Kokkos::View<const float*>&,
                                 const Kokkos::View<float*>&, const Kokkos::View<float*>&,
-                                const adamw_options&, std::int64_t, const param_group_layout&);
+                                const adamw_options&, std::int64_t, const param_group_layout&, double);
 template void adamw_step<double>(const Kokkos::View<double*>&, const Kokkos::View<const double*>&,
                                  const Kokkos::View<double*>&, const Kokkos::View<double*>&,
-                                 const adamw_options&, std::int64_t, const param_group_layout&);
+                                 const adamw_options&, std::int64_t, const param_group_layout&, double);
 template class adamw<float>;
 template class adamw<double>;
 

@@ -38,9 +38,9 @@ void validate(const sgd_options& options, std::string_view who) {
 }
 
 template void sgd_step<float>(const Kokkos::View<float*>&, const Kokkos::View<const float*>&,
-                              const Kokkos::View<float*>&, const sgd_options&);
+                              const Kokkos::View<float*>&, const sgd_options&, double);
 template void sgd_step<double>(const Kokkos::View<double*>&, const Kokkos::View<const double*>&,
-                               const Kokkos::View<double*>&, const sgd_options&);
+                               const Kokkos::View<double*>&, const sgd_options&, double);
 template class sgd<float>;
 template class sgd<double>;
 

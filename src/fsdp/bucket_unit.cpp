@@ -11,6 +11,7 @@
 
 #include <kfsdp/fsdp/bucket_unit.hpp>
 #include <kfsdp/fsdp/pack.hpp>
+#include <kfsdp/optim/clip.hpp>
 
 namespace kfsdp {
 
@@ -157,6 +158,7 @@ typename bucket_unit<Scalar>::view bucket_unit<Scalar>::grad(unit_context<Scalar
 template <class Scalar>
 void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before, Scalar after) {
   if (grads_ == grad_phase::reducing) wrong_phase("begin its reduce-scatter", to_string(grads_), "none or accumulating");
+  shard_grad_squared_norm_.reset();  // until finish_reduce has the new shard
   // What the reduce-scatters carry: every parameter's padded gradient but the frozen ones'.
   std::size_t reduced_numel = 0, frozen_count = 0;
   for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p) {
@@ -167,6 +169,7 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
     // Nothing to reduce: the gradients computed for frozen parameters are dropped.
     ctx.pool.release(full_grads_);
     grads_ = grad_phase::none;
+    shard_grad_squared_norm_ = optim::local_squared_norm<Scalar>(ctx.grads.bucket(bucket_));  // unchanged (zeros)
     return;
   }
   if (grads_ == grad_phase::none) (void)grad(ctx, first_param_);  // no gradient reached it: zeros
@@ -235,6 +238,8 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx) {
     });
   }
   Kokkos::fence();
+  // Clipping's norm, read here while the shard is fresh from the reduction instead of in a pass of its own.
+  shard_grad_squared_norm_ = optim::local_squared_norm<Scalar>(shard);
   shard_grads_zero_ = false;
   ctx.pool.release(reduced_grads_);
   ctx.pool.release(packed_grads_);

@@ -2,11 +2,13 @@
 // dicts are in state_dict_io.cpp).
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 #include <kfsdp/fsdp/engine.hpp>
+#include <kfsdp/optim/clip.hpp>
 
 namespace kfsdp {
 
@@ -229,6 +231,17 @@ template <class Scalar>
 void fsdp_engine<Scalar>::zero_grad() {
   Kokkos::deep_copy(grads_.flat(), Scalar(0));
   for (auto& unit : units_) unit.set_shard_grads_zero(true);  // the next reductions write, not add
+}
+
+template <class Scalar>
+double fsdp_engine<Scalar>::grad_squared_norm() const {
+  double sum = 0;
+  for (const auto& unit : units_) {
+    const std::optional<double> bucket = unit.shard_grad_squared_norm();
+    if (!bucket) return optim::local_squared_norm<Scalar>(grads_.flat());
+    sum += *bucket;
+  }
+  return sum;
 }
 
 template <class Scalar>

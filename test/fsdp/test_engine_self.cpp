@@ -183,6 +183,26 @@ TEST_CASE("after zero_grad the reductions write the gradient shards; written thr
   every_grad_is(6.0f);
 }
 
+TEST_CASE("grad_squared_norm: the sums the reductions left, or one pass after a write through grads()") {
+  comm::self one;
+  fsdp<four_block_gpt, double, zero2, block_bucketing> e(four_block_gpt{}, one, {});
+  const auto pass_over_shards = [&] {
+    double sum = 0;
+    for (double x : testing::to_host(e.grads().flat())) sum += x * x;
+    return sum;
+  };
+  e.zero_grad();
+  CHECK(e.grad_squared_norm() == 0.0);
+  for (std::size_t p = 0; p < e.plan().params.size(); ++p)
+    Kokkos::deep_copy(e.full_grad(p), 0.5 + double(p % 3));  // unequal buckets
+  for (std::size_t b = 0; b < e.plan().buckets.size(); ++b) e.reduce_gradients(b);
+  const double after_reduction = e.grad_squared_norm();
+  CHECK(after_reduction > 0);
+  CHECK(after_reduction == doctest::Approx(pass_over_shards()).epsilon(1e-14));
+  Kokkos::deep_copy(e.grads().flat(), 2.0);  // written since: the norm is the shards' now
+  CHECK(e.grad_squared_norm() == doctest::Approx(4.0 * double(e.grads().flat().extent(0))));
+}
+
 TEST_CASE("with_fsdp dispatches Thunder's options to the policies") {
   comm::self one;
   const auto model = make_gpt({.layers = 1, .dim = 4, .heads = 1, .seq = 3});

@@ -59,6 +59,30 @@ TEST_CASE("linear backward matches central differences (double)") {
   SUBCASE("without bias") { check_linear_gradients(false); }
 }
 
+TEST_CASE("linear backward: the bias gradient is each column's sum of dy, rows added in order, any width") {
+  for (const std::size_t out : {1, 31, 32, 70}) {  // column blocks of 32: fewer, exactly one, a ragged last one
+    CAPTURE(out);
+    const std::size_t rows = 9, in = 3;
+    linear<double> fc(in, out);
+    auto x = random_matrix<double>(rows, in, 1);
+    auto w = random_matrix<double>(out, in, 2);
+    auto b = random_vector<double>(out, 3);
+    auto dy = random_matrix<double>(rows, out, 4);
+    auto db = random_vector<double>(out, 5);  // backward adds into it
+    matrix<double> y("y", rows, out), dw("dw", out, in);
+    const auto before = to_vector(db), dy_host = to_vector(dy);
+    auto cache = fc.make_cache(rows);
+    fc.forward({w, b}, x, y, cache);
+    fc.backward({w, b}, {dw, db}, cache, dy, matrix<double>());
+    const auto got = to_vector(db);
+    for (std::size_t c = 0; c < out; ++c) {
+      double sum = 0;
+      for (std::size_t r = 0; r < rows; ++r) sum += dy_host[r * out + c];
+      CHECK(got[c] == before[c] + sum);  // the same bits as the plain loop
+    }
+  }
+}
+
 TEST_CASE("linear backward accumulates into parameter gradients, overwrites dx") {
   linear<double> fc(3, 2);
   auto x = random_matrix<double>(4, 3, 5);

@@ -3,6 +3,7 @@
 // the step counter, bad input.
 #include <doctest/doctest.h>
 #include <kfsdp/optim/adamw.hpp>
+#include <kfsdp/optim/clip.hpp>
 
 #include "optim_test_support.hpp"
 
@@ -83,6 +84,24 @@ TEST_CASE_TEMPLATE("adamw matches PyTorch's formulas exactly over several steps"
   }
   SUBCASE("beta1 < 0.5 takes lerp's other branch") {
     check_against_reference<Scalar>({.lr = 1e-2, .beta1 = 0.3, .beta2 = 0.5, .eps = 1e-6});
+  }
+}
+
+TEST_CASE_TEMPLATE("adamw with grad_scale: the same bits as scaling the gradients first", Scalar, double, float) {
+  constexpr std::size_t length = 41;
+  const adamw_options options{.lr = 1e-2, .weight_decay = 0.1};
+  const auto start = test_values<Scalar>(length, 3);
+  auto fused = to_view(start, "fused"), separate = to_view(start, "separate");
+  adamw<Scalar> fused_optimizer(length, options), separate_optimizer(length, options);
+  for (unsigned step = 1; step <= 4; ++step) {
+    const double scale = 0.3 + 0.1 * step;  // clip_scale's factor
+    const auto grads = to_view(test_values<Scalar>(length, 200 + step), "grads");
+    fused_optimizer.step(fused, grads, scale);
+    scale_in_place(grads, scale);  // clipping as its own pass: KokkosBlas::scal, scale · g
+    separate_optimizer.step(separate, grads);
+    CAPTURE(step);
+    CHECK(to_vector(fused) == to_vector(separate));
+    CHECK(to_vector(fused_optimizer.exp_avg_sq()) == to_vector(separate_optimizer.exp_avg_sq()));
   }
 }
 

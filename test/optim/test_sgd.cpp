@@ -1,6 +1,7 @@
 // Tests for include/kfsdp/optim/sgd.hpp: several steps against a scalar loop written from PyTorch's
 // torch.optim.SGD (bit for bit in double and in float), the padding invariant, bad input.
 #include <doctest/doctest.h>
+#include <kfsdp/optim/clip.hpp>
 #include <kfsdp/optim/sgd.hpp>
 
 #include "optim_test_support.hpp"
@@ -68,6 +69,23 @@ TEST_CASE_TEMPLATE("sgd matches PyTorch's formulas exactly over several steps", 
   SUBCASE("momentum") { check_against_reference<Scalar>({.lr = 0.1, .momentum = 0.9}); }
   SUBCASE("momentum, weight decay, nesterov") {
     check_against_reference<Scalar>({.lr = 0.02, .momentum = 0.8, .weight_decay = 1e-3, .nesterov = true});
+  }
+}
+
+TEST_CASE_TEMPLATE("sgd with grad_scale: the same bits as scaling the gradients first", Scalar, double, float) {
+  constexpr std::size_t length = 41;
+  const sgd_options options{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01};
+  const auto start = test_values<Scalar>(length, 3);
+  auto fused = to_view(start, "fused"), separate = to_view(start, "separate");
+  sgd<Scalar> fused_optimizer(length, options), separate_optimizer(length, options);
+  for (unsigned step = 1; step <= 4; ++step) {
+    const double scale = 0.3 + 0.1 * step;
+    const auto grads = to_view(test_values<Scalar>(length, 200 + step), "grads");
+    fused_optimizer.step(fused, grads, scale);
+    scale_in_place(grads, scale);
+    separate_optimizer.step(separate, grads);
+    CAPTURE(step);
+    CHECK(to_vector(fused) == to_vector(separate));
   }
 }
 

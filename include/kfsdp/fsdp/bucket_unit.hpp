@@ -21,6 +21,7 @@
 // together and complete as one request (comm::when_all). With a wire type
 // (mixed precision) the shard is converted before and the gathered buffer after, flat.
 
+#include <optional>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -105,7 +106,14 @@ class bucket_unit {
   void finish_reduce(unit_context<Scalar>& ctx);
   // Whether this bucket's gradient shard holds zeros that nothing else will write before its next
   // reduction (the engine's zero_grad says so; any other write access, and each reduction, not).
-  void set_shard_grads_zero(bool zero) noexcept { shard_grads_zero_ = zero; }
+  void set_shard_grads_zero(bool zero) noexcept {
+    shard_grads_zero_ = zero;
+    if (zero) shard_grad_squared_norm_ = 0.0;
+    else shard_grad_squared_norm_.reset();  // whoever writes may change it
+  }
+  // Σ g² over this rank's gradient shard of the bucket, in double, as the last reduction left it
+  // (summed while the shard is fresh from it); none while a reduction is in flight or after write access.
+  [[nodiscard]] std::optional<double> shard_grad_squared_norm() const noexcept { return shard_grad_squared_norm_; }
 
  private:
   // A wire type to convert from: the gathered buffer is not the parameters.
@@ -131,6 +139,7 @@ class bucket_unit {
   param_phase params_ = param_phase::sharded;
   grad_phase grads_ = grad_phase::none;
   bool shard_grads_zero_ = true;  // the storage starts at zero
+  std::optional<double> shard_grad_squared_norm_ = 0.0;  // see shard_grad_squared_norm()
   bool reduces_in_place_ = false;  // the reduction in flight writes the gradient shard itself (and,
                                    // unless replicated, its reduce-scatters multiply by after_)
   Scalar after_ = 1;               // the reduction in flight's factor on the reduced shard

@@ -160,6 +160,10 @@ class fsdp_engine {
   // Zeros the gradient shards; each bucket's next reduction then writes its shard instead of
   // adding into it (the same sums, without the add's pass and buffer).
   void zero_grad();
+  // Σ g² over this rank's gradient shards in double (clipping's local norm; call it with no reduction
+  // in flight): each bucket's sum taken as its reduction finished, while the shard was fresh, or one
+  // pass over the shards where they were written since (after grads()).
+  [[nodiscard]] double grad_squared_norm() const;
 
   // --- frozen parameters (fine-tuning part of a model: FSDP2's requires_grad=False) ---
   // A frozen parameter is still gathered and still passes gradients to the layers below it, but

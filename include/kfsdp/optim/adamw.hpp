@@ -6,6 +6,8 @@
 //   optimizer.step(shard_params, shard_grads);   // step_count() is now 1
 //
 // Per element at step t (t = 1, 2, ...), exactly PyTorch's order of operations:
+//   g  = grad_scale * g                                      gradient clipping's factor (1: none), here so
+//                                                            that clipping costs no pass of its own
 //   p  = p * (1 - lr * weight_decay)                         decoupled decay
 //   m  = lerp(m, g, 1 - beta1)                               torch.lerp: m + w*(g - m) for w < 0.5
 //   v  = v * beta2 + ((1 - beta2) * g) * g
@@ -59,7 +61,8 @@ struct adamw_options {
 void validate(const adamw_options& options, std::string_view who = "adamw");
 
 /// One AdamW step number `step` (1 for the first) over a flat shard: updates `params`, `exp_avg`
-/// and `exp_avg_sq` in place. All four views have the same length.
+/// and `exp_avg_sq` in place. All four views have the same length. The step reads the gradients
+/// times `grad_scale` (clip_scale's factor; the gradients themselves are left as they are).
 /// Throws std::invalid_argument for invalid options, step < 1 or views of different lengths.
 ///
 ///   kfsdp::optim::adamw_step(params, grads, exp_avg, exp_avg_sq, {.lr = 1e-3}, 1);
@@ -68,7 +71,7 @@ void adamw_step(const Kokkos::View<Scalar*>& params,
                 const std::type_identity_t<Kokkos::View<const Scalar*>>& grads,
                 const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg,
                 const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg_sq,
-                const adamw_options& options, std::int64_t step);
+                const adamw_options& options, std::int64_t step, double grad_scale = 1.0);
 
 /// The same step with each element's lr scaled and its weight decay set by its group in `groups`
 /// (make_param_groups); `groups.group_of` has the length of `params`.
@@ -79,7 +82,8 @@ void adamw_step(const Kokkos::View<Scalar*>& params,
                 const std::type_identity_t<Kokkos::View<const Scalar*>>& grads,
                 const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg,
                 const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg_sq,
-                const adamw_options& options, std::int64_t step, const param_group_layout& groups);
+                const adamw_options& options, std::int64_t step, const param_group_layout& groups,
+                double grad_scale = 1.0);
 
 
 /// AdamW with its two moment buffers (zero at the start) and its step counter, for a shard of fixed
@@ -113,8 +117,9 @@ class adamw {
       : adamw(detail::groups_freezing(detail::engine_of(owner), options.weight_decay, groups), options) {}
 
   /// One step (the counter goes up first, as in PyTorch); both views have shard_size() elements.
-  /// Frozen elements are neither read nor written.
-  void step(const view_type& params, const const_view_type& grads);
+  /// Frozen elements are neither read nor written. The step uses grad_scale · grads (clipping's
+  /// factor, applied in the same pass; the gradients are not written).
+  void step(const view_type& params, const const_view_type& grads, double grad_scale = 1.0);
 
   void set_lr(double lr);
   /// Sets the counter, e.g. when the moments are restored from a checkpoint; steps >= 0.
@@ -187,7 +192,7 @@ void adamw_step(const Kokkos::View<Scalar*>& params,
                 const std::type_identity_t<Kokkos::View<const Scalar*>>& grads,
                 const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg,
                 const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg_sq,
-                const adamw_options& options, std::int64_t step) {
+                const adamw_options& options, std::int64_t step, double grad_scale) {
   validate(options, "adamw_step");
   detail::check_step("adamw_step", step);
   const std::size_t length = params.extent(0);
@@ -208,13 +213,14 @@ void adamw_step(const Kokkos::View<Scalar*>& params,
   const auto negative_step_size = static_cast<Scalar>(-(options.lr / bias_correction1));
   const auto bias_correction2_sqrt = static_cast<Scalar>(std::sqrt(bias_correction2));
   const auto eps = static_cast<Scalar>(options.eps);
+  const auto scale = static_cast<Scalar>(grad_scale);  // scaled as KokkosBlas::scal would: scale · g
   const auto p = params;
   const auto g = grads;
   const auto m = exp_avg;
   const auto v = exp_avg_sq;
   Kokkos::parallel_for(
       "kfsdp::optim::adamw_step", Kokkos::RangePolicy<>(0, length), KOKKOS_LAMBDA(const std::size_t i) {
-        const Scalar gradient = g(i);
+        const Scalar gradient = scale * g(i);
         Scalar parameter = p(i);
         if (use_weight_decay) parameter = parameter * decay_factor;
         const Scalar first = m(i);
@@ -233,7 +239,8 @@ void adamw_step(const Kokkos::View<Scalar*>& params,
                 const std::type_identity_t<Kokkos::View<const Scalar*>>& grads,
                 const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg,
                 const std::type_identity_t<Kokkos::View<Scalar*>>& exp_avg_sq,
-                const adamw_options& options, std::int64_t step, const param_group_layout& groups) {
+                const adamw_options& options, std::int64_t step, const param_group_layout& groups,
+                double grad_scale) {
   validate(options, "adamw_step");
   detail::check_step("adamw_step", step);
   const std::size_t length = params.extent(0);
@@ -260,6 +267,7 @@ void adamw_step(const Kokkos::View<Scalar*>& params,
   const auto one_minus_beta2 = static_cast<Scalar>(1.0 - options.beta2);
   const auto bias_correction2_sqrt = static_cast<Scalar>(std::sqrt(bias_correction2));
   const auto eps = static_cast<Scalar>(options.eps);
+  const auto scale = static_cast<Scalar>(grad_scale);  // scaled as KokkosBlas::scal would: scale · g
   const auto p = params;
   const auto g = grads;
   const auto m = exp_avg;
@@ -268,7 +276,7 @@ void adamw_step(const Kokkos::View<Scalar*>& params,
   Kokkos::parallel_for(
       "kfsdp::optim::adamw_step_grouped", Kokkos::RangePolicy<>(0, length), KOKKOS_LAMBDA(const std::size_t i) {
         const std::uint8_t id = group_of(i);
-        const Scalar gradient = g(i);
+        const Scalar gradient = scale * g(i);
         Scalar parameter = p(i);
         if (coefficients.use_weight_decay[id]) parameter = parameter * coefficients.decay_factor[id];
         const Scalar first = m(i);
@@ -323,7 +331,7 @@ adamw<Scalar>::adamw(param_group_layout groups, adamw_options options)
 }
 
 template <class Scalar>
-void adamw<Scalar>::step(const view_type& params, const const_view_type& grads) {
+void adamw<Scalar>::step(const view_type& params, const const_view_type& grads, double grad_scale) {
   detail::check_length("adamw::step", "params", params.extent(0), "shard_size", shard_size_);
   if (groups_ && groups_->any_frozen()) {
     // The same kernel on each run that trains: frozen elements are neither read nor written.
@@ -334,12 +342,12 @@ void adamw<Scalar>::step(const view_type& params, const const_view_type& grads) 
       const auto in_state = std::pair(run.state_first, run.state_first + run.count);
       adamw_step<Scalar>(Kokkos::subview(params, in_shard), Kokkos::subview(grads, in_shard),
                          Kokkos::subview(exp_avg_, in_state), Kokkos::subview(exp_avg_sq_, in_state), options_,
-                         step_count_ + 1, segment_groups_[s]);
+                         step_count_ + 1, segment_groups_[s], grad_scale);
     }
   } else if (groups_)
-    adamw_step<Scalar>(params, grads, exp_avg_, exp_avg_sq_, options_, step_count_ + 1, *groups_);
+    adamw_step<Scalar>(params, grads, exp_avg_, exp_avg_sq_, options_, step_count_ + 1, *groups_, grad_scale);
   else
-    adamw_step<Scalar>(params, grads, exp_avg_, exp_avg_sq_, options_, step_count_ + 1);
+    adamw_step<Scalar>(params, grads, exp_avg_, exp_avg_sq_, options_, step_count_ + 1, grad_scale);
   ++step_count_;  // only once the step has gone through
 }
 
@@ -361,16 +369,16 @@ void adamw<Scalar>::set_step_count(std::int64_t steps) {
 
 extern template void adamw_step<float>(const Kokkos::View<float*>&, const Kokkos::View<const float*>&,
                                         const Kokkos::View<float*>&, const Kokkos::View<float*>&,
-                                        const adamw_options&, std::int64_t);
+                                        const adamw_options&, std::int64_t, double);
 extern template void adamw_step<double>(const Kokkos::View<double*>&, const Kokkos::View<const double*>&,
                                          const Kokkos::View<double*>&, const Kokkos::View<double*>&,
-                                         const adamw_options&, std::int64_t);
+                                         const adamw_options&, std::int64_t, double);
 extern template void adamw_step<float>(const Kokkos::View<float*>&, const Kokkos::View<const float*>&,
                                         const Kokkos::View<float*>&, const Kokkos::View<float*>&,
-                                        const adamw_options&, std::int64_t, const param_group_layout&);
+                                        const adamw_options&, std::int64_t, const param_group_layout&, double);
 extern template void adamw_step<double>(const Kokkos::View<double*>&, const Kokkos::View<const double*>&,
                                          const Kokkos::View<double*>&, const Kokkos::View<double*>&,
-                                         const adamw_options&, std::int64_t, const param_group_layout&);
+                                         const adamw_options&, std::int64_t, const param_group_layout&, double);
 extern template class adamw<float>;
 extern template class adamw<double>;
 

@@ -43,8 +43,9 @@ class any_optimizer {
   any_optimizer(Owner& owner, const optimizer_choice& choice, const std::vector<param_group>& groups = {})
       : chosen_(make(owner, choice, groups)) {}
 
-  void step(const view_type& params, const const_view_type& grads) {
-    std::visit([&](auto& o) { o.step(params, grads); }, chosen_);
+  /// The chosen optimizer's step on grad_scale · grads (clipping's factor, in the same pass).
+  void step(const view_type& params, const const_view_type& grads, double grad_scale = 1.0) {
+    std::visit([&](auto& o) { o.step(params, grads, grad_scale); }, chosen_);
   }
   void set_lr(double lr) {
     std::visit([&](auto& o) { o.set_lr(lr); }, chosen_);

@@ -47,6 +47,7 @@ void validate(const sgd_options& options, std::string_view who = "sgd");
 
 /// One SGD step over a flat shard: updates `params` and `momentum_buffer` in place.
 /// `momentum_buffer` has the length of `params`, or may be empty when options.momentum == 0.
+/// The step reads the gradients times `grad_scale` (clip_scale's factor; the gradients are not written).
 /// Throws std::invalid_argument for invalid options or views of different lengths.
 ///
 ///   kfsdp::optim::sgd_step(params, grads, buffer, {.lr = 0.1, .momentum = 0.9});
@@ -54,7 +55,7 @@ template <class Scalar>
 void sgd_step(const Kokkos::View<Scalar*>& params,
               const std::type_identity_t<Kokkos::View<const Scalar*>>& grads,
               const std::type_identity_t<Kokkos::View<Scalar*>>& momentum_buffer,
-              const sgd_options& options);
+              const sgd_options& options, double grad_scale = 1.0);
 
 namespace detail {
 // SGD has one lr and one weight decay: its groups may only freeze.
@@ -96,8 +97,9 @@ class sgd {
       : sgd((detail::check_sgd_groups(groups), detail::groups_freezing(detail::engine_of(owner), 0.0, groups)),
             options) {}
 
-  /// One step; `params` and `grads` must both have shard_size() elements.
-  void step(const view_type& params, const const_view_type& grads);
+  /// One step; `params` and `grads` must both have shard_size() elements. The step uses
+  /// grad_scale · grads (clipping's factor, applied in the same pass).
+  void step(const view_type& params, const const_view_type& grads, double grad_scale = 1.0);
 
   void set_lr(double lr);
   [[nodiscard]] const sgd_options& options() const noexcept { return options_; }
@@ -143,7 +145,7 @@ template <class Scalar>
 void sgd_step(const Kokkos::View<Scalar*>& params,
               const std::type_identity_t<Kokkos::View<const Scalar*>>& grads,
               const std::type_identity_t<Kokkos::View<Scalar*>>& momentum_buffer,
-              const sgd_options& options) {
+              const sgd_options& options, double grad_scale) {
   validate(options, "sgd_step");
   const std::size_t length = params.extent(0);
   detail::check_length("sgd_step", "grads", grads.extent(0), "params", length);
@@ -157,12 +159,13 @@ void sgd_step(const Kokkos::View<Scalar*>& params,
   const auto weight_decay = static_cast<Scalar>(options.weight_decay);
   const bool use_weight_decay = options.weight_decay != 0.0;
   const bool nesterov = options.nesterov;
+  const auto scale = static_cast<Scalar>(grad_scale);  // scaled as KokkosBlas::scal would: scale · g
   const auto p = params;
   const auto g = grads;
   const auto buffer = momentum_buffer;
   Kokkos::parallel_for(
       "kfsdp::optim::sgd_step", Kokkos::RangePolicy<>(0, length), KOKKOS_LAMBDA(const std::size_t i) {
-        Scalar direction = g(i);
+        Scalar direction = scale * g(i);
         if (use_weight_decay) direction = direction + weight_decay * p(i);
         if (use_momentum) {
           const Scalar velocity = buffer(i) * momentum + direction;
@@ -196,10 +199,10 @@ sgd<Scalar>::sgd(const param_group_layout& frozen, sgd_options options)
 }
 
 template <class Scalar>
-void sgd<Scalar>::step(const view_type& params, const const_view_type& grads) {
+void sgd<Scalar>::step(const view_type& params, const const_view_type& grads, double grad_scale) {
   detail::check_length("sgd::step", "params", params.extent(0), "shard_size", shard_size_);
   if (!any_frozen_) {
-    sgd_step<Scalar>(params, grads, momentum_buffer_, options_);
+    sgd_step<Scalar>(params, grads, momentum_buffer_, options_, grad_scale);
     return;
   }
   // The same kernel on each run that trains: frozen elements are neither read nor written.
@@ -209,7 +212,7 @@ void sgd<Scalar>::step(const view_type& params, const const_view_type& grads) {
     const view_type buffer = momentum_buffer_.extent(0) > 0
                                  ? view_type(Kokkos::subview(momentum_buffer_, std::pair(run.state_first, run.state_first + run.count)))
                                  : view_type();
-    sgd_step<Scalar>(Kokkos::subview(params, in_shard), Kokkos::subview(grads, in_shard), buffer, options_);
+    sgd_step<Scalar>(Kokkos::subview(params, in_shard), Kokkos::subview(grads, in_shard), buffer, options_, grad_scale);
   }
 }
 
@@ -222,9 +225,9 @@ void sgd<Scalar>::set_lr(double lr) {
 }
 
 extern template void sgd_step<float>(const Kokkos::View<float*>&, const Kokkos::View<const float*>&,
-                                      const Kokkos::View<float*>&, const sgd_options&);
+                                      const Kokkos::View<float*>&, const sgd_options&, double);
 extern template void sgd_step<double>(const Kokkos::View<double*>&, const Kokkos::View<const double*>&,
-                                       const Kokkos::View<double*>&, const sgd_options&);
+                                       const Kokkos::View<double*>&, const sgd_options&, double);
 extern template class sgd<float>;
 extern template class sgd<double>;
 

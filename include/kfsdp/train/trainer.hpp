@@ -153,7 +153,7 @@ class trainer_core {
     }
     step_result result;
     // Under HSDP every replica holds the same gradient shards: each adds 1/replicas of its norm.
-    double sums[2] = {loss_sum, optim::local_squared_norm(engine_.grads().flat()) / double(engine_.replica_count())};
+    double sums[2] = {loss_sum, engine_.grad_squared_norm() / double(engine_.replica_count())};
     engine_.sum_over_ranks(std::span<double>(sums));
     result.loss = sums[0] / global_rows;
     result.grad_norm = std::sqrt(sums[1]);
@@ -163,13 +163,16 @@ class trainer_core {
           "kfsdp::trainer::step: the loss is {}, the gradient norm {}, expected finite values{}: the run diverged "
           "(a lower learning rate or gradient clipping may help); the weights are left as they were before this step",
           result.loss, result.grad_norm, where_non_finite(micro_batches, std::isfinite(result.loss))));
-    if (max_norm > 0) {
-      const double scale = optim::clip_scale(result.grad_norm, max_norm);
-      if (scale < 1) optim::scale_in_place(engine_.grads().flat(), scale);
-    }
+    const double scale = max_norm > 0 ? optim::clip_scale(result.grad_norm, max_norm) : 1.0;
     {
       const trace_recorder::scope region(engine_.trace(), "optimizer", "compute", trace_recorder::compute_lane, -1, 0);
-      optimizer.step(engine_.shards().flat(), engine_.grads().flat());
+      // Clipping inside the optimizer's pass where it takes the factor (kfsdp's do); the gradients stay unclipped.
+      if constexpr (requires { optimizer.step(engine_.shards().flat(), engine_.grads().flat(), scale); }) {
+        optimizer.step(engine_.shards().flat(), engine_.grads().flat(), scale);
+      } else {
+        if (scale < 1) optim::scale_in_place(engine_.grads().flat(), scale);
+        optimizer.step(engine_.shards().flat(), engine_.grads().flat());
+      }
     }
     return result;
   }
