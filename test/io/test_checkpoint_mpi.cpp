@@ -23,6 +23,8 @@
 #include <kfsdp/io/checkpoint.hpp>
 #include <kfsdp/optim/adamw.hpp>
 
+#include "../support/scratch_directory.hpp"
+
 #include "../fsdp/engine_checks.hpp"
 
 using namespace kfsdp;
@@ -33,40 +35,6 @@ using kfsdp::io::metadata_map;
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string broadcast_from_rank0(comm::mpi& world, std::string text) {
-  std::uint64_t length = text.size();
-  MPI_Bcast(&length, 1, MPI_UINT64_T, 0, world.native());
-  text.resize(length);
-  MPI_Bcast(text.data(), static_cast<int>(length), MPI_CHAR, 0, world.native());
-  return text;
-}
-
-// A directory under the system's temporary directory, unique per run, removed at the end.
-struct scratch_directory {
-  explicit scratch_directory(comm::mpi& world) : world_(world) {
-    std::string name;
-    if (world.rank() == 0) {
-      std::random_device entropy;
-      const fs::path made = fs::temp_directory_path() /
-                            ("kfsdp-checkpoint-test-" + io::format_hex64((std::uint64_t{entropy()} << 32) ^ entropy()));
-      fs::create_directories(made);
-      name = made.string();
-    }
-    path = broadcast_from_rank0(world, name);
-  }
-  ~scratch_directory() {
-    world_.barrier();
-    if (world_.rank() == 0) fs::remove_all(path);
-  }
-  scratch_directory(const scratch_directory&) = delete;
-  scratch_directory& operator=(const scratch_directory&) = delete;
-
-  fs::path path;
-
- private:
-  comm::mpi& world_;
-};
 
 // The ranks of `world` with the same colour as a communicator of their own (none for no colour).
 std::optional<comm::mpi> split(comm::mpi& world, std::optional<int> colour) {
@@ -200,7 +168,7 @@ void check_parallel_file_equals_gathered(comm::mpi& world, const fs::path& direc
 
 TEST_CASE("the parallel file is byte-identical to the gathered-to-rank-0 file") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "checkpoint");
   check_parallel_file_equals_gathered<tiny_gpt, float>(world, scratch.path, "gpt_float", gpt_like_init);
   check_parallel_file_equals_gathered<tiny_gpt, double>(world, scratch.path, "gpt_double", gpt_like_init);
   check_parallel_file_equals_gathered<thunder_padding, float>(world, scratch.path, "padding", all_normal);
@@ -230,7 +198,7 @@ void write_standard_safetensors(const fs::path& path, const state_dict& full) {
 
 TEST_CASE("a standard safetensors file (no kfsdp checksums) loads after the layout checks, at every world size") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "checkpoint");
   const fs::path file = scratch.path / "standard.safetensors";
   fsdp_engine<double> source(make_param_table(tiny_gpt{}), world, {.bucketing_strategy = bucketing::layer});
   source.initialize(3, all_normal);
@@ -254,7 +222,7 @@ TEST_CASE("a standard safetensors file (no kfsdp checksums) loads after the layo
 
 TEST_CASE("a load is strict: a standard file's tensors that the model lacks are refused, naming them") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "checkpoint");
   const fs::path file = scratch.path / "three_blocks.safetensors";
   fsdp_engine<double> source(make_param_table(gpt<3, 8, 5>{}), world, {});
   source.initialize(3, all_normal);
@@ -283,7 +251,7 @@ TEST_CASE("a load is strict: a standard file's tensors that the model lacks are 
 
 TEST_CASE("import_weights loads by name for fine-tuning and names what is missing and unexpected") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "checkpoint");
   const fs::path two_blocks = scratch.path / "two_blocks.safetensors";
   fsdp_engine<double> pretrained(make_param_table(gpt<2, 8, 5>{}), world, {});
   pretrained.initialize(3, all_normal);
@@ -335,7 +303,7 @@ TEST_CASE("import_weights loads by name for fine-tuning and names what is missin
 
 TEST_CASE("written at world size 3, loaded at 1, 2 and 4: identical state dicts and moments, padding zero") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "checkpoint");
   const fs::path file = scratch.path / "ckpt.safetensors";
   const fs::path file_at_1 = scratch.path / "ckpt_at_1.safetensors";
   const int writers = std::min(3, world.size());
@@ -394,7 +362,7 @@ TEST_CASE("written at world size 3, loaded at 1, 2 and 4: identical state dicts 
 TEST_CASE("under HSDP the first shard group writes the flat file; a failed write throws on every rank") {
   comm::mpi world;
   if (world.size() < 2 || world.size() % 2 != 0) return;  // two shard groups of half the ranks
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "checkpoint");
   const auto table = make_param_table(tiny_gpt{});
   const int group_size = world.size() / 2;
   comm::mpi shard_group = world.split(world.rank() / group_size, world.rank());
@@ -429,7 +397,7 @@ TEST_CASE("under HSDP the first shard group writes the flat file; a failed write
 
 TEST_CASE("AdamW moments and progress round-trip; the resumed optimizer steps exactly as the original") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "checkpoint");
   const fs::path file = scratch.path / "train.safetensors";
   const optim::adamw_options options{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1};
 
@@ -480,7 +448,7 @@ TEST_CASE("AdamW moments and progress round-trip; the resumed optimizer steps ex
 
 TEST_CASE("a job killed mid-write leaves the previous checkpoint intact and loadable") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "checkpoint");
   const fs::path file = scratch.path / "model.safetensors";
   const auto table = make_param_table(tiny_gpt{});
   fsdp_engine<float> engine(table, world, {});
@@ -506,7 +474,7 @@ TEST_CASE("a job killed mid-write leaves the previous checkpoint intact and load
     if (world.rank() == 0)
       for (const auto& entry : fs::directory_iterator(scratch.path))
         if (entry.path().filename().string().starts_with("model.safetensors.tmp.")) leftover = entry.path().string();
-    leftover = broadcast_from_rank0(world, leftover);
+    leftover = test::broadcast_from_rank0(world, leftover);
     CHECK(!leftover.empty());
     if (leftover.empty()) continue;
     const std::string error = load_error(leftover, restarted, world);
@@ -607,7 +575,7 @@ void save_other_model(comm::mpi& world, const fs::path& path) {
 
 TEST_CASE("every malformed file raises format_error naming the file and the tensor on every rank, shards untouched") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "checkpoint");
   const auto table = make_param_table(tiny_gpt{});
   const fs::path good = scratch.path / "good.safetensors";
   {
@@ -694,7 +662,7 @@ TEST_CASE("every malformed file raises format_error naming the file and the tens
 
 TEST_CASE("saving writes regular files only: a device or a directory is refused, a symlink's target is replaced") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "checkpoint");
   fsdp_engine<float> engine(make_param_table(tiny_gpt{}), world, {});
   engine.initialize(4, all_normal);
   CHECK_THROWS_WITH_AS(io::save_model("/dev/null", engine, world),
@@ -721,7 +689,7 @@ TEST_CASE("saving writes regular files only: a device or a directory is refused,
 
 TEST_CASE("a write that the file system refuses names the cause and the path; the previous file stays") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "checkpoint");
   const fs::path file = scratch.path / "model.safetensors";
   fsdp_engine<double> engine(make_param_table(tiny_gpt{}), world, {});
   engine.initialize(3, all_normal);
@@ -757,7 +725,7 @@ TEST_CASE("a write that the file system refuses names the cause and the path; th
 
 TEST_CASE("bad arguments to the writer raise std::invalid_argument on every rank and leave no file") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "checkpoint");
   fsdp_engine<float> engine(make_param_table(tiny_gpt{}), world, {});
   engine.initialize(1, gpt_like_init);
   const fs::path file = scratch.path / "never.safetensors";
@@ -777,7 +745,7 @@ TEST_CASE("bad arguments to the writer raise std::invalid_argument on every rank
 
 TEST_CASE("a model holding NaN or an infinity is not saved: the writer names the tensor, the previous file stays") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "checkpoint");
   fsdp_engine<float> engine(make_param_table(tiny_gpt{}), world, {});
   engine.initialize(1, gpt_like_init);
   const fs::path file = scratch.path / "model.safetensors";

@@ -18,6 +18,8 @@
 #include <kfsdp/io/checkpoint.hpp>
 #include <kfsdp/io/hf_checkpoint.hpp>
 
+#include "../support/scratch_directory.hpp"
+
 using namespace kfsdp;
 using kfsdp::io::format_error;
 
@@ -90,39 +92,6 @@ void check_equal(fsdp_engine<Scalar>& engine, const state_dict& expected) {
   }
 }
 
-std::string broadcast_from_rank0(comm::mpi& world, std::string text) {
-  std::uint64_t length = text.size();
-  MPI_Bcast(&length, 1, MPI_UINT64_T, 0, world.native());
-  text.resize(length);
-  MPI_Bcast(text.data(), static_cast<int>(length), MPI_CHAR, 0, world.native());
-  return text;
-}
-
-// A directory under the system's temporary directory, unique per run, removed at the end.
-struct scratch_directory {
-  explicit scratch_directory(comm::mpi& world) : world_(world) {
-    std::string name;
-    if (world.rank() == 0) {
-      std::random_device entropy;
-      const fs::path made = fs::temp_directory_path() /
-                            ("kfsdp-hf-test-" + io::format_hex64((std::uint64_t{entropy()} << 32) ^ entropy()));
-      fs::create_directories(made);
-      name = made.string();
-    }
-    path = broadcast_from_rank0(world, name);
-  }
-  ~scratch_directory() {
-    world_.barrier();
-    if (world_.rank() == 0) fs::remove_all(path);
-  }
-  scratch_directory(const scratch_directory&) = delete;
-  scratch_directory& operator=(const scratch_directory&) = delete;
-  fs::path path;
-
- private:
-  comm::mpi& world_;
-};
-
 // Copies the fixture directory `name` into `to` (rank 0), for tests that alter it.
 void copy_fixture(comm::mpi& world, const std::string& name, const fs::path& to) {
   if (world.rank() == 0) fs::copy(fixture / name, to, fs::copy_options::recursive);
@@ -174,7 +143,7 @@ TEST_CASE("transformers' f32 single file and f64 shards load by name at every wo
 
 TEST_CASE("save_pretrained writes config.json and model.safetensors that load back, F64 and F32") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "hf");
   const std::string config = io::llama_config_json({.vocab = 256, .dim = 64, .hidden = 176, .layers = 2, .heads = 4,
                                                     .kv_heads = 2, .seq = 64, .rope_theta = 5000.0});
   fsdp_engine<double> source(llama_table(), world, {.bucketing_strategy = bucketing::block});
@@ -204,7 +173,7 @@ TEST_CASE("save_pretrained writes config.json and model.safetensors that load ba
 
 TEST_CASE("save_pretrained replaces a directory whole, and a failed save leaves the old one") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "hf");
   const fs::path target = scratch.path / "model";
   copy_fixture(world, "tiny-f64-sharded", target);
   fsdp_engine<double> engine(llama_table(), world, {});
@@ -236,7 +205,7 @@ TEST_CASE("save_pretrained replaces a directory whole, and a failed save leaves 
 
 TEST_CASE("BF16 and F16 files load into float and double engines, converted exactly") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "hf");
   const std::vector<param_info> embedding{llama_table().front()};  // model.embed_tokens.weight [256, 64]
   // 1.5 and -0.25 in each format, alternating: bf16 0x3FC0 0xBE80, f16 0x3E00 0xB400.
   for (const auto& [type, plus, minus] : {std::tuple{dtype::BF16, 0x3FC0, 0xBE80}, std::tuple{dtype::F16, 0x3E00, 0xB400}}) {
@@ -268,7 +237,7 @@ TEST_CASE("BF16 and F16 files load into float and double engines, converted exac
 
 TEST_CASE("a directory that does not fit the model is refused on every rank, naming the file and the tensor") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "hf");
   const fs::path sharded = fixture / "tiny-f64-sharded";
 
   // A model with a tensor the directory lacks: the index has no entry for it.

@@ -22,6 +22,8 @@
 #include <kfsdp/train/llama.hpp>
 #include <kfsdp/train/trainer.hpp>
 
+#include "../support/scratch_directory.hpp"
+
 using namespace kfsdp;
 
 namespace {
@@ -45,27 +47,6 @@ double max_abs_difference(std::span<const Scalar> got, std::span<const Scalar> w
   for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - double(want[i])));
   return worst;
 }
-
-// A directory name made on rank 0, the same on every rank, removed at the end.
-struct scratch_directory {
-  explicit scratch_directory(comm::mpi& world) : world_(world) {
-    std::uint64_t nonce = std::random_device{}();
-    MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, world.native());
-    path = fs::temp_directory_path() / ("kfsdp-llama-pretrained-" + std::to_string(nonce));
-    if (world.rank() == 0) fs::create_directories(path);
-    world.barrier();
-  }
-  ~scratch_directory() {
-    world_.barrier();
-    if (world_.rank() == 0) fs::remove_all(path);
-  }
-  scratch_directory(const scratch_directory&) = delete;
-  scratch_directory& operator=(const scratch_directory&) = delete;
-  fs::path path;
-
- private:
-  comm::mpi& world_;
-};
 
 template <class Scalar>
 using llama_trainer = trainer<llama_descriptor, Scalar, zero3, block_bucketing>;
@@ -105,7 +86,7 @@ TEST_CASE("the fixture read with read_llama_config and load_pretrained gives tra
 
 TEST_CASE("3 SGD steps from the loaded fixture, saved with save_pretrained and loaded again, hold torch's parameters") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "llama-pretrained");
   const llama_config config = io::read_llama_config(fixture / "tiny-f64-sharded");
   llama_trainer<double> t(make_llama(config), world);
   io::load_pretrained(fixture / "tiny-f64-sharded", t.engine(), world);
@@ -138,7 +119,7 @@ TEST_CASE("3 SGD steps from the loaded fixture, saved with save_pretrained and l
 
 TEST_CASE("a tied Llama saves without lm_head.weight and loads an untied directory that names it in `ignore`") {
   comm::mpi world;
-  scratch_directory scratch(world);
+  test::scratch_directory scratch(world, "llama-pretrained");
   llama_config config = io::read_llama_config(fixture / "tiny-f32");
   config.tie_weights = true;
   llama_trainer<float> tied(make_llama(config), world);
