@@ -63,6 +63,7 @@ def torch_worker(steps, data_path):
             print(f"pytorch step {step + 1}: loss {loss.item():.4f}", file=sys.stderr)
     if rank == 0:
         print(json.dumps({"tokens_per_s": BATCH * SEQ / statistics.median(times[WARMUP:])}))
+    dist.barrier()  # no rank tears gloo down while another still uses it (rank 1 aborted at exit)
     dist.destroy_process_group()
 
 

@@ -100,6 +100,7 @@ def torch_worker(rank, world, args, kind, queue):
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     if rank == 0:
         queue.put(statistics.median(slowest.tolist()))
+    dist.barrier()  # no rank tears gloo down while another still uses it (a rank aborted at exit)
     dist.destroy_process_group()
 
 
