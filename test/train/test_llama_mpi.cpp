@@ -22,6 +22,7 @@
 #include <kfsdp/train/trainer.hpp>
 
 #include "gradient_check.hpp"
+#include "../support/llama_fixture.hpp"
 
 using namespace kfsdp;
 
@@ -59,7 +60,7 @@ nn::matrix<double> rows_of_rank(const nn::matrix<double>& m, int rank, int size)
 }
 
 // The fixture (test/model/llama/README.md): transformers' LlamaForCausalLM, its config.json's sizes.
-const std::filesystem::path fixture = std::filesystem::path(KFSDP_SOURCE_ROOT) / "test" / "model" / "llama";
+const std::filesystem::path fixture = test::llama_fixture;
 const llama_config fixture_config{.vocab = 256, .dim = 64, .hidden = 176, .layers = 2, .heads = 4, .kv_heads = 2,
                                   .seq = 64, .rope_theta = 5000.0, .rms_norm_eps = 1e-6};
 
@@ -75,42 +76,16 @@ state_dict read_directory(const std::filesystem::path& dir) {
   return all;
 }
 
-const state_dict& reference() {
-  static const state_dict r = io::load_state_dict_file(fixture / "reference.safetensors");
-  return r;
-}
+using test::max_abs_difference;
+const state_dict& reference() { return test::llama_reference(); }
 
-template <class Scalar>
-double max_abs_difference(std::span<const Scalar> got, std::span<const Scalar> want) {
-  REQUIRE(got.size() == want.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - double(want[i])));
-  return worst;
-}
-
-// transformers' logits on window 0 and mean loss over windows 0..3, from the fixture's weights on `world`.
+// The fixture's weights from `dir` on `world`, against transformers' logits and loss.
 template <class Scalar>
 void check_fixture(comm::mpi& world, const std::filesystem::path& dir, const char* suffix, double logits_tolerance,
                    double loss_tolerance) {
   trainer<llama_descriptor, Scalar, zero3, block_bucketing> t(make_llama(fixture_config), world);
   t.engine().load_original_state_dict(read_directory(dir));
-  const auto data = io::text_windows::from_file(std::filesystem::path(KFSDP_SOURCE_ROOT) / "data" / "kjv-genesis-exodus.txt",
-                                                fixture_config.seq);
-  std::vector<int> tokens, targets;
-  data.append(0, tokens, targets);
-  std::vector<Scalar> logits;
-  t.with_full_model([&] {
-    const auto view = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.predict(device_ids(tokens)));
-    logits.assign(view.data(), view.data() + view.span());
-  });
-  const double logits_error =
-      max_abs_difference<Scalar>(logits, reference().at(std::string("logits.") + suffix).template values<Scalar>());
-  const double want = double(reference().at(std::string("loss.") + suffix).template values<Scalar>()[0]);
-  const double loss = evaluate_windows(t, data, 4, world);
-  MESSAGE(std::string(suffix), " at ", world.size(), " ranks: logits within ", logits_error, ", loss ", loss, " against ", want,
-          " (relative ", std::abs(loss - want) / want, ")");
-  CHECK(logits_error <= logits_tolerance);
-  CHECK(std::abs(loss - want) <= loss_tolerance * want);
+  test::check_logits_and_loss<Scalar>(t, world, suffix, suffix, logits_tolerance, loss_tolerance);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <kfsdp/train/llama.hpp>
 #include <kfsdp/train/trainer.hpp>
 
+#include "../support/llama_fixture.hpp"
 #include "../support/scratch_directory.hpp"
 
 using namespace kfsdp;
@@ -30,23 +31,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path root = KFSDP_SOURCE_ROOT;
-const fs::path fixture = root / "test" / "model" / "llama";
+const fs::path fixture = test::llama_fixture;
 
-const state_dict& reference() {
-  static const state_dict r = io::load_state_dict_file(fixture / "reference.safetensors");
-  return r;
-}
-
-io::text_windows text() { return io::text_windows::from_file(root / "data" / "kjv-genesis-exodus.txt", 64); }
-
-template <class Scalar>
-double max_abs_difference(std::span<const Scalar> got, std::span<const Scalar> want) {
-  REQUIRE(got.size() == want.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - double(want[i])));
-  return worst;
-}
+const state_dict& reference() { return test::llama_reference(); }
+io::text_windows text() { return test::llama_fixture_text(); }
+using test::max_abs_difference;
 
 template <class Scalar>
 using llama_trainer = trainer<llama_descriptor, Scalar, zero3, block_bucketing>;
@@ -58,22 +47,7 @@ void check_against_transformers(comm::mpi& world, const fs::path& directory, con
   const llama_config config = io::read_llama_config(directory);
   llama_trainer<Scalar> t(make_llama(config), world);
   io::load_pretrained(directory, t.engine(), world);
-  const auto data = text();
-  std::vector<int> tokens, targets;
-  data.append(0, tokens, targets);
-  std::vector<Scalar> logits;
-  t.with_full_model([&] {
-    const auto view = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.predict(device_ids(tokens)));
-    logits.assign(view.data(), view.data() + view.span());
-  });
-  const double logits_error =
-      max_abs_difference<Scalar>(logits, reference().at(std::string("logits.") + suffix).template values<Scalar>());
-  const double want = double(reference().at(std::string("loss.") + suffix).template values<Scalar>()[0]);
-  const double loss = evaluate_windows(t, data, 4, world);
-  MESSAGE(directory.filename().string(), " at ", world.size(), " ranks: logits within ", logits_error, ", loss ", loss,
-          " against ", want, " (relative ", std::abs(loss - want) / want, ")");
-  CHECK(logits_error <= logits_tolerance);
-  CHECK(std::abs(loss - want) <= loss_tolerance * want);
+  test::check_logits_and_loss<Scalar>(t, world, suffix, directory.filename().string(), logits_tolerance, loss_tolerance);
 }
 
 }  // namespace
