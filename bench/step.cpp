@@ -199,11 +199,11 @@ void bench_one(const settings& s, const kfsdp::io::text_windows& data, kfsdp::co
     kfsdp::optim::adamw<Scalar> optimizer(shard, kfsdp::optim::adamw_options{.lr = 2e-3, .weight_decay = 0.01});
     const std::size_t optimizer_bytes = (optimizer.exp_avg().extent(0) + optimizer.exp_avg_sq().extent(0)) * sizeof(Scalar);
 
-    r.sharding = options.sharding_strategy;
-    r.bucketing = options.bucketing_strategy;
+    r.sharding = options.sharding();
+    r.bucketing = options.bucketing();
     r.buckets = engine.plan().buckets.size();
     r.psi = ws * shard * sizeof(Scalar);
-    r.theory_unsharded = theory_unsharded(trainer, options.sharding_strategy == kfsdp::sharding_strategy::zero3);
+    r.theory_unsharded = theory_unsharded(trainer, options.sharding() == kfsdp::sharding_strategy::zero3);
     r.root_bytes = 0;
     for (std::size_t b : trainer.units()[0].buckets) r.root_bytes += engine.plan().gathered_numel(b) * sizeof(Scalar);
     std::vector<batch> batches(1);

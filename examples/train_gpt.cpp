@@ -92,7 +92,7 @@ std::string sizing_flags(const settings& s) {
   return fmt::format("--layers {} --dim {} --heads {} --seq {} --batch {} --dtype {} --optimizer {} --sharding {} "
                      "--checkpointing {} (more ranks, --sharding zero3, --checkpointing on or smaller sizes need less)",
                      s.model.layers, s.model.dim, s.model.heads, s.model.seq, s.batch, s.dtype, s.training.optimizer.kind,
-                     kfsdp::to_string(s.flags.fsdp.sharding_strategy), s.flags.checkpointing ? "on" : "off");
+                     kfsdp::to_string(s.flags.fsdp.sharding()), s.flags.checkpointing ? "on" : "off");
 }
 
 template <class Scalar>
@@ -173,8 +173,8 @@ int run(const settings& s, kfsdp::session& job) {
     if (root)
       fmt::print("train_gpt: {} ranks, {} ({} parameters, {} per rank), {} / {} bucketing ({} buckets), {}, "
                  "batch {} x {} windows of {} bytes, {} windows in {}\n",
-                 ws, s.dtype, engine.plan().full_numel, engine.plan().shard_numel, kfsdp::to_string(s.flags.fsdp.sharding_strategy),
-                 kfsdp::to_string(s.flags.fsdp.bucketing_strategy), engine.plan().buckets.size(), s.training.optimizer.kind,
+                 ws, s.dtype, engine.plan().full_numel, engine.plan().shard_numel, kfsdp::to_string(s.flags.fsdp.sharding()),
+                 kfsdp::to_string(s.flags.fsdp.bucketing()), engine.plan().buckets.size(), s.training.optimizer.kind,
                  s.training.grad_accum, s.batch, s.model.seq + 1, data.count(), s.data);
     if (root && need.activations > 0) fmt::print("train_gpt: estimated memory per rank {}\n", kfsdp::describe(need));
     kfsdp::step_log log(world, {.program = "train_gpt", .metrics = s.training.metrics, .unit = "tokens",

@@ -123,8 +123,8 @@ int run(const settings& s, kfsdp::session& job) {
           fmt::print("train_llama: {} ranks, {} ({} parameters, {} per rank; {} layers, dim {}, {} heads, {} kv heads), "
                      "{} / {} bucketing ({} buckets), {}, batch {} x {} windows of {} bytes, {} windows in {}\n",
                      world.size(), s.dtype, engine.plan().full_numel, engine.plan().shard_numel, config.layers, config.dim,
-                     config.heads, config.kv_heads, kfsdp::to_string(s.flags.fsdp.sharding_strategy),
-                     kfsdp::to_string(s.flags.fsdp.bucketing_strategy), engine.plan().buckets.size(),
+                     config.heads, config.kv_heads, kfsdp::to_string(s.flags.fsdp.sharding()),
+                     kfsdp::to_string(s.flags.fsdp.bucketing()), engine.plan().buckets.size(),
                      s.training.optimizer.kind, s.training.grad_accum, s.batch, s.window + 1, data.count(), s.data);
         kfsdp::step_log log(world, {.program = "train_llama", .metrics = s.training.metrics, .unit = "tokens",
                                     .steps = s.training.steps, .log_every = s.training.log_every});

@@ -203,8 +203,8 @@ int run(const settings& s, kfsdp::session& job) {
       fmt::print("train_surrogate: {} ranks, {}, {} parameters ({} per rank), {} hidden layers of {}, {} / {} bucketing, "
                  "{} train and {} test samples\n",
                  job.size(), s.dtype, trainer.engine().plan().full_numel, trainer.engine().plan().shard_numel, s.depth,
-                 s.width, kfsdp::to_string(s.flags.fsdp.sharding_strategy),
-                 kfsdp::to_string(s.flags.fsdp.bucketing_strategy), train_set.count(), test_set.count());
+                 s.width, kfsdp::to_string(s.flags.fsdp.sharding()),
+                 kfsdp::to_string(s.flags.fsdp.bucketing()), train_set.count(), test_set.count());
     kfsdp::step_log log(world, {.program = "train_surrogate", .metrics = s.metrics, .unit = "samples", .steps = s.steps,
                                 .log_every = s.log_every});
     const auto start = std::chrono::steady_clock::now();

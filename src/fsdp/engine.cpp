@@ -15,7 +15,7 @@ namespace kfsdp {
 namespace {
 std::uint64_t options_fingerprint(const shard_plan& plan, const fsdp_options& o, std::size_t scalar_bytes) {
   std::uint64_t h = fingerprint(plan);
-  for (std::uint64_t v : {std::uint64_t(o.sharding_strategy), std::uint64_t(o.broadcast_from.value_or(-1)),
+  for (std::uint64_t v : {std::uint64_t(o.sharding()), std::uint64_t(o.broadcast_from.value_or(-1)),
                           std::uint64_t(o.gradient_division), std::uint64_t(o.param_dtype),
                           std::uint64_t(o.reduce_dtype), std::uint64_t(scalar_bytes)})
     h = (h ^ v) * 0x100000001b3ull;
@@ -27,6 +27,8 @@ template <class Scalar>
 fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_communicator comm,
                                  const fsdp_options& options, std::optional<shard_plan> plan)
     : table_(std::move(table)), comm_(std::move(comm)), options_(options) {
+  options_.sharding_strategy = options_.sharding();  // resolved: options() holds what runs
+  options_.bucketing_strategy = options_.bucketing();
   rank_ = comm_.rank();
   world_size_ = comm_.size();
   if (options_.broadcast_from && (*options_.broadcast_from < 0 || *options_.broadcast_from >= world_size_))
@@ -52,14 +54,14 @@ fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_commun
       throw std::invalid_argument(fmt::format("kfsdp::fsdp: the communicator has {} ranks, expected {} (the plan's "
                                               "world size, static_world_size<{}>)",
                                               world_size_, plan->world_size, plan->world_size));
-    if (plan->bucketing != options_.bucketing_strategy || plan->params.size() != table_.size())
+    if (plan->bucketing != options_.bucketing() || plan->params.size() != table_.size())
       throw std::invalid_argument(fmt::format("kfsdp::fsdp: the plan given has {} parameters with {} bucketing, "
                                               "expected {} with {} (the table and options)",
                                               plan->params.size(), to_string(plan->bucketing), table_.size(),
-                                              to_string(options_.bucketing_strategy)));
+                                              to_string(options_.bucketing())));
     plan_ = std::move(*plan);
   } else {
-    plan_ = make_shard_plan(table_, static_cast<std::size_t>(world_size_), options_.bucketing_strategy);
+    plan_ = make_shard_plan(table_, static_cast<std::size_t>(world_size_), options_.bucketing());
   }
   // Ranks that disagree on the plan would hang in mismatched collectives: fail here instead.
   const std::uint64_t fingerprint = options_fingerprint(plan_, options_, sizeof(Scalar));

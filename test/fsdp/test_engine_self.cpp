@@ -4,6 +4,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <kfsdp/comm/self.hpp>
@@ -35,7 +36,8 @@ namespace {
 // each block unit with the next one prefetched, backward in reverse. on_forward(u) runs inside
 // unit u's forward, on_backward(u) inside its backward (after its full gradients are set to 1).
 template <class E, class Forward, class Backward>
-void run_units(E& e, Forward&& on_forward, Backward&& on_backward) {
+void run_units(E& engine, Forward&& on_forward, Backward&& on_backward) {
+  unit_hooks& e = kfsdp::detail::unit_hook_access::of(engine);
   const std::size_t n = e.units().size();
   auto next = [&](std::size_t u) { return u < n ? std::optional(u) : std::nullopt; };
   e.before_forward(0, next(1));
@@ -46,10 +48,10 @@ void run_units(E& e, Forward&& on_forward, Backward&& on_backward) {
   }
   e.after_forward(0);
   e.before_backward(0, next(n - 1));
-  for (std::size_t p : e.units()[0].params) Kokkos::deep_copy(e.full_grad(p), 1.0f);
+  for (std::size_t p : e.units()[0].params) Kokkos::deep_copy(engine.full_grad(p), 1.0f);
   for (std::size_t u = n - 1; u >= 1; --u) {
     e.before_backward(u, u > 1 ? std::optional(u - 1) : std::nullopt);
-    for (std::size_t p : e.units()[u].params) Kokkos::deep_copy(e.full_grad(p), 1.0f);
+    for (std::size_t p : e.units()[u].params) Kokkos::deep_copy(engine.full_grad(p), 1.0f);
     e.after_backward(u);
     on_backward(u);
   }
@@ -131,9 +133,22 @@ TEST_CASE("the schedule: zero3 holds the root and one unit in flight, zero2 keep
   for (float x : to_host(z3.grads().flat())) CHECK(x == 1.0f);
 }
 
+// What a user's code may call on an engine: never a unit hook, which only kfsdp::trainer drives.
+template <class E>
+concept user_can_call_unit_hooks =
+    std::is_convertible_v<E&, unit_hooks&> || requires(E& e) { e.before_forward(0); } || requires(E& e) {
+      e.after_forward(0);
+    } || requires(E& e) { e.before_backward(0); } || requires(E& e) { e.after_backward(0); } || requires(E& e) {
+      e.finish_backward();
+    } || requires(E& e) { e.reshard_all(); };
+static_assert(!user_can_call_unit_hooks<fsdp<tiny_gpt, float, zero3, block_bucketing>>);
+static_assert(!user_can_call_unit_hooks<fsdp<tiny_gpt, double>>);
+static_assert(user_can_call_unit_hooks<unit_hooks>);  // the check itself sees a callable hook
+
 TEST_CASE("a hook out of order names the unit and the state it was in") {
   comm::self one;
-  fsdp<tiny_gpt, float, zero3, block_bucketing> e(tiny_gpt{}, one);
+  fsdp<tiny_gpt, float, zero3, block_bucketing> engine(tiny_gpt{}, one);
+  unit_hooks& e = kfsdp::detail::unit_hook_access::of(engine);
   CHECK_THROWS_WITH_AS(e.after_backward(1),
                        "kfsdp::fsdp: after_backward(unit 1 'transformer.h.0') while the unit is 'sharded', expected 'backward'",
                        std::logic_error);
@@ -211,6 +226,32 @@ TEST_CASE("with_fsdp dispatches Thunder's options to the policies") {
       [](auto& e) { return std::pair(e.sharding, e.plan().buckets.size()); });
   CHECK(sharding == sharding_strategy::zero3);
   CHECK(buckets == 2 + 6 + 2);  // wte, wpe, the block's 6 layers, ln_f, lm_head
+}
+
+TEST_CASE("the policies and the options never disagree in silence") {
+  comm::self one;
+  using z3_block = fsdp<tiny_gpt, float, zero3, block_bucketing>;
+  // Unset: the policies' choice, and options() says what runs.
+  z3_block unset(tiny_gpt{}, one, {.limit_all_gathers = 2});
+  CHECK(unset.options().sharding_strategy == sharding_strategy::zero3);
+  CHECK(unset.options().bucketing_strategy == bucketing::block);
+  CHECK(unset.options().limit_all_gathers == 2);
+  // The same value: accepted.
+  z3_block same(tiny_gpt{}, one, {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::block});
+  CHECK(same.plan().bucketing == bucketing::block);
+  // Another value: refused at construction, naming the option, its value and the policy's.
+  CHECK_THROWS_WITH_AS(z3_block(tiny_gpt{}, one, {.sharding_strategy = sharding_strategy::zero2}),
+                       "kfsdp::fsdp: options.sharding_strategy is zero2, but the policies select zero3 (leave it "
+                       "unset, or make them agree)",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(z3_block(tiny_gpt{}, one, {.bucketing_strategy = bucketing::layer}),
+                       "kfsdp::fsdp: options.bucketing_strategy is layer, but the policies select block (leave it "
+                       "unset, or make them agree)",
+                       std::invalid_argument);
+  // The engine alone resolves an unset choice to zero2 and no bucketing.
+  fsdp_engine<float> plain(make_param_table(tiny_gpt{}), one, {});
+  CHECK(plain.options().sharding_strategy == sharding_strategy::zero2);
+  CHECK(plain.options().bucketing() == bucketing::none);
 }
 
 TEST_CASE("bad input to the engine is a clear exception") {

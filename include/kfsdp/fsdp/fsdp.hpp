@@ -21,7 +21,8 @@
 //   finish_backward()         finish every reduce-scatter, free the root: the gradients are ready
 // Each unit walks sharded -> forward -> forward done -> backward -> backward done; a hook called
 // out of that order throws std::logic_error naming the unit and the state it was in.
-// kfsdp::trainer (train/trainer.hpp) makes these calls; a hand-written schedule may too.
+// kfsdp::trainer (train/trainer.hpp) makes these calls, and only it: they are private, so a user's
+// code cannot call one out of the trainer's schedule.
 
 #include <optional>
 #include <stdexcept>
@@ -40,7 +41,8 @@
 namespace kfsdp {
 
 // The unit hooks of any fsdp<Model, Scalar, Policies...>, without the policies' types (what
-// kfsdp::trainer drives, so that it is compiled once per model and scalar type).
+// kfsdp::trainer drives, so that it is compiled once per model and scalar type). fsdp<> keeps them
+// private: the trainer is their one caller, so a user cannot break its schedule.
 class unit_hooks {
  public:
   virtual ~unit_hooks() = default;
@@ -54,9 +56,17 @@ class unit_hooks {
 };
 
 template <descriptor Model, class Scalar, class... Policies>
-class fsdp : public fsdp_engine<Scalar>, public unit_hooks {
+class trainer;
+namespace detail {
+struct unit_hook_access;
+}
+
+template <descriptor Model, class Scalar, class... Policies>
+class fsdp : public fsdp_engine<Scalar>, private unit_hooks {
   using policies = detail::fsdp_policies<Policies...>;
   using engine = fsdp_engine<Scalar>;
+  friend class trainer<Model, Scalar, Policies...>;
+  friend struct detail::unit_hook_access;
 
  public:
   static constexpr kfsdp::sharding_strategy sharding = policies::sharding;
@@ -76,7 +86,7 @@ class fsdp : public fsdp_engine<Scalar>, public unit_hooks {
 
   enum class unit_state { sharded, forward, forward_done, backward, backward_done };
 
-  // options' sharding and bucketing are those of the policies; the rest is taken as given.
+  // options' sharding and bucketing, where set, must be the policies' (std::invalid_argument if not).
   fsdp(const Model& model, comm::any_communicator comm, fsdp_options options = {})
       : engine(make_param_table(model), std::move(comm), with_policies(options), planned()),
         model_(model),
@@ -87,6 +97,12 @@ class fsdp : public fsdp_engine<Scalar>, public unit_hooks {
   [[nodiscard]] const std::vector<fsdp_unit>& units() const noexcept override { return units_; }
   [[nodiscard]] unit_state state(std::size_t unit) const { return state_.at(checked(unit, "state")); }
 
+  static constexpr std::string_view state_name(unit_state s) noexcept {
+    constexpr std::string_view names[] = {"sharded", "forward", "forward done", "backward", "backward done"};
+    return names[static_cast<int>(s)];
+  }
+
+ private:
   void before_forward(std::size_t unit, std::optional<std::size_t> next = std::nullopt) override {
     expect(unit, "before_forward", {unit_state::sharded, unit_state::forward_done, unit_state::backward_done});
     gather(unit, next);
@@ -142,12 +158,6 @@ class fsdp : public fsdp_engine<Scalar>, public unit_hooks {
     }
   }
 
-  static constexpr std::string_view state_name(unit_state s) noexcept {
-    constexpr std::string_view names[] = {"sharded", "forward", "forward done", "backward", "backward done"};
-    return names[static_cast<int>(s)];
-  }
-
- private:
   // The engine's plan: the compile-time one with static_world_size<N> (checked against the communicator).
   static std::optional<shard_plan> planned() {
     if constexpr (static_world_size == 0)
@@ -156,6 +166,14 @@ class fsdp : public fsdp_engine<Scalar>, public unit_hooks {
       return to_dynamic(static_plan);
   }
   static fsdp_options with_policies(fsdp_options o) {
+    if (o.sharding_strategy && *o.sharding_strategy != sharding)
+      throw std::invalid_argument("kfsdp::fsdp: options.sharding_strategy is " + std::string(to_string(*o.sharding_strategy)) +
+                                  ", but the policies select " + std::string(to_string(sharding)) +
+                                  " (leave it unset, or make them agree)");
+    if (o.bucketing_strategy && *o.bucketing_strategy != bucketing_strategy)
+      throw std::invalid_argument("kfsdp::fsdp: options.bucketing_strategy is " +
+                                  std::string(to_string(*o.bucketing_strategy)) + ", but the policies select " +
+                                  std::string(to_string(bucketing_strategy)) + " (leave it unset, or make them agree)");
     o.sharding_strategy = sharding;
     o.bucketing_strategy = bucketing_strategy;
     return o;
@@ -189,11 +207,21 @@ class fsdp : public fsdp_engine<Scalar>, public unit_hooks {
   std::vector<std::size_t> reducing_;  // units whose reduce-scatters are in flight
 };
 
+namespace detail {
+// An fsdp<>'s unit hooks, for kfsdp's own tests of their state machine (users train through kfsdp::trainer).
+struct unit_hook_access {
+  template <class Model, class Scalar, class... Policies>
+  static unit_hooks& of(fsdp<Model, Scalar, Policies...>& engine) noexcept {
+    return engine;
+  }
+};
+}  // namespace detail
+
 // Thunder's enum API: runs f(engine) with the fsdp<Model, Scalar, ...> that options select.
 template <class Scalar, descriptor Model, class F>
 decltype(auto) with_fsdp(const Model& model, comm::any_communicator comm, const fsdp_options& options, F&& f) {
-  return meta::mp_with_index<2>(static_cast<std::size_t>(options.sharding_strategy), [&](auto s) -> decltype(auto) {
-    return meta::mp_with_index<3>(static_cast<std::size_t>(options.bucketing_strategy), [&](auto b) -> decltype(auto) {
+  return meta::mp_with_index<2>(static_cast<std::size_t>(options.sharding()), [&](auto s) -> decltype(auto) {
+    return meta::mp_with_index<3>(static_cast<std::size_t>(options.bucketing()), [&](auto b) -> decltype(auto) {
       fsdp<Model, Scalar, sharding_policy<static_cast<sharding_strategy>(decltype(s)::value)>,
            bucketing_policy<static_cast<bucketing>(decltype(b)::value)>>
           engine(model, comm, options);

@@ -62,7 +62,7 @@ template <class Params, class Buckets>
   need.params = shard;
   need.grads = shard;
   need.optimizer = double(optimizer_states) * shard;
-  const double gathered_params = options.sharding_strategy == sharding_strategy::zero2 ? model : root + 2 * unit;
+  const double gathered_params = options.sharding() == sharding_strategy::zero2 ? model : root + 2 * unit;
   const double grad_units = options.overlap_reduce_scatter ? 3 : 2;  // one more behind the next backward
   need.unsharded = gathered_params + double(plan.max_gathered_numel()) * s + grad_units * largest;
   need.activations = activation_bytes;

@@ -15,8 +15,10 @@
 namespace kfsdp {
 
 struct fsdp_options {
-  kfsdp::sharding_strategy sharding_strategy = sharding_strategy::zero2;
-  kfsdp::bucketing bucketing_strategy = bucketing::none;
+  // Unset: the policies' choice under fsdp<Model, Scalar, Policies...> (which refuses a value that
+  // differs from its policies), zero2 and no bucketing elsewhere; sharding() and bucketing() resolve.
+  std::optional<kfsdp::sharding_strategy> sharding_strategy{};
+  std::optional<kfsdp::bucketing> bucketing_strategy{};
   // Rank whose parameters become everyone's before sharding (nullopt: none); under HSDP, that
   // rank of the first shard group (the replica group's rank 0).
   std::optional<int> broadcast_from{};
@@ -46,6 +48,11 @@ struct fsdp_options {
   std::optional<comm::any_communicator> replica_group{};
   // Which parts of the model are FSDP units (fsdp/units.hpp): each block by default.
   wrap_options wrap{};
+
+  [[nodiscard]] kfsdp::sharding_strategy sharding() const noexcept {
+    return sharding_strategy.value_or(kfsdp::sharding_strategy::zero2);
+  }
+  [[nodiscard]] kfsdp::bucketing bucketing() const noexcept { return bucketing_strategy.value_or(kfsdp::bucketing::none); }
 };
 
 }  // namespace kfsdp

@@ -72,7 +72,7 @@ inline memory_need estimate_gpt_memory(const gpt_config& model, const gpt_memory
   if (need.total() > stop_above || !std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>)
     return need;
   const auto params = make_param_table(make_gpt(model));
-  const auto plan = make_shard_plan(params, o.shard_ranks, o.fsdp.bucketing_strategy);
+  const auto plan = make_shard_plan(params, o.shard_ranks, o.fsdp.bucketing());
   const double block = 22 * d + double(model.heads) * double(model.seq);
   const double per_token = 2 * ((o.checkpointing ? block + layers * d : layers * block) + 2 * double(model.vocab));
   return estimate_memory(plan, make_units(params, plan, o.fsdp.wrap), o.scalar_bytes, o.optimizer_states, o.fsdp,

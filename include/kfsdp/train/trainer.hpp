@@ -424,8 +424,8 @@ class trainer : private detail::engine_holder<fsdp<Model, Scalar, Policies...>>,
 template <class Scalar, descriptor Model, class F>
 decltype(auto) with_trainer(const Model& model, comm::any_communicator comm, const fsdp_options& options,
                             trainer_options t, F&& f) {
-  return meta::mp_with_index<2>(static_cast<std::size_t>(options.sharding_strategy), [&](auto s) -> decltype(auto) {
-    return meta::mp_with_index<3>(static_cast<std::size_t>(options.bucketing_strategy), [&](auto b) -> decltype(auto) {
+  return meta::mp_with_index<2>(static_cast<std::size_t>(options.sharding()), [&](auto s) -> decltype(auto) {
+    return meta::mp_with_index<3>(static_cast<std::size_t>(options.bucketing()), [&](auto b) -> decltype(auto) {
       trainer<Model, Scalar, sharding_policy<static_cast<sharding_strategy>(decltype(s)::value)>,
               bucketing_policy<static_cast<bucketing>(decltype(b)::value)>>
           instance(model, comm, options, t);
