@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -395,16 +396,19 @@ class mpi {
     return iall_gather<T, Kokkos::HostSpace>(host_span<const T>(send), host_span<T>(recv));
   }
 
-  // A batch of all-gathers as one exchange (comm::iall_gather_parts): each rank sends its parts'
-  // sends to every other rank as one message, and receives each rank's message straight into the
-  // parts' places through a derived datatype; its own parts it copies in. One message a peer
-  // instead of one collective a part: for a bucket of small parameters the per-call latency was
-  // the cost. E.g. two parts of 2 and 3 elements at 2 ranks, rank 1's message to rank 0:
+  // A batch of all-gathers as one exchange (comm::iall_gather_parts): each rank sends its small
+  // parts' sends to every other rank as one message, and receives each rank's message straight
+  // into the parts' places through a derived datatype; parts of gather_alone_min_bytes or more go
+  // as a contiguous message of their own each; its own parts it copies in. One message a peer
+  // for the small parts instead of one collective a part: for a bucket of small parameters the
+  // per-call latency was the cost. E.g. two parts of 2 and 3 elements at 2 ranks, rank 1's
+  // message to rank 0:
   //
   //   sent from:      parts[0].send[0..2) parts[1].send[0..3)   (rank 1's, where they lie)
   //   received into:  parts[0].recv[2..4) parts[1].recv[3..6)   (rank 0's recv type for rank 1)
   //
-  // Memory the host cannot reach, or staged (mpi_options::device_memory), goes part by part.
+  // A single part goes as iall_gather; memory the host cannot reach, or staged
+  // (mpi_options::device_memory), part by part.
   template <element T, class Space>
   [[nodiscard]] request iall_gather_parts(std::span<const gather_part<T, Space>> parts) {
     constexpr std::string_view function = "kfsdp::comm::mpi::iall_gather_parts";
@@ -415,29 +419,50 @@ class mpi {
     for (const gather_part<T, Space>& part : parts) total += part.send.size();
     verify_call(function, {detail::collective_kind::all_gather_parts, detail::element_code<T>(), total,
                            static_cast<std::uint64_t>(parts.size())});
-    const int count = detail::checked_int_count(function, "parts", parts.size());
-    std::vector<int> lengths(parts.size());
-    std::vector<MPI_Aint> sent_from(parts.size()), received_into(parts.size());
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-      lengths[i] = detail::checked_int_count(function, "send", parts[i].send.size());
-      sent_from[i] = address_of(parts[i].send.data());
+    std::vector<std::size_t> batched, alone;  // parts' indices: in the one typed message, or on their own
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      (parts[i].send.size_bytes() >= gather_alone_min_bytes ? alone : batched).push_back(i);
+    const int count = detail::checked_int_count(function, "parts", batched.size());
+    std::vector<int> lengths(batched.size());
+    std::vector<MPI_Aint> sent_from(batched.size()), received_into(batched.size());
+    for (std::size_t j = 0; j < batched.size(); ++j) {
+      lengths[j] = detail::checked_int_count(function, "send", parts[batched[j]].send.size());
+      sent_from[j] = address_of(parts[batched[j]].send.data());
     }
+    for (std::size_t i : alone) (void)detail::checked_int_count(function, "send", parts[i].send.size());
+    // One tag for the batch: MPI keeps messages between two ranks on one tag in order, and every
+    // rank posts the typed message first, then the parts alone in the parts' order.
     const int tag = next_tag();
+    const std::size_t messages = (batched.empty() ? 0 : 1) + alone.size();
     pending_mpi<std::vector<MPI_Request>> batch{{}, function, options_.timeout, rank_, size_};
-    batch.handles.reserve(2 * static_cast<std::size_t>(size_ - 1));
+    batch.handles.reserve(2 * messages * static_cast<std::size_t>(size_ - 1));
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
-      for (std::size_t i = 0; i < parts.size(); ++i)
-        received_into[i] = address_of(parts[i].recv.data() + static_cast<std::size_t>(peer) * parts[i].send.size());
-      const hindexed<T> layout(function, count, lengths, received_into);
-      check(MPI_Irecv(MPI_BOTTOM, 1, layout.type, peer, tag, comm_, &batch.handles.emplace_back()), function,
-            "MPI_Irecv");
+      const auto slot = [&](std::size_t i) {
+        return parts[i].recv.data() + static_cast<std::size_t>(peer) * parts[i].send.size();
+      };
+      if (!batched.empty()) {
+        for (std::size_t j = 0; j < batched.size(); ++j) received_into[j] = address_of(slot(batched[j]));
+        const hindexed<T> layout(function, count, lengths, received_into);
+        check(MPI_Irecv(MPI_BOTTOM, 1, layout.type, peer, tag, comm_, &batch.handles.emplace_back()), function,
+              "MPI_Irecv");
+      }
+      for (std::size_t i : alone)
+        check(MPI_Irecv(slot(i), static_cast<int>(parts[i].send.size()), detail::mpi_datatype<T>(), peer, tag, comm_,
+                        &batch.handles.emplace_back()),
+              function, "MPI_Irecv");
     }
-    const hindexed<T> sends(function, count, lengths, sent_from);
+    std::optional<hindexed<T>> sends;
+    if (!batched.empty()) sends.emplace(function, count, lengths, sent_from);
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
-      check(MPI_Isend(MPI_BOTTOM, 1, sends.type, peer, tag, comm_, &batch.handles.emplace_back()), function,
-            "MPI_Isend");
+      if (sends)
+        check(MPI_Isend(MPI_BOTTOM, 1, sends->type, peer, tag, comm_, &batch.handles.emplace_back()), function,
+              "MPI_Isend");
+      for (std::size_t i : alone)
+        check(MPI_Isend(parts[i].send.data(), static_cast<int>(parts[i].send.size()), detail::mpi_datatype<T>(), peer,
+                        tag, comm_, &batch.handles.emplace_back()),
+              function, "MPI_Isend");
     }
     // This rank's own chunks while the messages travel: a host copy (the space is host-accessible),
     // as memcpy does it (Kokkos 3.4's deep_copy between host views is a slower loop).
@@ -531,6 +556,10 @@ class mpi {
                                                   std::type_identity_t<scale_type<T>> factor = scale_type<T>(1)) {
     return ireduce_scatter_sum_parts<T, Kokkos::HostSpace>(parts, factor);
   }
+
+  // Gather parts of this many bytes or more go as contiguous messages of their own: Open MPI's
+  // shared-memory transport copies only contiguous messages once (CMA), a typed one twice.
+  static constexpr std::size_t gather_alone_min_bytes = 8 * 1024;
 
   // Per-rank chunk size (bytes) from which reduce_scatter_sum uses the ring. Every rank must set
   // the same value before the same call: the two paths do not talk to each other.
