@@ -601,11 +601,13 @@ TEST_CASE_TEMPLATE("mpi: ireduce_scatter_sum_parts gives every part what its own
         comm::mpi_options{.device_memory = path::staged}}) {
     comm::mpi world(MPI_COMM_WORLD, options);
     comm::any_communicator erased(world);
-    // The ring (a part across a segment boundary, an empty part) and the packed path.
+    // The ring (a part across a segment boundary, an empty part, segments of one part each: sent
+    // contiguous) and the packed path.
     for (const std::size_t ring_min_bytes : {std::size_t{1}, SIZE_MAX}) {
       CAPTURE(ring_min_bytes);
       world.set_reduce_scatter_ring_min_bytes(ring_min_bytes);
-      for (const auto& counts : {std::vector<std::size_t>{3, 0, 5, 1}, std::vector<std::size_t>{2, segment + 5, 7}})
+      for (const auto& counts : {std::vector<std::size_t>{3, 0, 5, 1}, std::vector<std::size_t>{2, segment + 5, 7},
+                                 std::vector<std::size_t>{segment, segment, 3}})
         for (const comm::scale_type<T> factor : {comm::scale_type<T>(1), comm::scale_type<T>(0.5)}) {
           CAPTURE(counts.size());
           CAPTURE(double(factor));

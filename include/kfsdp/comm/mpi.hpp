@@ -911,8 +911,9 @@ class mpi {
 
   // The ring of ring_reduce_scatter over a batch of parts (ireduce_scatter_sum_parts). Block b is
   // the concatenation of every part's chunk b; a step moves a segment [offset, offset + length) of
-  // it as one message described by an hindexed datatype over the pieces of the parts it covers
-  // (round 0 from the parts' sends, later rounds from their recvs, which hold the partial sums),
+  // it as one message described by an hindexed datatype over the pieces of the parts it covers, or
+  // contiguous where it lies in one part (round 0 from the parts' sends, later rounds from their
+  // recvs, which hold the partial sums),
   // into a contiguous scratch segment, then adds piece by piece into the recvs.
   template <class T, class Space>
   class ring_over_parts {
@@ -989,19 +990,26 @@ class mpi {
         // Round 0 passes on this rank's own block r-1; later rounds the partial sums kept in the recvs.
         std::vector<int> lengths;
         std::vector<MPI_Aint> addresses;
+        const T* first_piece = nullptr;
         for_each_piece(offset_of(posted_), length, [&](const reduce_scatter_part<T, Space>& part, std::size_t from,
                                                        std::size_t count, std::size_t) {
           const T* outgoing = round == 0 ? part.send.data() + static_cast<std::size_t>(left) * part.recv.size()
                                          : part.recv.data();
+          if (first_piece == nullptr) first_piece = outgoing + from;
           lengths.push_back(static_cast<int>(count));  // the total fits an int: checked by the caller
           addresses.push_back(address_of(outgoing + from));
         });
-        const hindexed<T> outgoing(function_, static_cast<int>(lengths.size()), lengths, addresses);
         MPI_Request* requests = pending_[posted_ % 2];
         check(MPI_Irecv(scratch(posted_), static_cast<int>(length), detail::mpi_datatype<T>(), left, tag_, comm_,
                         &requests[0]),
               function_, "MPI_Irecv");
-        check(MPI_Isend(MPI_BOTTOM, 1, outgoing.type, right, tag_, comm_, &requests[1]), function_, "MPI_Isend");
+        if (lengths.size() == 1) {  // one piece: contiguous, which shared memory copies once (gather_alone_min_bytes)
+          check(MPI_Isend(first_piece, lengths[0], detail::mpi_datatype<T>(), right, tag_, comm_, &requests[1]),
+                function_, "MPI_Isend");
+        } else {
+          const hindexed<T> outgoing(function_, static_cast<int>(lengths.size()), lengths, addresses);
+          check(MPI_Isend(MPI_BOTTOM, 1, outgoing.type, right, tag_, comm_, &requests[1]), function_, "MPI_Isend");
+        }
       }
     }
 
