@@ -169,7 +169,8 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
     // Nothing to reduce: the gradients computed for frozen parameters are dropped.
     ctx.pool.release(full_grads_);
     grads_ = grad_phase::none;
-    shard_grad_squared_norm_ = optim::local_squared_norm<Scalar>(ctx.grads.bucket(bucket_));  // unchanged (zeros)
+    if (ctx.norm_with_reductions)  // unchanged (zeros)
+      shard_grad_squared_norm_ = optim::local_squared_norm<Scalar>(ctx.grads.bucket(bucket_));
     return;
   }
   if (grads_ == grad_phase::none) (void)grad(ctx, first_param_);  // no gradient reached it: zeros
@@ -238,8 +239,9 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx) {
     });
   }
   Kokkos::fence();
-  // Clipping's norm, read here while the shard is fresh from the reduction instead of in a pass of its own.
-  shard_grad_squared_norm_ = optim::local_squared_norm<Scalar>(shard);
+  // Clipping's norm where asked for, read here while the shard is fresh from the reduction instead of
+  // in a pass of its own; otherwise grad_squared_norm() sums the bucket alike when called.
+  if (ctx.norm_with_reductions) shard_grad_squared_norm_ = optim::local_squared_norm<Scalar>(shard);
   shard_grads_zero_ = false;
   ctx.pool.release(reduced_grads_);
   ctx.pool.release(packed_grads_);

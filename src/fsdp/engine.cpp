@@ -237,11 +237,11 @@ void fsdp_engine<Scalar>::zero_grad() {
 
 template <class Scalar>
 double fsdp_engine<Scalar>::grad_squared_norm() const {
+  // Bucket by bucket, as finish_reduce sums them: the same bits whether the reductions took them or not.
   double sum = 0;
   for (const auto& unit : units_) {
     const std::optional<double> bucket = unit.shard_grad_squared_norm();
-    if (!bucket) return optim::local_squared_norm<Scalar>(grads_.flat());
-    sum += *bucket;
+    sum += bucket ? *bucket : optim::local_squared_norm<Scalar>(grads_.bucket(unit.index()));
   }
   return sum;
 }

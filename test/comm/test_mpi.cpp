@@ -482,6 +482,26 @@ TEST_CASE_TEMPLATE("mpi: iall_gather_parts lands every part as its own all_gathe
   }
 }
 
+TEST_CASE_TEMPLATE("mpi: iall_gather_parts mixes small parts in one message with big parts on their own", T, float,
+                   double, kfsdp::bf16) {
+  constexpr std::size_t alone = comm::mpi::gather_alone_min_bytes / sizeof(T);  // the smallest part sent alone
+  // Small and big interleaved, one exactly at the threshold, one just under, an empty one, a big
+  // one in place; then only big parts (no typed message); then one big part (iall_gather).
+  const std::vector<std::vector<std::size_t>> batches = {
+      {3, alone + 5, alone - 1, alone, 0, 2 * alone}, {alone, 2 * alone + 3, alone}, {alone + 1}};
+  for (const comm::mpi_options options :
+       {comm::mpi_options{}, comm::mpi_options{.check_collectives = true, .timeout = std::chrono::seconds(60)}}) {
+    comm::mpi world(MPI_COMM_WORLD, options);
+    for (const std::vector<std::size_t>& counts : batches) {
+      CAPTURE(counts.size());
+      kfsdp::test::gather_parts_case<T> batch(world.rank(), world.size(), counts);
+      comm::request pending = world.iall_gather_parts<T>(batch.parts);
+      while (!pending.test()) {}
+      batch.check();
+    }
+  }
+}
+
 TEST_CASE("mpi: gather batches in flight with ring reduce-scatters never cross") {
   comm::mpi world;
   world.set_reduce_scatter_ring_min_bytes(0);  // every reduce-scatter point-to-point, as the batches
@@ -581,11 +601,13 @@ TEST_CASE_TEMPLATE("mpi: ireduce_scatter_sum_parts gives every part what its own
         comm::mpi_options{.device_memory = path::staged}}) {
     comm::mpi world(MPI_COMM_WORLD, options);
     comm::any_communicator erased(world);
-    // The ring (a part across a segment boundary, an empty part) and the packed path.
+    // The ring (a part across a segment boundary, an empty part, segments of one part each: sent
+    // contiguous) and the packed path.
     for (const std::size_t ring_min_bytes : {std::size_t{1}, SIZE_MAX}) {
       CAPTURE(ring_min_bytes);
       world.set_reduce_scatter_ring_min_bytes(ring_min_bytes);
-      for (const auto& counts : {std::vector<std::size_t>{3, 0, 5, 1}, std::vector<std::size_t>{2, segment + 5, 7}})
+      for (const auto& counts : {std::vector<std::size_t>{3, 0, 5, 1}, std::vector<std::size_t>{2, segment + 5, 7},
+                                 std::vector<std::size_t>{segment, segment, 3}})
         for (const comm::scale_type<T> factor : {comm::scale_type<T>(1), comm::scale_type<T>(0.5)}) {
           CAPTURE(counts.size());
           CAPTURE(double(factor));

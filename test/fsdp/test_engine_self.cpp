@@ -198,7 +198,7 @@ TEST_CASE("after zero_grad the reductions write the gradient shards; written thr
   every_grad_is(6.0f);
 }
 
-TEST_CASE("grad_squared_norm: the sums the reductions left, or one pass after a write through grads()") {
+TEST_CASE("grad_squared_norm: the sums the reductions left, or a pass now; the same bits either way") {
   comm::self one;
   fsdp<four_block_gpt, double, zero2, block_bucketing> e(four_block_gpt{}, one, {});
   const auto pass_over_shards = [&] {
@@ -206,12 +206,18 @@ TEST_CASE("grad_squared_norm: the sums the reductions left, or one pass after a 
     for (double x : testing::to_host(e.grads().flat())) sum += x * x;
     return sum;
   };
-  e.zero_grad();
-  CHECK(e.grad_squared_norm() == 0.0);
-  for (std::size_t p = 0; p < e.plan().params.size(); ++p)
-    Kokkos::deep_copy(e.full_grad(p), 0.5 + double(p % 3));  // unequal buckets
-  for (std::size_t b = 0; b < e.plan().buckets.size(); ++b) e.reduce_gradients(b);
-  const double after_reduction = e.grad_squared_norm();
+  const auto reduce_unequal_buckets = [&] {
+    e.zero_grad();
+    CHECK(e.grad_squared_norm() == 0.0);
+    for (std::size_t p = 0; p < e.plan().params.size(); ++p)
+      Kokkos::deep_copy(e.full_grad(p), 0.5 + double(p % 3));  // unequal buckets
+    for (std::size_t b = 0; b < e.plan().buckets.size(); ++b) e.reduce_gradients(b);
+    return e.grad_squared_norm();
+  };
+  const double summed_when_asked = reduce_unequal_buckets();  // the default: the reductions sum nothing
+  e.set_grad_norm_with_reductions(true);
+  const double after_reduction = reduce_unequal_buckets();
+  CHECK(after_reduction == summed_when_asked);  // bit for bit: a trainer's clipping does not depend on it
   CHECK(after_reduction > 0);
   CHECK(after_reduction == doctest::Approx(pass_over_shards()).epsilon(1e-14));
   Kokkos::deep_copy(e.grads().flat(), 2.0);  // written since: the norm is the shards' now

@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -395,16 +396,19 @@ class mpi {
     return iall_gather<T, Kokkos::HostSpace>(host_span<const T>(send), host_span<T>(recv));
   }
 
-  // A batch of all-gathers as one exchange (comm::iall_gather_parts): each rank sends its parts'
-  // sends to every other rank as one message, and receives each rank's message straight into the
-  // parts' places through a derived datatype; its own parts it copies in. One message a peer
-  // instead of one collective a part: for a bucket of small parameters the per-call latency was
-  // the cost. E.g. two parts of 2 and 3 elements at 2 ranks, rank 1's message to rank 0:
+  // A batch of all-gathers as one exchange (comm::iall_gather_parts): each rank sends its small
+  // parts' sends to every other rank as one message, and receives each rank's message straight
+  // into the parts' places through a derived datatype; parts of gather_alone_min_bytes or more go
+  // as a contiguous message of their own each; its own parts it copies in once the messages are
+  // complete. One message a peer for the small parts instead of one collective a part: for a
+  // bucket of small parameters the per-call latency was the cost. E.g. two parts of 2 and 3
+  // elements at 2 ranks, rank 1's message to rank 0:
   //
   //   sent from:      parts[0].send[0..2) parts[1].send[0..3)   (rank 1's, where they lie)
   //   received into:  parts[0].recv[2..4) parts[1].recv[3..6)   (rank 0's recv type for rank 1)
   //
-  // Memory the host cannot reach, or staged (mpi_options::device_memory), goes part by part.
+  // A single part goes as iall_gather; memory the host cannot reach, or staged
+  // (mpi_options::device_memory), part by part.
   template <element T, class Space>
   [[nodiscard]] request iall_gather_parts(std::span<const gather_part<T, Space>> parts) {
     constexpr std::string_view function = "kfsdp::comm::mpi::iall_gather_parts";
@@ -415,35 +419,55 @@ class mpi {
     for (const gather_part<T, Space>& part : parts) total += part.send.size();
     verify_call(function, {detail::collective_kind::all_gather_parts, detail::element_code<T>(), total,
                            static_cast<std::uint64_t>(parts.size())});
-    const int count = detail::checked_int_count(function, "parts", parts.size());
-    std::vector<int> lengths(parts.size());
-    std::vector<MPI_Aint> sent_from(parts.size()), received_into(parts.size());
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-      lengths[i] = detail::checked_int_count(function, "send", parts[i].send.size());
-      sent_from[i] = address_of(parts[i].send.data());
+    std::vector<std::size_t> batched, alone;  // parts' indices: in the one typed message, or on their own
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      (parts[i].send.size_bytes() >= gather_alone_min_bytes ? alone : batched).push_back(i);
+    const int count = detail::checked_int_count(function, "parts", batched.size());
+    std::vector<int> lengths(batched.size());
+    std::vector<MPI_Aint> sent_from(batched.size()), received_into(batched.size());
+    for (std::size_t j = 0; j < batched.size(); ++j) {
+      lengths[j] = detail::checked_int_count(function, "send", parts[batched[j]].send.size());
+      sent_from[j] = address_of(parts[batched[j]].send.data());
     }
+    for (std::size_t i : alone) (void)detail::checked_int_count(function, "send", parts[i].send.size());
+    // One tag for the batch: MPI keeps messages between two ranks on one tag in order, and every
+    // rank posts the typed message first, then the parts alone in the parts' order.
     const int tag = next_tag();
-    pending_mpi<std::vector<MPI_Request>> batch{{}, function, options_.timeout, rank_, size_};
-    batch.handles.reserve(2 * static_cast<std::size_t>(size_ - 1));
+    const std::size_t messages = (batched.empty() ? 0 : 1) + alone.size();
+    gather_batch<T> batch{{{}, function, options_.timeout, rank_, size_}, {}};
+    std::vector<MPI_Request>& handles = batch.messages.handles;
+    handles.reserve(2 * messages * static_cast<std::size_t>(size_ - 1));
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
-      for (std::size_t i = 0; i < parts.size(); ++i)
-        received_into[i] = address_of(parts[i].recv.data() + static_cast<std::size_t>(peer) * parts[i].send.size());
-      const hindexed<T> layout(function, count, lengths, received_into);
-      check(MPI_Irecv(MPI_BOTTOM, 1, layout.type, peer, tag, comm_, &batch.handles.emplace_back()), function,
-            "MPI_Irecv");
+      const auto slot = [&](std::size_t i) {
+        return parts[i].recv.data() + static_cast<std::size_t>(peer) * parts[i].send.size();
+      };
+      if (!batched.empty()) {
+        for (std::size_t j = 0; j < batched.size(); ++j) received_into[j] = address_of(slot(batched[j]));
+        const hindexed<T> layout(function, count, lengths, received_into);
+        check(MPI_Irecv(MPI_BOTTOM, 1, layout.type, peer, tag, comm_, &handles.emplace_back()), function,
+              "MPI_Irecv");
+      }
+      for (std::size_t i : alone)
+        check(MPI_Irecv(slot(i), static_cast<int>(parts[i].send.size()), detail::mpi_datatype<T>(), peer, tag, comm_,
+                        &handles.emplace_back()),
+              function, "MPI_Irecv");
     }
-    const hindexed<T> sends(function, count, lengths, sent_from);
+    std::optional<hindexed<T>> sends;
+    if (!batched.empty()) sends.emplace(function, count, lengths, sent_from);
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
-      check(MPI_Isend(MPI_BOTTOM, 1, sends.type, peer, tag, comm_, &batch.handles.emplace_back()), function,
-            "MPI_Isend");
+      if (sends)
+        check(MPI_Isend(MPI_BOTTOM, 1, sends->type, peer, tag, comm_, &handles.emplace_back()), function,
+              "MPI_Isend");
+      for (std::size_t i : alone)
+        check(MPI_Isend(parts[i].send.data(), static_cast<int>(parts[i].send.size()), detail::mpi_datatype<T>(), peer,
+                        tag, comm_, &handles.emplace_back()),
+              function, "MPI_Isend");
     }
-    // This rank's own chunks while the messages travel: a host copy (the space is host-accessible),
-    // as memcpy does it (Kokkos 3.4's deep_copy between host views is a slower loop).
     for (const gather_part<T, Space>& part : parts) {
       T* own = part.recv.data() + static_cast<std::size_t>(rank_) * part.send.size();
-      if (own != part.send.data()) std::copy_n(part.send.data(), part.send.size(), own);
+      if (own != part.send.data()) batch.own.push_back({part.send.data(), own, part.send.size()});
     }
     return request(std::move(batch));
   }
@@ -531,6 +555,10 @@ class mpi {
                                                   std::type_identity_t<scale_type<T>> factor = scale_type<T>(1)) {
     return ireduce_scatter_sum_parts<T, Kokkos::HostSpace>(parts, factor);
   }
+
+  // Gather parts of this many bytes or more go as contiguous messages of their own: Open MPI's
+  // shared-memory transport copies only contiguous messages once (CMA), a typed one twice.
+  static constexpr std::size_t gather_alone_min_bytes = 8 * 1024;
 
   // Per-rank chunk size (bytes) from which reduce_scatter_sum uses the ring. Every rank must set
   // the same value before the same call: the two paths do not talk to each other.
@@ -628,6 +656,33 @@ class mpi {
       if (limit.count() > 0) return wait_polling(*this, function, limit, rank, size);
       check(MPI_Waitall(static_cast<int>(handles.size()), handles.data(), MPI_STATUSES_IGNORE), function,
             "MPI_Waitall");
+    }
+  };
+  // iall_gather_parts' messages, then this rank's own chunks copied in as memcpy does it (Kokkos
+  // 3.4's deep_copy between host views is a slower loop). The copy waits for the messages: made
+  // while they travel it was slower (0.17-0.20 against 0.16-0.18 ms at 2 ranks, 4 parts of
+  // 256 KiB), the peers' single-copy reads progressing only inside MPI calls.
+  template <class T>
+  struct gather_batch {
+    struct own_chunk {
+      const T* from;
+      T* to;
+      std::size_t count;
+    };
+    pending_mpi<std::vector<MPI_Request>> messages;
+    std::vector<own_chunk> own;
+
+    bool test() {
+      if (!messages.test()) return false;
+      copy_own();
+      return true;
+    }
+    void wait() {
+      messages.wait();
+      copy_own();
+    }
+    void copy_own() {
+      for (const own_chunk& chunk : own) std::copy_n(chunk.from, chunk.count, chunk.to);
     }
   };
   // A committed MPI_Type_create_hindexed of T at absolute addresses (used with MPI_BOTTOM), freed
@@ -882,8 +937,9 @@ class mpi {
 
   // The ring of ring_reduce_scatter over a batch of parts (ireduce_scatter_sum_parts). Block b is
   // the concatenation of every part's chunk b; a step moves a segment [offset, offset + length) of
-  // it as one message described by an hindexed datatype over the pieces of the parts it covers
-  // (round 0 from the parts' sends, later rounds from their recvs, which hold the partial sums),
+  // it as one message described by an hindexed datatype over the pieces of the parts it covers, or
+  // contiguous where it lies in one part (round 0 from the parts' sends, later rounds from their
+  // recvs, which hold the partial sums),
   // into a contiguous scratch segment, then adds piece by piece into the recvs.
   template <class T, class Space>
   class ring_over_parts {
@@ -960,19 +1016,26 @@ class mpi {
         // Round 0 passes on this rank's own block r-1; later rounds the partial sums kept in the recvs.
         std::vector<int> lengths;
         std::vector<MPI_Aint> addresses;
+        const T* first_piece = nullptr;
         for_each_piece(offset_of(posted_), length, [&](const reduce_scatter_part<T, Space>& part, std::size_t from,
                                                        std::size_t count, std::size_t) {
           const T* outgoing = round == 0 ? part.send.data() + static_cast<std::size_t>(left) * part.recv.size()
                                          : part.recv.data();
+          if (first_piece == nullptr) first_piece = outgoing + from;
           lengths.push_back(static_cast<int>(count));  // the total fits an int: checked by the caller
           addresses.push_back(address_of(outgoing + from));
         });
-        const hindexed<T> outgoing(function_, static_cast<int>(lengths.size()), lengths, addresses);
         MPI_Request* requests = pending_[posted_ % 2];
         check(MPI_Irecv(scratch(posted_), static_cast<int>(length), detail::mpi_datatype<T>(), left, tag_, comm_,
                         &requests[0]),
               function_, "MPI_Irecv");
-        check(MPI_Isend(MPI_BOTTOM, 1, outgoing.type, right, tag_, comm_, &requests[1]), function_, "MPI_Isend");
+        if (lengths.size() == 1) {  // one piece: contiguous, which shared memory copies once (gather_alone_min_bytes)
+          check(MPI_Isend(first_piece, lengths[0], detail::mpi_datatype<T>(), right, tag_, comm_, &requests[1]),
+                function_, "MPI_Isend");
+        } else {
+          const hindexed<T> outgoing(function_, static_cast<int>(lengths.size()), lengths, addresses);
+          check(MPI_Isend(MPI_BOTTOM, 1, outgoing.type, right, tag_, comm_, &requests[1]), function_, "MPI_Isend");
+        }
       }
     }
 

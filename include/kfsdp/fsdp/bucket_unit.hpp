@@ -71,6 +71,7 @@ struct unit_context {
   wire_precision reduce_dtype = wire_precision::scalar;  // what the reduce-scatters carry
   comm::any_communicator* replicas = nullptr;             // HSDP: the shard's replicas in other groups
   std::vector<std::uint8_t> frozen{};                     // per parameter: 1 = its gradient is never reduced
+  bool norm_with_reductions = false;  // finish_reduce takes the shard's Σ g² (someone will ask for it)
   [[nodiscard]] bool is_frozen(std::size_t p) const { return p < frozen.size() && frozen[p] != 0; }
   // Whether a reduced shard is summed over replicas next (HSDP with more than one group).
   [[nodiscard]] bool replicated() const { return replicas != nullptr && replicas->size() > 1; }
@@ -112,7 +113,8 @@ class bucket_unit {
     else shard_grad_squared_norm_.reset();  // whoever writes may change it
   }
   // Σ g² over this rank's gradient shard of the bucket, in double, as the last reduction left it
-  // (summed while the shard is fresh from it); none while a reduction is in flight or after write access.
+  // (summed while the shard is fresh from it, where ctx.norm_with_reductions asked); none while a
+  // reduction is in flight, after write access, or where the reduction was not asked to sum.
   [[nodiscard]] std::optional<double> shard_grad_squared_norm() const noexcept { return shard_grad_squared_norm_; }
 
  private:

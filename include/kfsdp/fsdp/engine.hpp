@@ -161,9 +161,13 @@ class fsdp_engine {
   // adding into it (the same sums, without the add's pass and buffer).
   void zero_grad();
   // Σ g² over this rank's gradient shards in double (clipping's local norm; call it with no reduction
-  // in flight): each bucket's sum taken as its reduction finished, while the shard was fresh, or one
-  // pass over the shards where they were written since (after grads()).
+  // in flight), summed bucket by bucket: each bucket's sum taken as its reduction finished, while
+  // the shard was fresh (set_grad_norm_with_reductions), or a pass over the bucket's shard now
+  // (not asked for, or written since through grads()). The same bits either way.
   [[nodiscard]] double grad_squared_norm() const;
+  // Whether each reduction also sums its shard's squares for grad_squared_norm (off: a reduction
+  // costs its collective alone). The trainer turns it on: it asks for the norm every step.
+  void set_grad_norm_with_reductions(bool on) noexcept { context_.norm_with_reductions = on; }
 
   // --- frozen parameters (fine-tuning part of a model: FSDP2's requires_grad=False) ---
   // A frozen parameter is still gathered and still passes gradients to the layers below it, but

@@ -238,6 +238,7 @@ class trainer_core {
   trainer_core(fsdp_engine<Scalar>& engine, unit_hooks& hooks, const Model& model, trainer_options t)
       : engine_(engine), hooks_(hooks), network_(model, engine.params(), engine.options().wrap), options_(t), schedule_(*this) {
     activation_meter::install();
+    engine_.set_grad_norm_with_reductions(true);  // step() reads the norm every time
   }
 
  private:
