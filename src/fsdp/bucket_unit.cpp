@@ -4,8 +4,8 @@
 // shard and receives into a buffer of the wire type. Those buffers come from the same pool as
 // the Scalar ones, as Scalar views big enough for the wire elements, seen through wire_view.
 // int8 (all-gathers only) quantizes the shard into one wire buffer of bytes (fsdp/quantize.hpp),
-// all-gathered as f32 words rank after rank, and dequantizes each rank's chunk of each parameter
-// straight into its place in the unpacked buffer.
+// each parameter's chunk in blocks of its own, all-gathered as f32 words rank after rank, and
+// dequantizes each rank's chunk of each parameter straight into its place in the unpacked buffer.
 #include <stdexcept>
 #include <vector>
 
@@ -100,11 +100,20 @@ void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
   gathered_as_ = ctx.param_dtype;
   if (gathered_as_ == wire_precision::int8) {
     // One wire buffer a rank: the bucket's all-gather is one collective of f32 words.
-    const int8_blocks blocks{local.extent(0)};
+    const int8_blocks blocks = int8_bucket_blocks(ctx.map, bucket_);
     const std::size_t world = ctx.map.world_size();
     send_ = acquire_bytes(ctx, "kfsdp::gather_send", blocks.bytes());
     gathered_ = acquire_bytes(ctx, "kfsdp::gathered", world * blocks.bytes());
-    kernels::quantize_int8<Scalar>(local, blocks.values(send_.data()), blocks.scales(send_.data()));
+    const auto values = blocks.values(send_.data());
+    const auto scales = blocks.scales(send_.data());
+    std::size_t first_block = 0;  // each chunk in blocks of its own
+    for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p) {
+      const index_range chunk = ctx.map.bucket_chunk(p);
+      const std::size_t chunk_blocks = int8_blocks::blocks_of(chunk.count);
+      kernels::quantize_int8<Scalar>(Kokkos::subview(local, chunk.pair()), Kokkos::subview(values, chunk.pair()),
+                                     Kokkos::subview(scales, std::make_pair(first_block, first_block + chunk_blocks)));
+      first_block += chunk_blocks;
+    }
     Kokkos::fence();
     if (ctx.trace) gather_issued_at_ = ctx.trace->now();
     using space = typename view::memory_space;
@@ -153,14 +162,21 @@ void bucket_unit<Scalar>::finish_gather(unit_context<Scalar>& ctx) {
   unpacked_ = ctx.pool.acquire("kfsdp::unpacked", numel);
   if (gathered_as_ == wire_precision::int8) {
     // Only the real elements: the layers never read the padding.
-    const int8_blocks blocks{ctx.map.bucket(bucket_).count};
+    const int8_blocks blocks = int8_bucket_blocks(ctx.map, bucket_);
     for (std::size_t rank = 0; rank < ctx.map.world_size(); ++rank) {
       char* wire = reinterpret_cast<char*>(gathered_.data()) + rank * blocks.bytes();
+      const auto values = blocks.values(wire);
+      const auto scales = blocks.scales(wire);
+      std::size_t first_block = 0;
       for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p) {
-        const index_range to = ctx.map.unpacked(p, rank);
+        const index_range chunk = ctx.map.bucket_chunk(p), to = ctx.map.unpacked(p, rank);
+        const std::size_t chunk_blocks = int8_blocks::blocks_of(chunk.count);
         if (to.count > 0)
-          kernels::dequantize_int8<Scalar>(blocks.values(wire), blocks.scales(wire), ctx.map.bucket_chunk(p).first,
-                                           Kokkos::subview(unpacked_, to.pair()));
+          kernels::dequantize_int8<Scalar>(
+              Kokkos::subview(values, chunk.pair()),
+              Kokkos::subview(scales, std::make_pair(first_block, first_block + chunk_blocks)), 0,
+              Kokkos::subview(unpacked_, to.pair()));
+        first_block += chunk_blocks;
       }
     }
   } else {

@@ -149,31 +149,25 @@ TEST_CASE("int8 all-gather: parameters within half a block's scale of the shards
     std::vector<std::vector<double>> want(e.params().size());
     for (std::size_t p = 0; p < want.size(); ++p) want[p] = expected_init<double>(e.params()[p], p, 3, all_normal);
     std::size_t theory = 0;
-    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) theory += ws * int8_blocks{e.plan().buckets[k].shard_numel}.bytes();
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) theory += ws * int8_bucket_blocks(map, k).bytes();
     const std::size_t bytes_before = e.bytes_communicated();
     for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.unshard(k);
     CHECK(e.bytes_communicated() - bytes_before == theory);
     for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) {
       const auto& bucket = e.plan().buckets[k];
       for (std::size_t r = 0; r < ws; ++r) {
-        // Rank r's shard of the bucket, as it quantized it (padding: zeros), and its blocks' scales.
-        std::vector<double> shard(bucket.shard_numel, 0.0);
         for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p) {
+          // Rank r's chunk of p, as it quantized it (padding: zeros), and its blocks' scales.
+          std::vector<double> chunk(map.bucket_chunk(p).count, 0.0);
           const index_range real = map.elements(p, r);
-          std::copy_n(want[p].begin() + std::ptrdiff_t(real.first), real.count,
-                      shard.begin() + std::ptrdiff_t(map.bucket_chunk(p).first));
-        }
-        std::vector<double> scale(int8_blocks{shard.size()}.block_count(), 0.0);
-        for (std::size_t i = 0; i < shard.size(); ++i) scale[i / 256] = std::max(scale[i / 256], std::abs(shard[i]));
-        for (double& s : scale) s = double(float(s / 127));
-        for (std::size_t p = bucket.first_param; p < bucket.first_param + bucket.param_count; ++p) {
+          std::copy_n(want[p].begin() + std::ptrdiff_t(real.first), real.count, chunk.begin());
+          std::vector<double> scale(int8_blocks::blocks_of(chunk.size()), 0.0);
+          for (std::size_t i = 0; i < chunk.size(); ++i) scale[i / 256] = std::max(scale[i / 256], std::abs(chunk[i]));
+          for (double& s : scale) s = double(float(s / 127));
           const auto got = to_host(e.full_param(p));
-          const index_range real = map.elements(p, r);
           std::size_t outside = 0;
-          for (std::size_t j = 0; j < real.count; ++j) {
-            const std::size_t i = map.bucket_chunk(p).first + j;
-            outside += std::abs(got[real.first + j] - shard[i]) > scale[i / 256] * (0.5 + 1e-12);
-          }
+          for (std::size_t j = 0; j < real.count; ++j)
+            outside += std::abs(got[real.first + j] - chunk[j]) > scale[j / 256] * (0.5 + 1e-12);
           CHECK_MESSAGE(outside == 0, "parameter " << p << ", rank " << r << "'s rows");
         }
       }

@@ -96,7 +96,7 @@ TEST_CASE("fill_init uniform: within the bound, mean near 0, the same at every s
 TEST_CASE("int8 blocks: the wire layout, and a round trip off by at most half a block's scale") {
   // 601 values: blocks of 256, 256 and 89; the values end short of a whole f32 (3 bytes of padding).
   const int8_blocks blocks{601};
-  CHECK(blocks.block_count() == 3);
+  CHECK(blocks.block_count == 3);
   CHECK(blocks.scales_offset() == 604);
   CHECK(blocks.bytes() == 604 + 3 * 4);
   CHECK(blocks.bytes() % 4 == 0);
@@ -115,7 +115,7 @@ TEST_CASE("int8 blocks: the wire layout, and a round trip off by at most half a 
   const auto back = testing::to_host(out);
   Kokkos::View<float*> scales_view = blocks.scales(wire.data());
   auto scales = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace{}, scales_view);
-  for (std::size_t b = 0; b < blocks.block_count(); ++b) {
+  for (std::size_t b = 0; b < blocks.block_count; ++b) {
     double absmax = 0;
     for (std::size_t i = b * 256; i < std::min(values.size(), (b + 1) * 256); ++i) absmax = std::max(absmax, std::abs(values[i]));
     CHECK(scales(b) == doctest::Approx(absmax / 127).epsilon(1e-6));

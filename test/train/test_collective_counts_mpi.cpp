@@ -206,8 +206,9 @@ TEST_CASE("int8 all-gather bytes per step: the theory (1 byte a value, 4 a block
         step(1);
         const bool int8 = wire == kfsdp::wire_precision::int8;
         gathered[int8] = shards.all_gather_bytes - before;
-        for (const auto& bucket : t.engine().plan().buckets)  // ZeRO2: each bucket gathered once a step
-          theory[int8] += ranks * (int8 ? kfsdp::int8_blocks{bucket.shard_numel}.bytes() : bucket.shard_numel * sizeof(float));
+        const kfsdp::shard_mapping map(t.engine().plan());
+        for (std::size_t b = 0; b < t.engine().plan().buckets.size(); ++b)  // ZeRO2: each bucket gathered once a step
+          theory[int8] += ranks * (int8 ? kfsdp::int8_bucket_blocks(map, b).bytes() : map.bucket(b).count * sizeof(float));
       });
     }
     const double ratio = double(gathered[1]) / double(gathered[0]);
