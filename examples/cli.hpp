@@ -206,7 +206,7 @@ inline cli& add_fsdp_flags(cli& c, const char* sharding, const char* bucketing) 
                                 .flag("bucketing", bucketing, "none | layer | block")
                                 .flag("checkpointing", "off", "on: activation checkpointing per unit (recomputed in backward) | off")
                                 .flag("broadcast-from", "", "rank whose initial weights everyone starts from")
-                                .flag("param-dtype", "scalar", "what the all-gathered parameters travel in: scalar (--dtype) | bf16 | f16")
+                                .flag("param-dtype", "scalar", "what the all-gathered parameters travel in: scalar (--dtype) | bf16 | f16 | int8 (block-quantized)")
                                 .flag("reduce-dtype", "scalar", "what the gradient reduce-scatters travel in: scalar (--dtype) | bf16 | f16")
                                 .flag("gradient-division", "after",
                                       "where gradients are divided by the ranks around the SUM: after | before | split (FSDP1)"),

@@ -37,6 +37,7 @@ module;
 #include <kfsdp/fsdp/options.hpp>
 #include <kfsdp/fsdp/pack.hpp>
 #include <kfsdp/fsdp/policies.hpp>
+#include <kfsdp/fsdp/quantize.hpp>
 #include <kfsdp/fsdp/storage.hpp>
 #include <kfsdp/fsdp/trace.hpp>
 #include <kfsdp/fsdp/units.hpp>
@@ -343,6 +344,15 @@ using kfsdp::to_string;
 using kfsdp::wire_precision;
 using kfsdp::zero2;
 using kfsdp::zero3;
+}
+// <kfsdp/fsdp/quantize.hpp>
+export namespace kfsdp {
+using kfsdp::int8_blocks;
+using kfsdp::int8_bucket_blocks;
+}
+export namespace kfsdp::kernels {
+using kfsdp::kernels::dequantize_int8;
+using kfsdp::kernels::quantize_int8;
 }
 // <kfsdp/fsdp/storage.hpp>
 export namespace kfsdp {

@@ -3,6 +3,9 @@
 // Mixed precision: a collective in bf16 or f16 (the "wire" type) sends a converted copy of the
 // shard and receives into a buffer of the wire type. Those buffers come from the same pool as
 // the Scalar ones, as Scalar views big enough for the wire elements, seen through wire_view.
+// int8 (all-gathers only) quantizes the shard into one wire buffer of bytes (fsdp/quantize.hpp),
+// each parameter's chunk in blocks of its own, all-gathered as f32 words rank after rank, and
+// dequantizes each rank's chunk of each parameter straight into its place in the unpacked buffer.
 #include <stdexcept>
 #include <vector>
 
@@ -11,6 +14,7 @@
 
 #include <kfsdp/fsdp/bucket_unit.hpp>
 #include <kfsdp/fsdp/pack.hpp>
+#include <kfsdp/fsdp/quantize.hpp>
 #include <kfsdp/optim/clip.hpp>
 
 namespace kfsdp {
@@ -24,7 +28,8 @@ std::size_t wire_bytes(wire_precision wire, std::size_t scalar_bytes) {
 template <class F>
 void with_wire(wire_precision wire, F&& f) {
   if (wire == wire_precision::bf16) f(bf16{});
-  else f(f16{});
+  else if (wire == wire_precision::f16) f(f16{});
+  else throw std::logic_error(fmt::format("kfsdp::fsdp: {} is not a 16-bit wire type", to_string(wire)));
 }
 
 // The first n elements of a pooled Scalar buffer, as Wire.
@@ -52,6 +57,12 @@ typename bucket_unit<Scalar>::view bucket_unit<Scalar>::acquire_wire(unit_contex
                                                                      typename buffer_pool<Scalar>::fill how) {
   const std::size_t bytes = numel * wire_bytes(wire, sizeof(Scalar));
   return ctx.pool.acquire(label, (bytes + sizeof(Scalar) - 1) / sizeof(Scalar), how);
+}
+
+template <class Scalar>
+typename bucket_unit<Scalar>::view bucket_unit<Scalar>::acquire_bytes(unit_context<Scalar>& ctx, const char* label,
+                                                                      std::size_t bytes) {
+  return ctx.pool.acquire(label, (bytes + sizeof(Scalar) - 1) / sizeof(Scalar));
 }
 
 template <class Scalar>
@@ -87,6 +98,34 @@ void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
   const view local = ctx.shards.bucket(bucket_);
   const std::size_t numel = ctx.map.gathered_numel(bucket_);
   gathered_as_ = ctx.param_dtype;
+  if (gathered_as_ == wire_precision::int8) {
+    // One wire buffer a rank: the bucket's all-gather is one collective of f32 words.
+    const int8_blocks blocks = int8_bucket_blocks(ctx.map, bucket_);
+    const std::size_t world = ctx.map.world_size();
+    send_ = acquire_bytes(ctx, "kfsdp::gather_send", blocks.bytes());
+    gathered_ = acquire_bytes(ctx, "kfsdp::gathered", world * blocks.bytes());
+    const auto values = blocks.values(send_.data());
+    const auto scales = blocks.scales(send_.data());
+    std::size_t first_block = 0;  // each chunk in blocks of its own
+    for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p) {
+      const index_range chunk = ctx.map.bucket_chunk(p);
+      const std::size_t chunk_blocks = int8_blocks::blocks_of(chunk.count);
+      kernels::quantize_int8<Scalar>(Kokkos::subview(local, chunk.pair()), Kokkos::subview(values, chunk.pair()),
+                                     Kokkos::subview(scales, std::make_pair(first_block, first_block + chunk_blocks)));
+      first_block += chunk_blocks;
+    }
+    Kokkos::fence();
+    if (ctx.trace) gather_issued_at_ = ctx.trace->now();
+    using space = typename view::memory_space;
+    const comm::gather_part<float, space> whole{
+        comm::span_in<const float, space>(reinterpret_cast<const float*>(send_.data()), blocks.words()),
+        comm::span_in<float, space>(reinterpret_cast<float*>(gathered_.data()), world * blocks.words())};
+    gather_pending_ = ctx.comm.template iall_gather_parts<float, space>(std::span(&whole, 1));
+    gather_bytes_ = world * blocks.bytes();
+    ctx.bytes_communicated += gather_bytes_;
+    params_ = param_phase::gathering;
+    return;
+  }
   gathered_ = acquire_wire(ctx, "kfsdp::gathered", numel, gathered_as_);
   if (gathered_as_ == wire_precision::scalar) {
     if (ctx.trace) gather_issued_at_ = ctx.trace->now();
@@ -121,9 +160,30 @@ void bucket_unit<Scalar>::finish_gather(unit_context<Scalar>& ctx) {
                                      std::int64_t(bucket_), 0);
   const std::size_t numel = ctx.map.gathered_numel(bucket_);
   unpacked_ = ctx.pool.acquire("kfsdp::unpacked", numel);
-  with_wire(gathered_as_, [&]<class Wire>(Wire) {
-    kernels::from_wire<Scalar, Wire>(wire_view<Wire>(gathered_, numel), unpacked_);
-  });
+  if (gathered_as_ == wire_precision::int8) {
+    // Only the real elements: the layers never read the padding.
+    const int8_blocks blocks = int8_bucket_blocks(ctx.map, bucket_);
+    for (std::size_t rank = 0; rank < ctx.map.world_size(); ++rank) {
+      char* wire = reinterpret_cast<char*>(gathered_.data()) + rank * blocks.bytes();
+      const auto values = blocks.values(wire);
+      const auto scales = blocks.scales(wire);
+      std::size_t first_block = 0;
+      for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p) {
+        const index_range chunk = ctx.map.bucket_chunk(p), to = ctx.map.unpacked(p, rank);
+        const std::size_t chunk_blocks = int8_blocks::blocks_of(chunk.count);
+        if (to.count > 0)
+          kernels::dequantize_int8<Scalar>(
+              Kokkos::subview(values, chunk.pair()),
+              Kokkos::subview(scales, std::make_pair(first_block, first_block + chunk_blocks)), 0,
+              Kokkos::subview(unpacked_, to.pair()));
+        first_block += chunk_blocks;
+      }
+    }
+  } else {
+    with_wire(gathered_as_, [&]<class Wire>(Wire) {
+      kernels::from_wire<Scalar, Wire>(wire_view<Wire>(gathered_, numel), unpacked_);
+    });
+  }
   Kokkos::fence();
   ctx.pool.release(gathered_);
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <kfsdp/fsdp/pack.hpp>
+#include <kfsdp/fsdp/quantize.hpp>
 
 #include "engine_checks.hpp"
 
@@ -90,4 +91,45 @@ TEST_CASE("fill_init uniform: within the bound, mean near 0, the same at every s
   Kokkos::View<double*> other("other", n);  // another parameter index: other values
   kernels::fill_init<double>(other, n, 0, 5, 4, uniform);
   CHECK(testing::to_host(other) != w);
+}
+
+TEST_CASE("int8 blocks: the wire layout, and a round trip off by at most half a block's scale") {
+  // 601 values: blocks of 256, 256 and 89; the values end short of a whole f32 (3 bytes of padding).
+  const int8_blocks blocks{601};
+  CHECK(blocks.block_count == 3);
+  CHECK(blocks.scales_offset() == 604);
+  CHECK(blocks.bytes() == 604 + 3 * 4);
+  CHECK(blocks.bytes() % 4 == 0);
+  CHECK(int8_blocks{1024}.bytes() == 1024 + 4 * 4);  // the theory: (1 + 4 / 256) bytes a value
+  std::vector<double> values(blocks.numel);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    values[i] = std::sin(0.37 * double(i)) * (i < 256 ? 1e-3 : i < 512 ? 0.0 : 40.0);  // a small, a zero, a large block
+  Kokkos::View<double*> in("in", values.size());
+  auto host_in = Kokkos::create_mirror_view(in);
+  for (std::size_t i = 0; i < values.size(); ++i) host_in(i) = values[i];
+  Kokkos::deep_copy(in, host_in);
+  Kokkos::View<float*> wire("wire", blocks.words());
+  kernels::quantize_int8<double>(in, blocks.values(wire.data()), blocks.scales(wire.data()));
+  Kokkos::View<float*> out("out", values.size());
+  kernels::dequantize_int8<float>(blocks.values(wire.data()), blocks.scales(wire.data()), 0, out);
+  const auto back = testing::to_host(out);
+  Kokkos::View<float*> scales_view = blocks.scales(wire.data());
+  auto scales = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace{}, scales_view);
+  for (std::size_t b = 0; b < blocks.block_count; ++b) {
+    double absmax = 0;
+    for (std::size_t i = b * 256; i < std::min(values.size(), (b + 1) * 256); ++i) absmax = std::max(absmax, std::abs(values[i]));
+    CHECK(scales(b) == doctest::Approx(absmax / 127).epsilon(1e-6));
+  }
+  CHECK(scales(1) == 0.0f);  // a zero block stays exactly zero
+  std::size_t outside = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const double scale = scales(i / 256);
+    outside += std::abs(double(back[i]) - values[i]) > scale / 2 * (1 + 1e-5) + 1e-6 * std::abs(values[i]);
+  }
+  CHECK(outside == 0);
+  // A range of the shard (one parameter's chunk) lands where it is asked for.
+  Kokkos::View<double*> part("part", 100);
+  kernels::dequantize_int8<double>(blocks.values(wire.data()), blocks.scales(wire.data()), 500, part);
+  const auto p = testing::to_host(part);
+  for (std::size_t k = 0; k < 100; ++k) CHECK(float(p[k]) == back[500 + k]);
 }

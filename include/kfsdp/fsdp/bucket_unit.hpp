@@ -19,7 +19,8 @@
 // over MPI one message a peer); each gradient lives in the same layout and is reduce-scattered
 // from there straight into its chunk of the reduced shard, the bucket's reduce-scatters issued
 // together and complete as one request (comm::when_all). With a wire type
-// (mixed precision) the shard is converted before and the gathered buffer after, flat.
+// (mixed precision) the shard is converted before and the gathered buffer after, flat; with int8
+// the shard is quantized into one wire buffer and the bucket's all-gather is one collective.
 
 #include <optional>
 #include <cstddef>
@@ -133,6 +134,8 @@ class bucket_unit {
   // A pooled Scalar buffer with room for numel elements of `wire`.
   [[nodiscard]] view acquire_wire(unit_context<Scalar>& ctx, const char* label, std::size_t numel, wire_precision wire,
                                   typename buffer_pool<Scalar>::fill how = buffer_pool<Scalar>::fill::none);
+  // A pooled Scalar buffer with room for `bytes` bytes (int8's wire buffers).
+  [[nodiscard]] view acquire_bytes(unit_context<Scalar>& ctx, const char* label, std::size_t bytes);
   [[noreturn]] void wrong_phase(const char* transition, std::string_view seen, std::string_view expected) const;
 
   std::size_t bucket_;

@@ -38,6 +38,8 @@ struct fsdp_options {
   // param_dtype and are converted back to Scalar as they are unpacked (compute reads Scalar: on
   // the CPU no BLAS has a bf16 GEMM), so compute sees the parameters rounded to param_dtype; the
   // gradients are reduce-scattered in reduce_dtype (divided `before` in Scalar, then rounded).
+  // param_dtype = int8 all-gathers the shards block-quantized (fsdp/quantize.hpp: about a quarter of
+  // f32's bytes); reduce_dtype = int8 is refused (std::invalid_argument).
   wire_precision param_dtype = wire_precision::scalar;
   wire_precision reduce_dtype = wire_precision::scalar;
   // Hybrid sharding (HSDP): the engine's communicator is one shard group, and this one joins the

@@ -78,20 +78,23 @@ constexpr division_factors division_of(gradient_division d, std::size_t world_si
 }
 
 // The element type a collective carries (mixed precision): `scalar` is the engine's own (no
-// conversion); bf16 and f16 halve the bytes. The master shards and the optimizer stay in Scalar.
-enum class wire_precision { scalar, bf16, f16 };
+// conversion); bf16 and f16 halve the bytes; int8 (all-gathers only: fsdp/quantize.hpp) sends one
+// byte a value plus an f32 scale a block of 256. The master shards and the optimizer stay in Scalar.
+enum class wire_precision { scalar, bf16, f16, int8 };
 
 constexpr std::string_view to_string(wire_precision p) noexcept {
   switch (p) {
     case wire_precision::scalar: return "scalar";
     case wire_precision::bf16: return "bf16";
     case wire_precision::f16: return "f16";
+    case wire_precision::int8: return "int8";
   }
   return "?";
 }
 
 inline wire_precision parse_wire_precision(std::string_view text) {
-  return parse_named(text, {wire_precision::scalar, wire_precision::bf16, wire_precision::f16}, "precision");
+  return parse_named(text, {wire_precision::scalar, wire_precision::bf16, wire_precision::f16, wire_precision::int8},
+                     "precision");
 }
 
 // Policy tags: fsdp<Model, Scalar, zero3, block_bucketing, static_world_size<8>> (any order, each

@@ -1,0 +1,68 @@
+// The example GPT trained with its parameters all-gathered in int8 (param_dtype = int8): over 200
+// steps its loss stays within 2 % of the f32 run's after step 20 (issue 33's bound), on the same
+// batches. Run with 1, 2 and 3 ranks.
+// The bound is per step, on two trajectories that drift apart: at a learning rate of 3e-3 (weight
+// decay 0.1), at the edge of this small batch's stability, single steps differ by up to 2.8 % while
+// 10-step means stay within 0.5 %.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/model/gpt.hpp>
+#include <kfsdp/optim/adamw.hpp>
+#include <kfsdp/train/gpt.hpp>
+#include <kfsdp/train/trainer.hpp>
+
+using namespace kfsdp;
+
+namespace {
+// Small enough for CI: about 0.1 M parameters.
+const gpt_config config{.layers = 2, .dim = 64, .heads = 4, .seq = 32};
+constexpr std::size_t global_batch = 12;  // divides over 1, 2 and 3 ranks
+constexpr std::size_t steps = 200, settled = 20;
+
+std::vector<double> losses(comm::mpi& world, wire_precision param_dtype) {
+  const auto data = io::text_windows::from_file(std::filesystem::path(KFSDP_SOURCE_ROOT) / "data" / "kjv-genesis-exodus.txt",
+                                                config.seq);
+  return with_trainer<float>(make_gpt(config), world,
+                             {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::block,
+                              .param_dtype = param_dtype},
+                             {}, [&](auto& trainer) {
+    trainer.initialize(1234, gpt2_init(config.layers));
+    auto& engine = trainer.engine();
+    // train_gpt's defaults (--lr 0.002 --weight-decay 0.01 --clip 1.0).
+    optim::adamw<float> adam(engine.plan().shard_numel, {.lr = 2e-3f, .weight_decay = 0.01f});
+    std::vector<double> out;
+    for (std::size_t s = 0; s < steps; ++s) {
+      std::vector<int> tokens, targets;
+      data.rank_slice(data.micro_batch(io::window_sampling::random, 7, s, global_batch), std::size_t(engine.rank()),
+                      std::size_t(engine.world_size()), tokens, targets);
+      out.push_back(trainer.step({{device_ids(tokens), device_ids(targets)}}, adam, 1.0).loss);
+    }
+    return out;
+  });
+}
+}  // namespace
+
+TEST_CASE("int8 all-gather: the GPT's loss within 2 % of f32's after step 20, over 200 steps") {
+  comm::mpi world;
+  const std::vector<double> f32 = losses(world, wire_precision::scalar);
+  const std::vector<double> int8 = losses(world, wire_precision::int8);
+  REQUIRE(f32.size() == steps);
+  REQUIRE(int8.size() == steps);
+  CHECK(f32.back() < 0.8 * f32.front());  // it learns: the comparison is not between two flat lines
+  double worst = 0;
+  std::size_t worst_step = 0;
+  for (std::size_t s = settled; s < steps; ++s) {
+    const double gap = std::abs(int8[s] - f32[s]) / f32[s];
+    if (gap > worst) worst = gap, worst_step = s;
+  }
+  MESSAGE("int8 vs f32 at ", world.size(), " ranks: loss ", f32.front(), " -> ", f32.back(), " (f32), ", int8.back(),
+          " (int8); worst gap after step ", settled, ": ", 100 * worst, " % at step ", worst_step);
+  CHECK(worst <= 0.02);
+}
