@@ -12,11 +12,15 @@
 //                       ones of reference/, not the derived ones the step runs) at train_gpt's shapes
 //                       (B·T = 512 tokens, dim 128, 4 heads, seq 64, vocab 256, 4 layers), forward and
 //                       backward, as GFLOP/s against the sgemm measured in the same run, or as GB/s
-//                       against memcpy.
+//                       against memcpy;
+//   attention methods:  nn::causal_self_attention's whole and blocked methods, forward + backward, f32,
+//                       at the 19 M GPT's shapes (8 windows, 8 heads of 64) for T = 64, 128, 256, 512,
+//                       interleaved: the median times, their ratio, and the bytes each cache keeps.
 // GB/s counts every byte read or written once (memcpy: 2 per byte; adamw: 4 reads, 3 writes).
 //
 //   build/bench/bench_kernels --min-bytes 65536 --max-bytes 67108864 --repeats 20
-//   OPENBLAS_NUM_THREADS=1 build/bench/bench_kernels --sweep 0 --repeats 50    # the roofline table only
+//   OPENBLAS_NUM_THREADS=1 build/bench/bench_kernels --sweep 0 --attention 0 --repeats 50   # the roofline table only
+//   OPENBLAS_NUM_THREADS=1 build/bench/bench_kernels --sweep 0 --roofline 0 --repeats 9    # the attention methods only
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
@@ -59,7 +63,9 @@ struct bench_options {
   std::size_t min_bytes = 64 * 1024;
   std::size_t max_bytes = 64 * 1024 * 1024;
   std::size_t repeats = 20;
-  std::size_t sweep = 1;  // 0: the roofline table only
+  std::size_t sweep = 1;      // 0: no byte sweep
+  std::size_t roofline = 1;   // 0: no roofline table
+  std::size_t attention = 1;  // 0: no attention methods table
 };
 
 bench_options parse_options(int argc, char** argv) {
@@ -76,7 +82,10 @@ bench_options parse_options(int argc, char** argv) {
     else if (flag == "--max-bytes") options.max_bytes = value;
     else if (flag == "--repeats") options.repeats = value;
     else if (flag == "--sweep") options.sweep = value;
-    else throw std::invalid_argument(fmt::format("unknown flag {} (flags: --min-bytes, --max-bytes, --repeats, --sweep)", flag));
+    else if (flag == "--roofline") options.roofline = value;
+    else if (flag == "--attention") options.attention = value;
+    else throw std::invalid_argument(
+        fmt::format("unknown flag {} (flags: --min-bytes, --max-bytes, --repeats, --sweep, --roofline, --attention)", flag));
   }
   if (options.repeats == 0) throw std::invalid_argument("--repeats is 0, expected >= 1");
   if (options.min_bytes < 64) throw std::invalid_argument("--min-bytes is below 64");
@@ -384,6 +393,54 @@ void run(std::size_t repeats) {
 
 }  // namespace roofline
 
+// The whole and the blocked method of the attention at the 19 M GPT's shapes (8 windows, 8 heads of
+// 64, f32), forward + backward, timed in turn each repeat (the order alternating) so that both see
+// the same machine; the ratio is blocked / whole of the medians.
+void bench_attention_methods(std::size_t repeats) {
+  using kfsdp::nn::attention_method;
+  constexpr int windows = 8, heads = 8, dim = 512;
+  fmt::print("\n# attention methods: f32, {} windows, {} heads of {}, forward + backward; median of {} interleaved repeats; "
+             "blocked from T >= {} (automatic)\n",
+             windows, heads, dim / heads, repeats, kfsdp::nn::blocked_from_seq_len);
+  fmt::print("{:>5} {:>10} {:>11} {:>14} {:>12} {:>13}\n", "T", "whole_ms", "blocked_ms", "blocked/whole", "whole_kept",
+             "blocked_kept");
+  for (const int seq : {64, 128, 256, 512}) {
+    const int rows = windows * seq;
+    const roofline::matrix qkv = roofline::random_matrix("qkv", rows, 3 * dim, 6), dy = roofline::random_matrix("dy", rows, dim, 7);
+    const roofline::matrix y("y", rows, dim), dqkv("dqkv", rows, 3 * dim);
+    kfsdp::nn::causal_self_attention<float> whole(dim, heads, seq, heads, attention_method::whole);
+    kfsdp::nn::causal_self_attention<float> blocked(dim, heads, seq, heads, attention_method::blocked);
+    auto whole_cache = whole.make_cache(rows), blocked_cache = blocked.make_cache(rows);
+    const auto step = [&](kfsdp::nn::causal_self_attention<float>& attention, auto& cache) {
+      const auto start = std::chrono::steady_clock::now();
+      attention.forward({}, qkv, y, cache);
+      attention.backward({}, {}, cache, dy, dqkv);
+      Kokkos::fence();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    (void)step(whole, whole_cache);  // warm-up: scratch allocated, caches warm
+    (void)step(blocked, blocked_cache);
+    std::vector<double> whole_seconds, blocked_seconds;
+    for (std::size_t r = 0; r < std::max<std::size_t>(repeats, 1); ++r) {
+      if (r % 2 == 0) {
+        whole_seconds.push_back(step(whole, whole_cache));
+        blocked_seconds.push_back(step(blocked, blocked_cache));
+      } else {
+        blocked_seconds.push_back(step(blocked, blocked_cache));
+        whole_seconds.push_back(step(whole, whole_cache));
+      }
+    }
+    const auto median = [](std::vector<double> v) {
+      std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+      return v[v.size() / 2];
+    };
+    const double whole_ms = median(whole_seconds) * 1e3, blocked_ms = median(blocked_seconds) * 1e3;
+    const auto kib = [](std::size_t bytes) { return fmt::format("{:.0f} KiB", double(bytes) / 1024); };
+    fmt::print("{:>5} {:>10.3f} {:>11.3f} {:>14.3f} {:>12} {:>13}\n", seq, whole_ms, blocked_ms, blocked_ms / whole_ms,
+               kib(whole_cache.kept_bytes()), kib(blocked_cache.kept_bytes()));
+  }
+}
+
 int run(int argc, char** argv) {
   const bench_options options = parse_options(argc, argv);
   fmt::print("# bench_kernels: float, Kokkos {}; median of {} repeats (fewer above 4 MiB); "
@@ -406,7 +463,8 @@ int run(int argc, char** argv) {
     }
   }
   if (options.sweep != 0) bench_gelu(4 * 1024 * 1024, options.repeats);
-  roofline::run(options.repeats);
+  if (options.roofline != 0) roofline::run(options.repeats);
+  if (options.attention != 0) bench_attention_methods(options.repeats);
   return 0;
 }
 

@@ -646,6 +646,9 @@ using kfsdp::derived::tanh_layer;
 }
 // <kfsdp/nn/attention.hpp>
 export namespace kfsdp::nn {
+using kfsdp::nn::attention_block;
+using kfsdp::nn::attention_method;
+using kfsdp::nn::blocked_from_seq_len;
 using kfsdp::nn::causal_self_attention;
 }
 // <kfsdp/nn/cross_entropy.hpp>

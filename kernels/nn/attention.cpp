@@ -109,6 +109,105 @@ matrix<Scalar> block(const tensor4<Scalar>& t, int first, int second) {
   return Kokkos::subview(t, first, second, Kokkos::ALL, Kokkos::ALL);
 }
 
+
+// Blocked method. A run of `count` rows from `first` of one (part, window·head) of a head-major buffer:
+// contiguous, row-major [count, hd] (pointer arithmetic, not operator(): valid in any memory space).
+template <class Scalar>
+matrix<Scalar> head_rows(const tensor4<Scalar>& t, int part, int window_head, int first, int count) {
+  const std::size_t offset = ((std::size_t(part) * t.extent(1) + std::size_t(window_head)) * t.extent(2) + std::size_t(first)) *
+                             t.extent(3);
+  return matrix<Scalar>(t.data() + offset, std::size_t(count), t.extent(3));
+}
+
+// The blocks of one query or key range: [first, first + count) of T, 64 at a time, the last shorter.
+struct attention_block_range {
+  int first, count;
+};
+inline attention_block_range block_range(int index, int seq) {
+  const int first = index * int(attention_block);
+  return {first, seq - first < int(attention_block) ? seq - first : int(attention_block)};
+}
+
+// One thread per query row r of block (i, j) of one (window, head), scores [bq, bk] = scale · q kᵀ in:
+// the online softmax's step. The row's running max m and sum l take in keys c <= last (last = r on
+// the diagonal block, where key c is query c), scores becomes exp(score − m_new) (0 past last), and
+// the output rows accumulated so far are rescaled by exp(m_old − m_new) (first: nothing yet).
+template <class Scalar>
+void online_softmax_block(matrix<Scalar> scores, vector<Scalar> running_max, vector<Scalar> running_sum,
+                          matrix<Scalar> out, bool diagonal, bool first) {
+  const int keys = int(scores.extent(1)), head_dim = int(out.extent(1));
+  Kokkos::parallel_for(
+      "kfsdp::nn::attention_online_softmax", Kokkos::RangePolicy<execution_space>(0, int(scores.extent(0))),
+      KOKKOS_LAMBDA(int r) {
+        const int last = diagonal ? r : keys - 1;
+        Scalar max_score = first ? scores(r, 0) : running_max(r);
+        for (int c = 0; c <= last; ++c) max_score = scores(r, c) > max_score ? scores(r, c) : max_score;
+        Scalar sum = 0;
+        for (int c = 0; c <= last; ++c) {
+          const Scalar e = math::exp(scores(r, c) - max_score);
+          scores(r, c) = e;
+          sum += e;
+        }
+        for (int c = last + 1; c < keys; ++c) scores(r, c) = 0;
+        if (first) {
+          running_sum(r) = sum;
+        } else {
+          const Scalar rescale = math::exp(running_max(r) - max_score);
+          running_sum(r) = running_sum(r) * rescale + sum;
+          for (int c = 0; c < head_dim; ++c) out(r, c) *= rescale;
+        }
+        running_max(r) = max_score;
+      });
+}
+
+// One thread per query row of a finished query block: y /= l, logsumexp = m + log l.
+template <class Scalar>
+void finish_query_block(vector<Scalar> running_max, vector<Scalar> running_sum, matrix<Scalar> out,
+                        Scalar* logsumexp) {
+  const int head_dim = int(out.extent(1));
+  Kokkos::parallel_for(
+      "kfsdp::nn::attention_finish_rows", Kokkos::RangePolicy<execution_space>(0, int(out.extent(0))), KOKKOS_LAMBDA(int r) {
+        const Scalar inv_sum = Scalar(1) / running_sum(r);
+        for (int c = 0; c < head_dim; ++c) out(r, c) *= inv_sum;
+        logsumexp[r] = running_max(r) + math::log(running_sum(r));
+      });
+}
+
+// One thread per query row r of block (i, j), scores = scale · q kᵀ and dp = dy vᵀ in: the
+// probabilities recomputed from the row's logsumexp, P = exp(score − L) (0 past the diagonal) in
+// scores, and dS = P ∘ (dP − D) in dp.
+template <class Scalar>
+void recompute_block_gradient(matrix<Scalar> scores, matrix<Scalar> dp, const Scalar* logsumexp, const Scalar* delta,
+                              bool diagonal) {
+  const int keys = int(scores.extent(1));
+  Kokkos::parallel_for(
+      "kfsdp::nn::attention_block_gradient", Kokkos::RangePolicy<execution_space>(0, int(scores.extent(0))),
+      KOKKOS_LAMBDA(int r) {
+        const int last = diagonal ? r : keys - 1;
+        const Scalar row_logsumexp = logsumexp[r], row_delta = delta[r];
+        for (int c = 0; c <= last; ++c) {
+          const Scalar p = math::exp(scores(r, c) - row_logsumexp);
+          scores(r, c) = p;
+          dp(r, c) = p * (dp(r, c) - row_delta);
+        }
+        for (int c = last + 1; c < keys; ++c) scores(r, c) = dp(r, c) = 0;
+      });
+}
+
+// One thread per (row, head): delta(b·H + h, t) = Σ_c dy · y over the head's columns (= Σ_s P_ts dP_ts).
+template <class Scalar>
+void row_deltas(const attention_shape& shape, const_matrix<Scalar> dy, const_matrix<Scalar> y, matrix<Scalar> delta) {
+  const int seq = shape.seq, nheads = shape.heads, head_dim = shape.head_dim;
+  Kokkos::parallel_for(
+      "kfsdp::nn::attention_row_deltas", Kokkos::RangePolicy<execution_space>(0, int(dy.extent(0)) * nheads),
+      KOKKOS_LAMBDA(int index) {
+        const int row = index / nheads, h = index % nheads;
+        Scalar sum = 0;
+        for (int c = h * head_dim; c < (h + 1) * head_dim; ++c) sum += dy(row, c) * y(row, c);
+        delta((row / seq) * nheads + h, row % seq) = sum;
+      });
+}
+
 }  // namespace detail
 
 template <class Scalar>
@@ -117,8 +216,14 @@ causal_self_attention<Scalar>::causal_self_attention(std::size_t dim, std::size_
 
 template <class Scalar>
 causal_self_attention<Scalar>::causal_self_attention(std::size_t dim, std::size_t heads, std::size_t seq_len,
-                                                     std::size_t kv_heads)
-    : dim_(dim), heads_(heads), kv_heads_(kv_heads), seq_len_(seq_len) {
+                                                     std::size_t kv_heads, attention_method method)
+    : dim_(dim),
+      heads_(heads),
+      kv_heads_(kv_heads),
+      seq_len_(seq_len),
+      method_(method != attention_method::automatic ? method
+              : seq_len >= blocked_from_seq_len     ? attention_method::blocked
+                                                    : attention_method::whole) {
   if (heads == 0 || dim % heads != 0)
     throw std::invalid_argument("causal_self_attention: heads = " + std::to_string(heads) +
                                 " must divide dim = " + std::to_string(dim));
@@ -154,8 +259,30 @@ typename causal_self_attention<Scalar>::cache causal_self_attention<Scalar>::mak
     std::size_t rows) const {
   const char* where = "causal_self_attention::make_cache";
   cache c;
-  c.probs = make_scores(where, "kfsdp::nn::attention::probs", windows(where, rows), true);
+  const std::size_t batch = windows(where, rows);
+  if (method_ == attention_method::whole) {
+    c.probs = make_scores(where, "kfsdp::nn::attention::probs", batch, true);
+  } else {
+    const std::size_t window_heads = checked_mul(batch, heads_, [&] { return std::string(where) + ": logsumexp windows · heads"; });
+    (void)detail::checked_numel(where, "logsumexp", {window_heads, seq_len_}, sizeof(Scalar));
+    c.logsumexp = matrix<Scalar>(Kokkos::view_alloc(std::string("kfsdp::nn::attention::logsumexp")), window_heads, seq_len_);
+  }
   return c;
+}
+
+template <class Scalar>
+bool causal_self_attention<Scalar>::cache_fits(const cache& c, std::size_t batch) const {
+  if (method_ == attention_method::whole)
+    return c.probs.extent(0) == batch && c.probs.extent(1) == heads_ && c.probs.extent(2) == seq_len_;
+  return c.logsumexp.extent(0) == batch * heads_ && c.logsumexp.extent(1) == seq_len_;
+}
+
+// Two blocks' scores and one block's running max and sum.
+template <class Scalar>
+void causal_self_attention<Scalar>::ensure_block_scratch() const {
+  constexpr std::size_t size = 2 * attention_block * attention_block + 2 * attention_block;
+  if (block_scratch_.extent(0) != size)
+    block_scratch_ = vector<Scalar>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfsdp::nn::attention::blocks")), size);
 }
 
 // [parts, B·H, T, hd]: `parts` head-major matrices per (window, head), allocated once per batch size.
@@ -180,9 +307,11 @@ void causal_self_attention<Scalar>::forward(const params&, const_matrix<Scalar> 
   const std::size_t batch = windows(where, rows);
   detail::check_matrix(where, "qkv", qkv, rows, in_features());
   detail::check_matrix(where, "y", y, rows, dim_);
-  if (c.probs.extent(0) != batch) c = make_cache(rows);
+  if (!cache_fits(c, batch)) c = make_cache(rows);
   c.qkv = qkv;
+  c.y = y;
   if (rows == 0) return;
+  if (method_ == attention_method::blocked) return forward_blocked(qkv, y, c, batch);
   const detail::attention_shape shape(batch, heads_, kv_heads_, seq_len_, head_dim());
   constexpr int q = 0, k = 1, v = 2, out = 3;
   const int H = shape.heads, KV = shape.kv_heads, hd = shape.head_dim;
@@ -219,14 +348,21 @@ void causal_self_attention<Scalar>::backward(const params&, const grads&, const 
   const std::size_t rows = c.qkv.extent(0);
   const std::size_t batch = windows(where, rows);
   detail::check_matrix(where, "cache.qkv", c.qkv, rows, in_features());
-  if (c.probs.extent(0) != batch || c.probs.extent(1) != heads_ || c.probs.extent(2) != seq_len_)
+  if (method_ == attention_method::blocked) {
+    detail::check_matrix(where, "cache.y", c.y, rows, dim_);
+    if (!cache_fits(c, batch))
+      detail::throw_shape(where, "cache.logsumexp", detail::shape_string(c.logsumexp.extent(0), c.logsumexp.extent(1)),
+                          detail::shape_string(batch * heads_, seq_len_));
+  } else if (!cache_fits(c, batch)) {
     detail::throw_shape(where, "cache.probs",
                         detail::shape_string({c.probs.extent(0), c.probs.extent(1),
                                               c.probs.extent(2), c.probs.extent(3)}),
                         detail::shape_string({batch, heads_, seq_len_, seq_len_}));
+  }
   detail::check_matrix(where, "dy", dy, rows, dim_);
   detail::check_matrix(where, "dqkv", dqkv, rows, in_features());
   if (rows == 0) return;
+  if (method_ == attention_method::blocked) return backward_blocked(c, dy, dqkv, batch);
   const detail::attention_shape shape(batch, heads_, kv_heads_, seq_len_, head_dim());
   const int H = shape.heads, KV = shape.kv_heads, hd = shape.head_dim;
   if (dscores_.extent(0) != batch) dscores_ = make_scores(where, "kfsdp::nn::attention::dscores", batch, false);
@@ -257,6 +393,107 @@ void causal_self_attention<Scalar>::backward(const params&, const grads&, const 
                            detail::block(grad_heads_, dk, bg));
       detail::gemm<Scalar>("T", "N", Scalar(1), probs, detail::block(heads_scratch_, dy_part, bh), first_of_group,
                            detail::block(grad_heads_, dv, bg));
+    }
+  detail::merge_heads<Scalar>(shape, grad_heads_, dq, dqkv, 0, H);
+  detail::merge_heads<Scalar>(shape, grad_heads_, dk, dqkv, H * hd, KV);
+  detail::merge_heads<Scalar>(shape, grad_heads_, dv, dqkv, (H + KV) * hd, KV);
+}
+
+// Per (window b, head h) and query block i, over the key blocks j <= i (those above the diagonal are
+// all masked): S = scale · q_i k_jᵀ (GEMM), the online softmax's step on S's rows (a kernel), then
+// y_i += P v_j (GEMM, beta 1 after the first block). Finally y_i /= l and logsumexp_i = m + log l.
+template <class Scalar>
+void causal_self_attention<Scalar>::forward_blocked(const_matrix<Scalar> qkv, matrix<Scalar> y, cache& c,
+                                                    std::size_t batch) const {
+  const char* where = "causal_self_attention::forward";
+  const detail::attention_shape shape(batch, heads_, kv_heads_, seq_len_, head_dim());
+  constexpr int q = 0, k = 1, v = 2, out = 3;
+  const int H = shape.heads, KV = shape.kv_heads, hd = shape.head_dim, T = shape.seq;
+  const int blocks = int((seq_len_ + attention_block - 1) / attention_block);
+  ensure_heads(where, "kfsdp::nn::attention::heads", heads_scratch_, 4, batch);
+  ensure_block_scratch();
+  detail::split_heads<Scalar>(shape, qkv, heads_scratch_, q, 0, H);
+  detail::split_heads<Scalar>(shape, qkv, heads_scratch_, k, H * hd, KV);
+  detail::split_heads<Scalar>(shape, qkv, heads_scratch_, v, (H + KV) * hd, KV);
+  const Scalar scale = Scalar(1) / math::sqrt(Scalar(hd));
+  Scalar* const scratch = block_scratch_.data();
+  const vector<Scalar> running_max(scratch + 2 * attention_block * attention_block, attention_block);
+  const vector<Scalar> running_sum(scratch + 2 * attention_block * attention_block + attention_block, attention_block);
+  for (int b = 0; b < shape.windows; ++b)
+    for (int h = 0; h < H; ++h) {
+      const int bh = b * H + h, bg = b * KV + h / shape.group();
+      for (int i = 0; i < blocks; ++i) {
+        const auto [q0, bq] = detail::block_range(i, T);
+        const matrix<Scalar> q_block = detail::head_rows(heads_scratch_, q, bh, q0, bq);
+        const matrix<Scalar> out_block = detail::head_rows(heads_scratch_, out, bh, q0, bq);
+        for (int j = 0; j <= i; ++j) {
+          const auto [k0, bk] = detail::block_range(j, T);
+          const matrix<Scalar> scores(scratch, std::size_t(bq), std::size_t(bk));
+          detail::gemm<Scalar>("N", "T", scale, q_block, detail::head_rows(heads_scratch_, k, bg, k0, bk), Scalar(0), scores);
+          detail::online_softmax_block<Scalar>(scores, running_max, running_sum, out_block, i == j, j == 0);
+          detail::gemm<Scalar>("N", "N", Scalar(1), scores, detail::head_rows(heads_scratch_, v, bg, k0, bk),
+                               j == 0 ? Scalar(0) : Scalar(1), out_block);
+        }
+        detail::finish_query_block<Scalar>(running_max, running_sum, out_block,
+                                           c.logsumexp.data() + std::size_t(bh) * seq_len_ + std::size_t(q0));
+      }
+    }
+  detail::merge_heads<Scalar>(shape, heads_scratch_, out, y, 0, H);
+}
+
+// FlashAttention-2's backward per (window b, head h), key block j, query block i >= j, the
+// probabilities recomputed from the logsumexp L and D = rowsum(dy ∘ y) computed once per row:
+//   S = scale · q_i k_jᵀ,  dP = dy_i v_jᵀ  (GEMMs);  P = exp(S − L),  dS = P ∘ (dP − D)  (a kernel)
+//   dv_j += Pᵀ dy_i,  dq_i += scale · dS k_j,  dk_j += scale · dSᵀ q_i  (GEMMs; beta 0 on the first)
+// A key/value head's dk and dv sum over the query heads of its group, in order.
+template <class Scalar>
+void causal_self_attention<Scalar>::backward_blocked(const cache& c, const_matrix<Scalar> dy, matrix<Scalar> dqkv,
+                                                     std::size_t batch) {
+  const char* where = "causal_self_attention::backward";
+  const detail::attention_shape shape(batch, heads_, kv_heads_, seq_len_, head_dim());
+  const int H = shape.heads, KV = shape.kv_heads, hd = shape.head_dim, T = shape.seq;
+  const int blocks = int((seq_len_ + attention_block - 1) / attention_block);
+  constexpr int q = 0, k = 1, v = 2, dy_part = 3, dq = 0, dk = 1, dv = 2;
+  ensure_heads(where, "kfsdp::nn::attention::heads", heads_scratch_, 4, batch);
+  ensure_heads(where, "kfsdp::nn::attention::grad_heads", grad_heads_, 3, batch);
+  ensure_block_scratch();
+  if (row_delta_.extent(0) != batch * heads_ || row_delta_.extent(1) != seq_len_)
+    row_delta_ = matrix<Scalar>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kfsdp::nn::attention::row_delta")),
+                                batch * heads_, seq_len_);
+  detail::split_heads<Scalar>(shape, c.qkv, heads_scratch_, q, 0, H);
+  detail::split_heads<Scalar>(shape, c.qkv, heads_scratch_, k, H * hd, KV);
+  detail::split_heads<Scalar>(shape, c.qkv, heads_scratch_, v, (H + KV) * hd, KV);
+  detail::split_heads<Scalar>(shape, dy, heads_scratch_, dy_part, 0, H);
+  detail::row_deltas<Scalar>(shape, dy, c.y, row_delta_);
+  const Scalar scale = Scalar(1) / math::sqrt(Scalar(hd));
+  Scalar* const scratch = block_scratch_.data();
+  for (int b = 0; b < shape.windows; ++b)
+    for (int h = 0; h < H; ++h) {
+      const int bh = b * H + h, bg = b * KV + h / shape.group();
+      const bool first_of_group = h % shape.group() == 0;
+      for (int j = 0; j < blocks; ++j) {
+        const auto [k0, bk] = detail::block_range(j, T);
+        const matrix<Scalar> k_block = detail::head_rows(heads_scratch_, k, bg, k0, bk);
+        const matrix<Scalar> v_block = detail::head_rows(heads_scratch_, v, bg, k0, bk);
+        const matrix<Scalar> dk_block = detail::head_rows(grad_heads_, dk, bg, k0, bk);
+        const matrix<Scalar> dv_block = detail::head_rows(grad_heads_, dv, bg, k0, bk);
+        for (int i = j; i < blocks; ++i) {
+          const auto [q0, bq] = detail::block_range(i, T);
+          const matrix<Scalar> q_block = detail::head_rows(heads_scratch_, q, bh, q0, bq);
+          const matrix<Scalar> dy_block = detail::head_rows(heads_scratch_, dy_part, bh, q0, bq);
+          const matrix<Scalar> probs(scratch, std::size_t(bq), std::size_t(bk));
+          const matrix<Scalar> dscores(scratch + attention_block * attention_block, std::size_t(bq), std::size_t(bk));
+          detail::gemm<Scalar>("N", "T", scale, q_block, k_block, Scalar(0), probs);
+          detail::gemm<Scalar>("N", "T", Scalar(1), dy_block, v_block, Scalar(0), dscores);
+          const std::size_t row = std::size_t(bh) * seq_len_ + std::size_t(q0);
+          detail::recompute_block_gradient<Scalar>(probs, dscores, c.logsumexp.data() + row, row_delta_.data() + row, i == j);
+          const Scalar key_beta = i == j && first_of_group ? Scalar(0) : Scalar(1);  // overwrite, then add
+          detail::gemm<Scalar>("T", "N", Scalar(1), probs, dy_block, key_beta, dv_block);
+          detail::gemm<Scalar>("N", "N", scale, dscores, k_block, j == 0 ? Scalar(0) : Scalar(1),
+                               detail::head_rows(grad_heads_, dq, bh, q0, bq));
+          detail::gemm<Scalar>("T", "N", scale, dscores, q_block, key_beta, dk_block);
+        }
+      }
     }
   detail::merge_heads<Scalar>(shape, grad_heads_, dq, dqkv, 0, H);
   detail::merge_heads<Scalar>(shape, grad_heads_, dk, dqkv, H * hd, KV);

@@ -142,3 +142,97 @@ TEST_CASE("attention forward and backward equal the straightforward loops (doubl
   check_against_reference<double>(1e-12);
   check_against_reference<float>(1e-5);
 }
+
+namespace {
+
+// y, dqkv and the cache of one forward and backward with the given method (the second pass reuses the scratch).
+template <class Scalar>
+struct attention_run {
+  std::vector<double> y, dqkv;
+  typename causal_self_attention<Scalar>::cache cache;
+};
+
+template <class Scalar>
+attention_run<Scalar> run_attention(attention_method method, std::size_t batch, std::size_t seq, std::size_t dim,
+                                    std::size_t heads, std::size_t kv_heads) {
+  const std::size_t rows = batch * seq;
+  causal_self_attention<Scalar> attn(dim, heads, seq, kv_heads, method);
+  REQUIRE(attn.method() == method);
+  auto qkv = random_matrix<Scalar>(rows, attn.in_features(), 21);
+  auto dy = random_matrix<Scalar>(rows, dim, 22);
+  matrix<Scalar> y("y", rows, dim), dqkv("dqkv", rows, attn.in_features());
+  attention_run<Scalar> run;
+  run.cache = attn.make_cache(rows);
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    attn.forward({}, qkv, y, run.cache);
+    attn.backward({}, {}, run.cache, dy, dqkv);
+  }
+  run.y = host_values(y);
+  run.dqkv = host_values(dqkv);
+  return run;
+}
+
+template <class Scalar>
+void check_blocked_equals_whole(std::size_t batch, std::size_t seq, std::size_t dim, std::size_t heads,
+                                std::size_t kv_heads, double tolerance) {
+  INFO("batch ", batch, ", seq ", seq, ", dim ", dim, ", heads ", heads, ", kv_heads ", kv_heads);
+  const auto whole = run_attention<Scalar>(attention_method::whole, batch, seq, dim, heads, kv_heads);
+  const auto blocked = run_attention<Scalar>(attention_method::blocked, batch, seq, dim, heads, kv_heads);
+  const auto compare = [&](const char* what, const std::vector<double>& seen, const std::vector<double>& want) {
+    REQUIRE(seen.size() == want.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < seen.size(); ++i)
+      worst = std::max(worst, std::abs(seen[i] - want[i]) / std::max(1.0, std::abs(want[i])));
+    INFO(what, ": worst relative difference ", worst);
+    CHECK(worst <= tolerance);
+  };
+  compare("y", blocked.y, whole.y);
+  compare("dqkv", blocked.dqkv, whole.dqkv);
+  // The blocked cache keeps one logsumexp per (window, head, query), not the [T, T] probabilities.
+  CHECK(blocked.cache.probs.span() == 0);
+  CHECK(blocked.cache.kept_bytes() == batch * heads * seq * sizeof(Scalar));
+  CHECK(whole.cache.kept_bytes() == batch * heads * seq * seq * sizeof(Scalar));
+}
+
+}  // namespace
+
+TEST_CASE("blocked attention equals whole attention: forward and gradients, causal, grouped-query") {
+  SUBCASE("T = 130: three query blocks, the last of 2 rows (f64 to 1e-12, f32 to 1e-5)") {
+    check_blocked_equals_whole<double>(2, 130, 16, 2, 2, 1e-12);
+    check_blocked_equals_whole<float>(2, 130, 16, 2, 2, 1e-5);
+  }
+  SUBCASE("grouped-query: 4 query heads sharing 2 and 1 key/value heads, T = 100") {
+    check_blocked_equals_whole<double>(2, 100, 16, 4, 2, 1e-12);
+    check_blocked_equals_whole<double>(1, 100, 16, 4, 1, 1e-12);
+  }
+  SUBCASE("one block (T = 64), part of one (T = 5, T = 1)") {
+    check_blocked_equals_whole<double>(2, 64, 8, 2, 2, 1e-12);
+    check_blocked_equals_whole<double>(3, 5, 8, 2, 1, 1e-12);
+    check_blocked_equals_whole<double>(2, 1, 8, 2, 2, 1e-12);
+  }
+  SUBCASE("T = 200, head_dim 64, 2 windows of 2 heads") { check_blocked_equals_whole<double>(2, 200, 128, 2, 2, 1e-12); }
+}
+
+TEST_CASE("blocked attention backward matches central differences (double, T = 70: two blocks)") {
+  const std::size_t batch = 1, seq = 70, dim = 4, heads = 2, rows = batch * seq;
+  causal_self_attention<double> attn(dim, heads, seq, heads, attention_method::blocked);
+  auto qkv = random_matrix<double>(rows, 3 * dim, 31);
+  auto dy = random_matrix<double>(rows, dim, 32);
+  matrix<double> y("y", rows, dim), dqkv("dqkv", rows, 3 * dim);
+  auto cache = attn.make_cache(rows);
+  auto loss = [&] {
+    attn.forward({}, qkv, y, cache);
+    return weighted_sum(y, dy);
+  };
+  loss();
+  attn.backward({}, {}, cache, dy, dqkv);
+  check_gradient("dqkv", qkv, dqkv, loss, /*max_entries=*/rows * 3 * dim);
+}
+
+TEST_CASE("attention's automatic method: whole below blocked_from_seq_len, blocked from it") {
+  CHECK(causal_self_attention<double>(8, 2, blocked_from_seq_len - 1).method() == attention_method::whole);
+  CHECK(causal_self_attention<double>(8, 2, blocked_from_seq_len).method() == attention_method::blocked);
+  CHECK(causal_self_attention<double>(8, 2, 512, 1).method() == attention_method::blocked);
+  CHECK(causal_self_attention<double>(8, 2, 512, 2, attention_method::whole).method() == attention_method::whole);
+  CHECK(causal_self_attention<double>(8, 2, 4, 2, attention_method::blocked).method() == attention_method::blocked);
+}

@@ -60,6 +60,10 @@ TEST_CASE("rotary_embedding and grouped-query attention pass the gradient checke
     check_layer(causal_self_attention<"mqa">(8, 4, 3, 1), {.rows = 6});
   }
   SUBCASE("attention, kv_heads = heads (multi-head)") { check_layer(causal_self_attention<"mha">(8, 4, 3, 4), {.rows = 6}); }
+  SUBCASE("blocked attention (windows of 130 >= blocked_from_seq_len: three query blocks), 4 query heads sharing 2") {
+    REQUIRE(nn::causal_self_attention<double>(8, 4, 130, 2).method() == nn::attention_method::blocked);
+    check_layer(causal_self_attention<"gqa_blocked">(8, 4, 130, 2), {.rows = 130});
+  }
 }
 
 TEST_CASE("RoPE turns pair (i, i + hd/2) of every q and k head by t · theta^(-2i/hd), copies v") {

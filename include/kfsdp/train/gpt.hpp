@@ -13,6 +13,7 @@
 #include <kfsdp/fsdp/memory_fit.hpp>
 #include <kfsdp/io/text_dataset.hpp>
 #include <kfsdp/model/gpt.hpp>
+#include <kfsdp/nn/attention.hpp>
 #include <kfsdp/train/trainer.hpp>
 
 #include <algorithm>
@@ -58,8 +59,9 @@ struct gpt_memory_options {
 
 // One rank's memory at its peak when training the GPT: the shard plan's (estimate_memory) and the
 // activations its layers keep, measured for this GPT at about twice, per token, what the blocks
-// keep for backward: 22·dim + heads·seq per block (one block and each block's input with
-// checkpointing), and the logits. Where the sizes alone (12·dim² per block: parameters, gradients,
+// keep for backward: 22·dim + heads·seq per block, heads·1 where attention is blocked (seq >=
+// nn::blocked_from_seq_len: a logsumexp per row, not the probabilities) (one block and each block's
+// input with checkpointing), and the logits. Where the sizes alone (12·dim² per block: parameters, gradients,
 // optimizer states) already exceed `stop_above`, that coarse figure is returned without building the
 // parameter table, which would not fit either. Where the shards live on a device only the coarse
 // figure is known here (the host's memory is what this estimates).
@@ -73,7 +75,8 @@ inline memory_need estimate_gpt_memory(const gpt_config& model, const gpt_memory
     return need;
   const auto params = make_param_table(make_gpt(model));
   const auto plan = make_shard_plan(params, o.shard_ranks, o.fsdp.bucketing());
-  const double block = 22 * d + double(model.heads) * double(model.seq);
+  const bool blocked_attention = model.seq >= nn::blocked_from_seq_len;
+  const double block = 22 * d + double(model.heads) * (blocked_attention ? 1.0 : double(model.seq));
   const double per_token = 2 * ((o.checkpointing ? block + layers * d : layers * block) + 2 * double(model.vocab));
   return estimate_memory(plan, make_units(params, plan, o.fsdp.wrap), o.scalar_bytes, o.optimizer_states, o.fsdp,
                          per_token * double(o.windows_per_rank * model.seq) * bytes);

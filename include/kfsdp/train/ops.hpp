@@ -141,7 +141,7 @@ struct attention_op {
   template <class D>
   explicit attention_op(const D& d) : kernel(d.dim, d.heads, d.seq, d.kv_heads) {}
   void forward(const layer_params<const S>&, nn::const_matrix<S> x, nn::matrix<S> y) {
-    if (cache.qkv.extent(0) != x.extent(0) || cache.probs.data() == nullptr) cache = kernel.make_cache(x.extent(0));
+    if (cache.qkv.extent(0) != x.extent(0) || cache.empty()) cache = kernel.make_cache(x.extent(0));
     kernel.forward({}, x, y, cache);
   }
   void backward(const layer_params<const S>&, const layer_params<S>&, nn::const_matrix<S> dy, nn::matrix<S> dx) {
