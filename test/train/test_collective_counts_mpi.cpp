@@ -11,7 +11,7 @@
 #include <vector>
 
 #include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/io/array_dataset.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/optim/sgd.hpp>
 #include <kfsdp/train/trainer.hpp>
 

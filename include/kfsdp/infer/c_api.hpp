@@ -36,7 +36,7 @@
 
 #include <kfsdp/environment.hpp>
 #include <kfsdp/infer/predictor.hpp>
-#include <kfsdp/io/safetensors_file.hpp>
+#include <kfsdp/io/checkpoint/safetensors_file.hpp>
 
 // The C header's opaque type: a model of any type behind the C functions.
 struct kfsdp_model {

@@ -28,8 +28,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <kfsdp/io/array_dataset.hpp>
-#include <kfsdp/io/safetensors_file.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
+#include <kfsdp/io/checkpoint/safetensors_file.hpp>
 #include <kfsdp/meta/half.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/train/network.hpp>

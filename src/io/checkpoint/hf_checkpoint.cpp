@@ -1,8 +1,8 @@
-// Hugging Face model directories over MPI-IO (include/kfsdp/io/hf_checkpoint.hpp): load_pretrained
+// Hugging Face model directories over MPI-IO (include/kfsdp/io/checkpoint/hf_checkpoint.hpp): load_pretrained
 // reads config-less weights by name from model.safetensors or the shards of its index;
 // save_pretrained writes config.json and model.safetensors (through save_model) into a staging
 // directory that then replaces the target whole.
-#include <kfsdp/io/hf_checkpoint.hpp>
+#include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 
 #include <cstdio>  // renameat2
 #include <fstream>

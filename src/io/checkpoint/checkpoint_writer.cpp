@@ -1,4 +1,4 @@
-// Parallel safetensors checkpoints over MPI-IO, the writer (include/kfsdp/io/checkpoint.hpp):
+// Parallel safetensors checkpoints over MPI-IO, the writer (include/kfsdp/io/checkpoint/checkpoint.hpp):
 // save_model, save_checkpoint (save_state_dict_file is in safetensors_file.cpp).
 #include "checkpoint_transfer.hpp"
 

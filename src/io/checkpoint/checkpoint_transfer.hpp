@@ -3,7 +3,7 @@
 // followed by one, so no rank waits alone in a collective), the collective MPI-IO transfers, and
 // the engine's shards as the tensors of a file. Included by checkpoint_writer.cpp and
 // checkpoint_reader.cpp only.
-#include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/io/checkpoint/checkpoint.hpp>
 
 #include <algorithm>
 

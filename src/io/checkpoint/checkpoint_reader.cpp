@@ -1,4 +1,4 @@
-// Parallel safetensors checkpoints over MPI-IO, the reader (include/kfsdp/io/checkpoint.hpp):
+// Parallel safetensors checkpoints over MPI-IO, the reader (include/kfsdp/io/checkpoint/checkpoint.hpp):
 // load_model, import_weights, load_checkpoint (load_state_dict_file is in safetensors_file.cpp).
 #include "checkpoint_transfer.hpp"
 

@@ -27,7 +27,7 @@
 //   const auto metadata = kfsdp::io::load_training_state("run/ckpt.safetensors", engine, world, optimizer);
 //   const std::size_t step = kfsdp::io::metadata_count(metadata, "step");
 // (the optimizer's moments are tensors "optimizer.exp_avg.<parameter>", restored in place; its
-// kind and step count are metadata: the checkpoint protocol, io/stateful.hpp)
+// kind and step count are metadata: the checkpoint protocol, io/checkpoint/stateful.hpp)
 
 #include <mpi.h>
 
@@ -43,11 +43,11 @@
 
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/fsdp/engine.hpp>
-#include <kfsdp/io/checksum.hpp>
-#include <kfsdp/io/safetensors.hpp>
-#include <kfsdp/io/safetensors_file.hpp>  // one process: save_state_dict_file, load_state_dict_file
-#include <kfsdp/io/state_dict.hpp>
-#include <kfsdp/io/stateful.hpp>
+#include <kfsdp/io/checkpoint/checksum.hpp>
+#include <kfsdp/io/checkpoint/safetensors.hpp>
+#include <kfsdp/io/checkpoint/safetensors_file.hpp>  // one process: save_state_dict_file, load_state_dict_file
+#include <kfsdp/tensor/state_dict.hpp>
+#include <kfsdp/io/checkpoint/stateful.hpp>
 
 namespace kfsdp::io {
 
@@ -58,7 +58,7 @@ namespace kfsdp::io {
 /// the engine's ranks in the engine's order). `metadata` must be the same on every rank (checked).
 /// Byte-identical to save_state_dict_file(path, engine.original_state_dict(), metadata).
 /// `stored` F32 writes a double engine's weights as float (rounded; a value beyond float's range
-/// is refused as not finite); load_pretrained (io/hf_checkpoint.hpp) reads such a file back.
+/// is refused as not finite); load_pretrained (io/checkpoint/hf_checkpoint.hpp) reads such a file back.
 /// Throws on every rank: std::invalid_argument (a reserved or non-UTF-8 metadata key, ranks that
 /// disagree), std::runtime_error (the file system); `path` is then left as it was.
 ///

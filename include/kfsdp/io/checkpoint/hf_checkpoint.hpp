@@ -4,7 +4,7 @@
 // MPI-IO (opt-in: this header includes mpi.h). Parameters are matched by name, so the model's
 // names must be the checkpoint's (make_llama names them as transformers' LlamaForCausalLM does).
 //
-//   tiny-llama/config.json                  the model's config (io/hf_config.hpp reads and writes it)
+//   tiny-llama/config.json                  the model's config (io/checkpoint/hf_config.hpp reads and writes it)
 //   tiny-llama/model.safetensors            every tensor in one file, or
 //   tiny-llama/model.safetensors.index.json {"metadata": {...}, "weight_map": {"lm_head.weight":
 //   tiny-llama/model-00001-of-00002.safetensors   "model-00002-of-00002.safetensors", ...}}
@@ -29,8 +29,8 @@
 
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/fsdp/engine.hpp>
-#include <kfsdp/io/hf_config.hpp>
-#include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/io/checkpoint/hf_config.hpp>
+#include <kfsdp/io/checkpoint/safetensors.hpp>
 
 namespace kfsdp::io {
 
