@@ -22,7 +22,7 @@
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/environment.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
-#include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/model/gpt.hpp>
 
 namespace {

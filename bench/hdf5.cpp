@@ -24,7 +24,7 @@
 #include <Kokkos_Core.hpp>
 #include <fmt/format.h>
 
-#include <kfsdp/io/hdf5.hpp>
+#include <kfsdp/io/data/hdf5.hpp>
 
 namespace {
 

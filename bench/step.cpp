@@ -58,7 +58,7 @@
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/trainer.hpp>
 #include <kfsdp/fsdp/trace.hpp>
-#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/session.hpp>

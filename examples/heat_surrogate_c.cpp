@@ -1,5 +1,5 @@
 // libheat_surrogate — the heat surrogate behind the C API (kfsdp/infer/kfsdp_infer.h), for solvers
-// in C or Fortran (examples/heat_solver.f90). Links kfsdp_kernels only: no MPI.
+// in C or Fortran (examples/heat_solver.f90). Links the kfsdp library only: no MPI.
 //
 //   mpirun -np 2 build/examples/train_surrogate --save surrogate.safetensors
 //   cc solver.c -Iinclude -Lbuild/examples -lheat_surrogate   # kfsdp_load("surrogate.safetensors", &model)

@@ -15,7 +15,7 @@
 
 #ifndef KFSDP_IMPORT_MODULE
 #include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/optim/any_optimizer.hpp>
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/step_log.hpp>

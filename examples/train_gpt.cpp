@@ -25,8 +25,8 @@ import kfsdp;
 #ifdef KFSDP_HAVE_NCCL
 #include <kfsdp/comm/nccl.hpp>
 #endif
-#include <kfsdp/io/checkpoint.hpp>
-#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/io/checkpoint/checkpoint.hpp>
+#include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/optim/any_optimizer.hpp>
 #include <kfsdp/session.hpp>
 #include <kfsdp/train/gpt.hpp>

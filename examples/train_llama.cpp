@@ -21,9 +21,9 @@
 #include <fmt/format.h>
 
 #include <kfsdp/comm/threaded.hpp>
-#include <kfsdp/io/hf_checkpoint.hpp>
-#include <kfsdp/io/hf_config.hpp>
-#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
+#include <kfsdp/io/checkpoint/hf_config.hpp>
+#include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/optim/any_optimizer.hpp>
 #include <kfsdp/session.hpp>
 #include <kfsdp/train/gpt.hpp>

@@ -28,10 +28,10 @@
 import kfsdp;
 #else
 #include <kfsdp/comm/threaded.hpp>
-#include <kfsdp/io/array_dataset.hpp>
-#include <kfsdp/io/checkpoint.hpp>
-#include <kfsdp/io/distributed_sampler.hpp>
-#include <kfsdp/io/numpy.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
+#include <kfsdp/io/checkpoint/checkpoint.hpp>
+#include <kfsdp/io/data/distributed_sampler.hpp>
+#include <kfsdp/io/data/numpy.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/schedule.hpp>
 #include <kfsdp/session.hpp>
@@ -39,7 +39,7 @@ import kfsdp;
 #include <kfsdp/train/trainer.hpp>
 #endif
 #ifdef KFSDP_HAVE_HDF5  // built with parallel HDF5 (meson: hdf5 found), the header build only
-#include <kfsdp/io/hdf5.hpp>
+#include <kfsdp/io/data/hdf5.hpp>
 #endif
 
 #include "cli.hpp"

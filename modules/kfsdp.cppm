@@ -43,17 +43,18 @@ module;
 #include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/infer/c_api.hpp>
 #include <kfsdp/infer/predictor.hpp>
-#include <kfsdp/io/array_dataset.hpp>
-#include <kfsdp/io/checksum.hpp>
-#include <kfsdp/io/dataset.hpp>
-#include <kfsdp/io/distributed_sampler.hpp>
-#include <kfsdp/io/hf_config.hpp>
-#include <kfsdp/io/numpy.hpp>
-#include <kfsdp/io/safetensors.hpp>
-#include <kfsdp/io/safetensors_file.hpp>
-#include <kfsdp/io/state_dict.hpp>
-#include <kfsdp/io/stateful.hpp>
-#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/io/checkpoint/checksum.hpp>
+#include <kfsdp/io/checkpoint/hf_config.hpp>
+#include <kfsdp/io/checkpoint/safetensors.hpp>
+#include <kfsdp/io/checkpoint/safetensors_file.hpp>
+#include <kfsdp/io/checkpoint/sharded_engine.hpp>
+#include <kfsdp/io/checkpoint/stateful.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
+#include <kfsdp/io/data/dataset.hpp>
+#include <kfsdp/io/data/distributed_sampler.hpp>
+#include <kfsdp/io/data/numpy.hpp>
+#include <kfsdp/io/data/text_dataset.hpp>
+#include <kfsdp/kfsdp.hpp>
 #include <kfsdp/meta/checked.hpp>
 #include <kfsdp/meta/enum_names.hpp>
 #include <kfsdp/meta/fixed_string.hpp>
@@ -86,6 +87,8 @@ module;
 #include <kfsdp/plan/format.hpp>
 #include <kfsdp/plan/shard_mapping.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
+#include <kfsdp/tensor/dtype.hpp>
+#include <kfsdp/tensor/state_dict.hpp>
 #include <kfsdp/train/activation_meter.hpp>
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/gradient_check.hpp>
@@ -97,15 +100,15 @@ module;
 #include <kfsdp/train/step_log.hpp>
 #include <kfsdp/train/trainer.hpp>
 #ifdef KFSDP_HAVE_HDF5
-#include <kfsdp/io/hdf5.hpp>
+#include <kfsdp/io/data/hdf5.hpp>
 #endif
 #ifdef KFSDP_HAVE_NCCL
 #include <kfsdp/comm/nccl.hpp>
 #endif
 #ifdef KFSDP_MODULE_MPI
 #include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/io/checkpoint.hpp>
-#include <kfsdp/io/hf_checkpoint.hpp>
+#include <kfsdp/io/checkpoint/checkpoint.hpp>
+#include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 #include <kfsdp/session.hpp>
 #include <kfsdp/train/fit.hpp>
 #endif
@@ -388,14 +391,8 @@ using kfsdp::c_api::predict;
 export namespace kfsdp {
 using kfsdp::predictor;
 }
-// <kfsdp/io/array_dataset.hpp>
-export namespace kfsdp::io {
-using kfsdp::io::array_dataset;
-using kfsdp::io::stats_from_metadata;
-using kfsdp::io::stats_metadata;
-}
 #ifdef KFSDP_MODULE_MPI
-// <kfsdp/io/checkpoint.hpp>
+// <kfsdp/io/checkpoint/checkpoint.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::describe;
 using kfsdp::io::import_report;
@@ -409,7 +406,7 @@ using kfsdp::io::save_model;
 using kfsdp::io::save_training_state;
 }
 #endif
-// <kfsdp/io/checksum.hpp>
+// <kfsdp/io/checkpoint/checksum.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::checksum_combine;
 using kfsdp::io::checksum_digest;
@@ -419,45 +416,21 @@ using kfsdp::io::checksum_state;
 using kfsdp::io::checksum_update;
 using kfsdp::io::format_hex64;
 }
-// <kfsdp/io/dataset.hpp>
-export namespace kfsdp::io {
-using kfsdp::io::dataset;
-using kfsdp::io::dataset_ref;
-using kfsdp::io::epoch_permutation;
-using kfsdp::io::rank_share;
-using kfsdp::io::shuffled_micro_batch;
-}
-// <kfsdp/io/distributed_sampler.hpp>
-export namespace kfsdp::io {
-using kfsdp::io::distributed_sampler;
-}
 #ifdef KFSDP_MODULE_MPI
-// <kfsdp/io/hf_checkpoint.hpp>
+// <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::load_pretrained;
 using kfsdp::io::save_pretrained;
 }
 #endif
-// <kfsdp/io/hf_config.hpp>
+// <kfsdp/io/checkpoint/hf_config.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::llama_config_json;
 using kfsdp::io::parse_llama_config;
 using kfsdp::io::read_llama_config;
 }
-// <kfsdp/io/numpy.hpp>
+// <kfsdp/io/checkpoint/safetensors.hpp>
 export namespace kfsdp::io {
-using kfsdp::io::npz_names;
-using kfsdp::io::numpy_array;
-using kfsdp::io::numpy_dataset;
-using kfsdp::io::read_npy;
-using kfsdp::io::read_npz;
-}
-// <kfsdp/io/safetensors.hpp>
-export namespace kfsdp::io {
-using kfsdp::io::dtype;
-using kfsdp::io::dtype_name;
-using kfsdp::io::dtype_of;
-using kfsdp::io::dtype_size;
 using kfsdp::io::file_layout;
 using kfsdp::io::format_error;
 using kfsdp::io::header_builder;
@@ -467,12 +440,11 @@ using kfsdp::io::make_header;
 using kfsdp::io::max_header_bytes;
 using kfsdp::io::max_json_depth;
 using kfsdp::io::metadata_map;
-using kfsdp::io::parse_dtype;
 using kfsdp::io::parse_header;
 using kfsdp::io::tensor_entry;
 using kfsdp::io::tensor_info;
 }
-// <kfsdp/io/safetensors_file.hpp>
+// <kfsdp/io/checkpoint/safetensors_file.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::checksum_key_prefix;
 using kfsdp::io::dtype_key;
@@ -483,12 +455,14 @@ using kfsdp::io::parameters_key;
 using kfsdp::io::read_file_metadata;
 using kfsdp::io::save_state_dict_file;
 }
-// <kfsdp/io/state_dict.hpp>
-export namespace kfsdp {
-using kfsdp::state_dict;
-using kfsdp::tensor;
+// <kfsdp/io/checkpoint/sharded_engine.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::engine_scalar_t;
+using kfsdp::io::sharded_engine;
+using kfsdp::io::sharded_view;
+using kfsdp::io::view_of;
 }
-// <kfsdp/io/stateful.hpp>
+// <kfsdp/io/checkpoint/stateful.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::check_config;
 using kfsdp::io::check_metadata;
@@ -498,7 +472,33 @@ using kfsdp::io::metadata_text;
 using kfsdp::io::named_shard;
 using kfsdp::io::stateful;
 }
-// <kfsdp/io/text_dataset.hpp>
+// <kfsdp/io/data/array_dataset.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::array_dataset;
+using kfsdp::io::stats_from_metadata;
+using kfsdp::io::stats_metadata;
+}
+// <kfsdp/io/data/dataset.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::dataset;
+using kfsdp::io::dataset_ref;
+using kfsdp::io::epoch_permutation;
+using kfsdp::io::rank_share;
+using kfsdp::io::shuffled_micro_batch;
+}
+// <kfsdp/io/data/distributed_sampler.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::distributed_sampler;
+}
+// <kfsdp/io/data/numpy.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::npz_names;
+using kfsdp::io::numpy_array;
+using kfsdp::io::numpy_dataset;
+using kfsdp::io::read_npy;
+using kfsdp::io::read_npz;
+}
+// <kfsdp/io/data/text_dataset.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::parse_sampling;
 using kfsdp::io::text_windows;
@@ -763,6 +763,19 @@ using kfsdp::session_options;
 using kfsdp::shard_per_node;
 }
 #endif
+// <kfsdp/tensor/dtype.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::dtype;
+using kfsdp::io::dtype_name;
+using kfsdp::io::dtype_of;
+using kfsdp::io::dtype_size;
+using kfsdp::io::parse_dtype;
+}
+// <kfsdp/tensor/state_dict.hpp>
+export namespace kfsdp {
+using kfsdp::state_dict;
+using kfsdp::tensor;
+}
 // <kfsdp/train/activation_meter.hpp>
 export namespace kfsdp {
 using kfsdp::activation_meter;

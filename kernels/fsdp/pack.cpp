@@ -1,5 +1,5 @@
 // Pack/unpack around a bucket's collectives, scaled accumulation, deterministic initialisation.
-// Build: part of kfsdp_kernels; checked by test/fsdp/test_pack.cpp.
+// Build: part of the kfsdp library; checked by test/fsdp/test_pack.cpp.
 #include <algorithm>
 #include <cmath>
 

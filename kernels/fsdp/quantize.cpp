@@ -1,5 +1,5 @@
 // int8 block quantization for the all-gather (include/kfsdp/fsdp/quantize.hpp).
-// Build: part of kfsdp_kernels; checked by test/fsdp/test_pack.cpp.
+// Build: part of the kfsdp library; checked by test/fsdp/test_pack.cpp.
 #include <kfsdp/fsdp/quantize.hpp>
 
 namespace kfsdp::kernels {

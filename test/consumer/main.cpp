@@ -8,12 +8,9 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/environment.hpp>
-#include <kfsdp/io/array_dataset.hpp>
-#include <kfsdp/io/checkpoint.hpp>
-#include <kfsdp/optim/adamw.hpp>
-#include <kfsdp/train/trainer.hpp>
+#include <kfsdp/kfsdp.hpp>                      // the common case: models, trainer, optimizers, datasets
+#include <kfsdp/comm/mpi.hpp>                   // and the backends, by name
+#include <kfsdp/io/checkpoint/checkpoint.hpp>
 
 using mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 4, 16>, kfsdp::gelu<>,
                               kfsdp::repeat<"hidden", 2, kfsdp::residual<"", kfsdp::linear<"fc", 16, 16>, kfsdp::gelu<>>>,

@@ -11,8 +11,8 @@
 
 #include <kfsdp/comm/self.hpp>
 #include <kfsdp/infer/predictor.hpp>
-#include <kfsdp/io/array_dataset.hpp>
-#include <kfsdp/io/safetensors_file.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
+#include <kfsdp/io/checkpoint/safetensors_file.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/trainer.hpp>
 

@@ -3,7 +3,7 @@
 //   mkdir -p fuzz-work && build-io-clang/test/io/fuzz_safetensors_header fuzz-work test/io/corpus -max_total_time=60
 // Any input may be rejected with format_error; anything else (a crash, a sanitizer report, another
 // exception, an accepted header that does not survive a rewrite) is a bug.
-#include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/io/checkpoint/safetensors.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Tests of include/kfsdp/io/array_dataset.hpp: the worked example, epochs of a seeded permutation,
+// Tests of include/kfsdp/io/data/array_dataset.hpp: the worked example, epochs of a seeded permutation,
 // rank slices, rows, statistics and normalisation, and the errors.
 #include <doctest/doctest.h>
 
@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include <kfsdp/io/array_dataset.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
 
 using kfsdp::io::array_dataset;
 

@@ -1,4 +1,4 @@
-// Tests for include/kfsdp/io/checkpoint.hpp under mpirun with 1, 2, 3 and 4 ranks: the parallel
+// Tests for include/kfsdp/io/checkpoint/checkpoint.hpp under mpirun with 1, 2, 3 and 4 ranks: the parallel
 // file equals the gathered one byte for byte, a file written at world size 3 loads at 1, 2 and 4,
 // optimizer moments and metadata round-trip, a kill mid-write leaves the old file, and every
 // malformed file raises format_error naming the file and the tensor on every rank, shards untouched.
@@ -20,7 +20,7 @@
 
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
-#include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/optim/adamw.hpp>
 
 #include "../support/scratch_directory.hpp"

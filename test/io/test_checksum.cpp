@@ -1,6 +1,6 @@
-// Tests for include/kfsdp/io/checksum.hpp: any split gives the same checksum, in order or combined.
+// Tests for include/kfsdp/io/checkpoint/checksum.hpp: any split gives the same checksum, in order or combined.
 #include <doctest/doctest.h>
-#include <kfsdp/io/checksum.hpp>
+#include <kfsdp/io/checkpoint/checksum.hpp>
 
 #include <random>
 #include <vector>

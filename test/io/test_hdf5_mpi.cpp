@@ -1,4 +1,4 @@
-// kfsdp::io::hdf5_dataset (io/hdf5.hpp): files written with the HDF5 C API here and by h5py
+// kfsdp::io::hdf5_dataset (io/data/hdf5.hpp): files written with the HDF5 C API here and by h5py
 // (test/io/hdf5/make_fixtures.py) read as the array_dataset of the same values, each rank reading
 // only its rows (counted in bytes); fit from either at any world size gives the losses of the
 // array_dataset on one rank; the streaming statistics; refusals naming the file and the dataset,
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include <kfsdp/io/hdf5.hpp>
+#include <kfsdp/io/data/hdf5.hpp>
 #include <kfsdp/session.hpp>
 #include <kfsdp/train/fit.hpp>
 

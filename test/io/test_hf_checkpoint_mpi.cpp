@@ -1,4 +1,4 @@
-// Tests for include/kfsdp/io/hf_checkpoint.hpp under mpirun with 1, 2 and 3 ranks: the tiny Llama
+// Tests for include/kfsdp/io/checkpoint/hf_checkpoint.hpp under mpirun with 1, 2 and 3 ranks: the tiny Llama
 // directories that transformers wrote (test/model/llama: one f32 file; f64 in three shards with
 // their index) load by name into an engine with the fixture's parameters, equal to every value;
 // save_pretrained's directories load back (F64, and F32 from a double engine); a failed save
@@ -15,8 +15,8 @@
 
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
-#include <kfsdp/io/checkpoint.hpp>
-#include <kfsdp/io/hf_checkpoint.hpp>
+#include <kfsdp/io/checkpoint/checkpoint.hpp>
+#include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 
 #include "../support/scratch_directory.hpp"
 

@@ -1,11 +1,11 @@
-// Tests for include/kfsdp/io/hf_config.hpp: transformers' config.json (the fixture's, written by
+// Tests for include/kfsdp/io/checkpoint/hf_config.hpp: transformers' config.json (the fixture's, written by
 // transformers 5) read into llama_config, kfsdp's config.json read back the same, and every setting
 // kfsdp's Llama cannot compute refused with the key named.
 #include <doctest/doctest.h>
 
 #include <string>
 
-#include <kfsdp/io/hf_config.hpp>
+#include <kfsdp/io/checkpoint/hf_config.hpp>
 
 using kfsdp::llama_config;
 using kfsdp::io::format_error;

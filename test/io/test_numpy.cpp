@@ -1,4 +1,4 @@
-// Tests for include/kfsdp/io/numpy.hpp on files numpy itself wrote (test/io/numpy/make_fixtures.py):
+// Tests for include/kfsdp/io/data/numpy.hpp on files numpy itself wrote (test/io/numpy/make_fixtures.py):
 // numpy.savez archives (zip64 members), C and Fortran order, both byte orders, f2/f4/f8 and
 // integers; and the refusals, each naming the file, the array and the expectation.
 #include <doctest/doctest.h>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include <kfsdp/io/numpy.hpp>
+#include <kfsdp/io/data/numpy.hpp>
 
 #include "../support/messages.hpp"
 

@@ -1,8 +1,8 @@
-// Tests for include/kfsdp/io/safetensors.hpp: a round trip through a real file, then one test per
+// Tests for include/kfsdp/io/checkpoint/safetensors.hpp: a round trip through a real file, then one test per
 // kind of malformed header, each checking that the message names the file (and the tensor).
 #include <doctest/doctest.h>
-#include <kfsdp/io/checksum.hpp>
-#include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/io/checkpoint/checksum.hpp>
+#include <kfsdp/io/checkpoint/safetensors.hpp>
 
 #include <cstring>
 #include <filesystem>

@@ -2,7 +2,7 @@
 // libFuzzer run it too: files named valid_* must parse, invalid_* must throw format_error, any
 // other file (an input the fuzzer found) must do one or the other.
 #include <doctest/doctest.h>
-#include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/io/checkpoint/safetensors.hpp>
 
 #include <filesystem>
 #include <fstream>

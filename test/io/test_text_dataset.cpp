@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/io/data/text_dataset.hpp>
 
 using kfsdp::io::text_windows;
 using kfsdp::io::window_sampling;

@@ -3,7 +3,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/comm/self.hpp>
-#include <kfsdp/io/array_dataset.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/trainer.hpp>
 

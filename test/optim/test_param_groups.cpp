@@ -5,7 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <kfsdp/comm/self.hpp>
-#include <kfsdp/io/array_dataset.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/any_optimizer.hpp>
 #include <kfsdp/optim/param_groups.hpp>

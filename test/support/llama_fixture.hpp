@@ -16,8 +16,8 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/io/safetensors_file.hpp>
-#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/io/checkpoint/safetensors_file.hpp>
+#include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/train/gpt.hpp>
 
 namespace kfsdp::test {

@@ -11,7 +11,7 @@
 #include <mpi.h>
 
 #include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/io/checksum.hpp>
+#include <kfsdp/io/checkpoint/checksum.hpp>
 
 namespace kfsdp::test {
 

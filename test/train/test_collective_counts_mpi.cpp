@@ -13,7 +13,7 @@
 
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/fsdp/quantize.hpp>
-#include <kfsdp/io/array_dataset.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/optim/sgd.hpp>
 #include <kfsdp/train/trainer.hpp>
 

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/io/array_dataset.hpp>
-#include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
+#include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/trainer.hpp>
 

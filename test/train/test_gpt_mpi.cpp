@@ -9,8 +9,8 @@
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/comm/self.hpp>
 #include <kfsdp/comm/threaded.hpp>
-#include <kfsdp/io/checkpoint.hpp>
-#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/io/checkpoint/checkpoint.hpp>
+#include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/sgd.hpp>

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/gpt.hpp>

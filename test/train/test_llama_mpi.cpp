@@ -14,8 +14,8 @@
 
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/comm/self.hpp>
-#include <kfsdp/io/safetensors_file.hpp>
-#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/io/checkpoint/safetensors_file.hpp>
+#include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/optim/sgd.hpp>
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/llama.hpp>

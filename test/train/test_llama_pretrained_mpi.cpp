@@ -1,4 +1,4 @@
-// Llama from Hugging Face directories (io/hf_checkpoint.hpp) under mpirun with 1, 2 and 3 ranks:
+// Llama from Hugging Face directories (io/checkpoint/hf_checkpoint.hpp) under mpirun with 1, 2 and 3 ranks:
 // the tiny fixture that transformers wrote (test/model/llama) read with read_llama_config and
 // load_pretrained gives transformers' logits and loss; trained 3 SGD steps, saved with
 // save_pretrained and loaded again, it holds torch's parameters; a tied model saves without
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/io/hf_checkpoint.hpp>
-#include <kfsdp/io/safetensors_file.hpp>
-#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
+#include <kfsdp/io/checkpoint/safetensors_file.hpp>
+#include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/optim/sgd.hpp>
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/llama.hpp>

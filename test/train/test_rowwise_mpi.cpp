@@ -7,7 +7,7 @@
 #include <kfsdp/comm/any_communicator.hpp>
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/comm/self.hpp>
-#include <kfsdp/io/array_dataset.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/gradient_check.hpp>
 #include <kfsdp/train/trainer.hpp>

@@ -39,7 +39,7 @@
 #include <kfsdp/fsdp/pack.hpp>
 #include <kfsdp/fsdp/storage.hpp>
 #include <kfsdp/fsdp/trace.hpp>
-#include <kfsdp/io/state_dict.hpp>
+#include <kfsdp/tensor/state_dict.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/plan/shard_mapping.hpp>
 #include <kfsdp/plan/shard_plan.hpp>

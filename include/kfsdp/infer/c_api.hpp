@@ -1,6 +1,6 @@
 #pragma once
 // kfsdp/infer/c_api.hpp — the C API of kfsdp/infer/kfsdp_infer.h for one model type, defined in a
-// small shared library of the user's (linked with kfsdp_kernels only, no MPI). A factory builds the
+// small shared library of the user's (linked with the kfsdp library only, no MPI). A factory builds the
 // model the file's metadata describes; KFSDP_INFER_C_API defines the extern "C" functions over a
 // kfsdp::predictor<Model, double>:
 //
@@ -36,7 +36,7 @@
 
 #include <kfsdp/environment.hpp>
 #include <kfsdp/infer/predictor.hpp>
-#include <kfsdp/io/safetensors_file.hpp>
+#include <kfsdp/io/checkpoint/safetensors_file.hpp>
 
 // The C header's opaque type: a model of any type behind the C functions.
 struct kfsdp_model {

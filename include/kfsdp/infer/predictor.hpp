@@ -1,6 +1,6 @@
 #pragma once
 // kfsdp::predictor — a trained model's forward and nothing else: no communicator, no gradients, no
-// optimizer, no MPI (a program links kfsdp_kernels only). It is what a solver calls inside its time
+// optimizer, no MPI (a program links the kfsdp library only). It is what a solver calls inside its time
 // loop. The weights come by name from a safetensors file in F64, F32, BF16 or F16, converted to
 // Scalar; a model's loss layer, if it has one, is not run. Normalisation statistics in the file's
 // metadata (io::stats_metadata's keys) are applied: inputs normalised, predictions mapped back.
@@ -28,8 +28,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <kfsdp/io/array_dataset.hpp>
-#include <kfsdp/io/safetensors_file.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
+#include <kfsdp/io/checkpoint/safetensors_file.hpp>
 #include <kfsdp/meta/half.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/train/network.hpp>

@@ -1,6 +1,6 @@
 #pragma once
 // kfsdp::fit — the training loop users expect, around a trainer (opt-in: this header includes
-// mpi.h, through session.hpp and io/checkpoint.hpp): steps or epochs over a dataset (io::dataset: an
+// mpi.h, through session.hpp and io/checkpoint/checkpoint.hpp): steps or epochs over a dataset (io::dataset: an
 // array_dataset in memory, an hdf5_dataset read per batch from a shared file) with a distributed sampler (the same global batches at any world size), a learning-rate schedule,
 // evaluation every K steps, a progress line on rank 0 and JSON-lines metrics, checkpoints every K
 // steps keeping the last N, resuming on its own from the newest complete one, and preemption:
@@ -17,7 +17,7 @@
 //   if (result.preempted) return 0;           // the checkpoint is written: requeue the job
 //
 // A checkpoint, checkpoint_dir/step-00000500.safetensors, is the union of the checkpoint protocol's
-// parts (io/stateful.hpp): the model, the optimizer's state, the sampler's, "fit.step" and the
+// parts (io/checkpoint/stateful.hpp): the model, the optimizer's state, the sampler's, "fit.step" and the
 // user's metadata (normalisation statistics, say). The schedule is a function of the step, so the
 // step is its state; the sampler needs no RNG state beyond its seed and step. A file that does not
 // verify (cut short, corrupted) is skipped on resume, with a line saying why; a file of another
@@ -53,11 +53,11 @@
 #include <fmt/format.h>
 #include <Kokkos_Core.hpp>
 
-#include <kfsdp/io/array_dataset.hpp>
-#include <kfsdp/io/checkpoint.hpp>
-#include <kfsdp/io/dataset.hpp>
-#include <kfsdp/io/distributed_sampler.hpp>
-#include <kfsdp/io/stateful.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
+#include <kfsdp/io/checkpoint/checkpoint.hpp>
+#include <kfsdp/io/data/dataset.hpp>
+#include <kfsdp/io/data/distributed_sampler.hpp>
+#include <kfsdp/io/checkpoint/stateful.hpp>
 #include <kfsdp/optim/adamw.hpp>     // what a fit program steps with: the optimizers
 #include <kfsdp/optim/schedule.hpp>  // and the schedules
 #include <kfsdp/optim/sgd.hpp>

@@ -11,7 +11,7 @@
 
 #include <kfsdp/comm/communicator.hpp>
 #include <kfsdp/fsdp/memory_fit.hpp>
-#include <kfsdp/io/text_dataset.hpp>
+#include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/nn/attention.hpp>
 #include <kfsdp/train/trainer.hpp>

@@ -17,7 +17,7 @@
 
 #include <fmt/format.h>
 
-#include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/tensor/dtype.hpp>
 #include <kfsdp/meta/shape_string.hpp>
 
 namespace kfsdp {

@@ -1,5 +1,5 @@
-// A Hugging Face Llama config.json, read and written (include/kfsdp/io/hf_config.hpp).
-#include <kfsdp/io/hf_config.hpp>
+// A Hugging Face Llama config.json, read and written (include/kfsdp/io/checkpoint/hf_config.hpp).
+#include <kfsdp/io/checkpoint/hf_config.hpp>
 
 #include <cerrno>
 #include <charconv>

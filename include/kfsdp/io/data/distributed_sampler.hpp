@@ -4,7 +4,7 @@
 // concatenated epochs (each epoch a shuffle fixed by (seed, epoch): io::shuffled_micro_batch),
 // and rank r of N its contiguous B/N of them. So the loss of every step is the same at 1, 2 or 3
 // ranks, and resuming needs only the next step, which is the sampler's checkpoint state. Any
-// io::dataset: an array_dataset in memory, an hdf5_dataset read per batch (io/hdf5.hpp).
+// io::dataset: an array_dataset in memory, an hdf5_dataset read per batch (io/data/hdf5.hpp).
 //
 //   kfsdp::io::distributed_sampler sampler(data, /*global_batch=*/256, /*seed=*/1);
 //   auto [x, y] = sampler.next<double>(data, world.rank(), world.size());   // step 0, this rank's rows
@@ -20,9 +20,9 @@
 
 #include <fmt/format.h>
 
-#include <kfsdp/io/array_dataset.hpp>
-#include <kfsdp/io/dataset.hpp>
-#include <kfsdp/io/stateful.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
+#include <kfsdp/io/data/dataset.hpp>
+#include <kfsdp/io/checkpoint/stateful.hpp>
 
 namespace kfsdp::io {
 

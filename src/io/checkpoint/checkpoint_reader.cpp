@@ -1,4 +1,4 @@
-// Parallel safetensors checkpoints over MPI-IO, the reader (include/kfsdp/io/checkpoint.hpp):
+// Parallel safetensors checkpoints over MPI-IO, the reader (include/kfsdp/io/checkpoint/checkpoint.hpp):
 // load_model, import_weights, load_checkpoint (load_state_dict_file is in safetensors_file.cpp).
 #include "checkpoint_transfer.hpp"
 
@@ -37,7 +37,7 @@ void refuse_unexpected(std::string_view function, const std::filesystem::path& p
 // tensors the model lacks, instead of being an error.
 template <class Scalar>
 metadata_map read_sharded_file(std::string_view function, const std::filesystem::path& path,
-                               fsdp_engine<Scalar>& engine, comm::mpi& comm,
+                               const sharded_view<Scalar>& engine, comm::mpi& comm,
                                std::span<const named_shard<Scalar>> shards,
                                import_report* lenient = nullptr) {
   const MPI_Comm native = comm.native();
@@ -70,7 +70,7 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
     }
     std::vector<sharded_tensor<Scalar>> present;
     for (const sharded_tensor<Scalar>& tensor : tensors) {
-      const param_info& param = engine.params()[tensor.param];
+      const param_info& param = engine.params[tensor.param];
       const tensor_info* found = table.find(tensor.name);
       if (found == nullptr && lenient != nullptr) {
         lenient->missing.push_back(tensor.name);
@@ -87,7 +87,7 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
         fail(tensor.name, fmt::format("no '{}{}' in __metadata__, expected its checksum",
                                       checksum_key_prefix, tensor.name));
       if (tensor.local_bytes > 0)
-        pieces.push_back({first_row_offset(*found, engine.mapping(), tensor.param, static_cast<std::size_t>(rank)),
+        pieces.push_back({first_row_offset(*found, engine.mapping, tensor.param, static_cast<std::size_t>(rank)),
                           tensor.local_bytes});
       present.push_back(tensor);
     }
@@ -102,10 +102,10 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
     tensors = std::move(present);
     const auto count = table.metadata.find(parameters_key);
     if (lenient == nullptr && count != table.metadata.end() &&
-        count->second != std::to_string(engine.params().size()))
+        count->second != std::to_string(engine.params.size()))
       throw format_error(fmt::format("{}: file {}: holds {} weight tensors ('{}'), expected {} for the model",
                                      function, quoted(path), count->second, parameters_key,
-                                     engine.params().size()));
+                                     engine.params.size()));
     verify_header_checksum(table, function);
   });
   // The pieces were pushed in the order of `tensors`; the file view needs them in file order.
@@ -150,7 +150,7 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
   // Every rank verified everything: commit, padding rows zero.
   together(comm, [&] {
     for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const index_range chunk{tensors[t].flat_first, engine.mapping().chunk(tensors[t].param).count};
+      const index_range chunk{tensors[t].flat_first, engine.mapping.chunk(tensors[t].param).count};
       const std::size_t valid = tensors[t].local_bytes / sizeof(Scalar);
       Kokkos::deep_copy(Kokkos::subview(tensors[t].flat, std::make_pair(chunk.first, chunk.first + valid)),
                         Kokkos::View<const Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
@@ -176,13 +176,13 @@ metadata_map read_metadata(const std::filesystem::path& path, comm::mpi& comm) {
 }
 
 template <class Scalar>
-metadata_map load_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+metadata_map load_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
                         comm::mpi& comm) {
   return read_sharded_file<Scalar>("kfsdp::io::load_model", path, engine, comm, {});
 }
 
 template <class Scalar>
-import_report import_weights(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+import_report import_weights(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
                              comm::mpi& comm) {
   import_report report;
   report.metadata = read_sharded_file<Scalar>("kfsdp::io::import_weights", path, engine, comm, {}, &report);
@@ -203,18 +203,18 @@ std::string describe(const import_report& report) {
 }
 
 template <class Scalar>
-void load_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+void load_checkpoint(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
                      comm::mpi& comm, checkpoint_state<Scalar>& state) {
   state.metadata = read_sharded_file<Scalar>("kfsdp::io::load_checkpoint", path, engine, comm, state.shards);
 }
 
 
 #define KFSDP_CHECKPOINT_INSTANTIATE(Scalar)                                                      \
-  template metadata_map load_model<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&,   \
+  template metadata_map load_model<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&,   \
                                            comm::mpi&);                                           \
   template import_report import_weights<Scalar>(const std::filesystem::path&,                    \
-                                                fsdp_engine<Scalar>&, comm::mpi&);                \
-  template void load_checkpoint<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&,      \
+                                                const sharded_view<Scalar>&, comm::mpi&);                \
+  template void load_checkpoint<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&,      \
                                         comm::mpi&, checkpoint_state<Scalar>&);
 KFSDP_CHECKPOINT_INSTANTIATE(float)
 KFSDP_CHECKPOINT_INSTANTIATE(double)

@@ -1,6 +1,6 @@
-// Polynomial checksum mod 2^61-1 (see include/kfsdp/io/checksum.hpp for the definition).
+// Polynomial checksum mod 2^61-1 (see include/kfsdp/io/checkpoint/checksum.hpp for the definition).
 // Check: meson test -C <build> io_checksum
-#include <kfsdp/io/checksum.hpp>
+#include <kfsdp/io/checkpoint/checksum.hpp>
 
 #include <array>
 

@@ -5,7 +5,7 @@
 // The reader works in two passes over the header text: first a pure syntax check of the whole
 // text (so that broken JSON is always reported as such, with the byte where it breaks), then a
 // schema pass that decodes names, dtypes, shapes and offsets and checks what they mean.
-#include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/io/checkpoint/safetensors.hpp>
 #include <kfsdp/meta/shape_string.hpp>
 
 #include "json_reader.hpp"

@@ -29,8 +29,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <kfsdp/io/dataset.hpp>
-#include <kfsdp/io/safetensors.hpp>  // metadata_map
+#include <kfsdp/io/data/dataset.hpp>
+#include <kfsdp/io/checkpoint/safetensors.hpp>  // metadata_map
 #include <kfsdp/nn/views.hpp>
 
 namespace kfsdp::io {

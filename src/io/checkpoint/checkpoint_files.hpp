@@ -1,11 +1,11 @@
 #pragma once
 // Checkpoint internals, part 1: the file layout every writer shares (reserved keys, checksums) and
 // the POSIX file helpers (regular files only, temporary names, leftovers, fsync of the directory).
-// Included by src/io/checkpoint_writer.cpp, checkpoint_reader.cpp and safetensors_file.cpp only; no MPI.
-#include <kfsdp/io/checksum.hpp>
-#include <kfsdp/io/safetensors.hpp>
-#include <kfsdp/io/safetensors_file.hpp>
-#include <kfsdp/io/state_dict.hpp>
+// Included by src/io/checkpoint/checkpoint_writer.cpp, checkpoint_reader.cpp and safetensors_file.cpp only; no MPI.
+#include <kfsdp/io/checkpoint/checksum.hpp>
+#include <kfsdp/io/checkpoint/safetensors.hpp>
+#include <kfsdp/io/checkpoint/safetensors_file.hpp>
+#include <kfsdp/tensor/state_dict.hpp>
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,8 +1,8 @@
 #pragma once
 // The safetensors header's JSON, read strictly: a bounds-checked cursor over the text (every error a
 // format_error naming the file and the byte where the text breaks), UTF-8 validation, and the
-// quoting of header text in messages. src/io/safetensors.cpp applies the schema on top of it.
-#include <kfsdp/io/safetensors.hpp>
+// quoting of header text in messages. src/io/checkpoint/safetensors.cpp applies the schema on top of it.
+#include <kfsdp/io/checkpoint/safetensors.hpp>
 
 #include <algorithm>
 #include <cstdint>

@@ -37,12 +37,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <kfsdp/io/array_dataset.hpp>  // column_stats, normalization
-#include <kfsdp/io/dataset.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>  // column_stats, normalization
+#include <kfsdp/io/data/dataset.hpp>
 #include <kfsdp/nn/views.hpp>
 
 #ifndef H5_HAVE_PARALLEL
-#error "kfsdp/io/hdf5.hpp needs a parallel HDF5 (Debian: libhdf5-openmpi-dev, pkg-config hdf5-openmpi)"
+#error "kfsdp/io/data/hdf5.hpp needs a parallel HDF5 (Debian: libhdf5-openmpi-dev, pkg-config hdf5-openmpi)"
 #endif
 
 namespace kfsdp::io {

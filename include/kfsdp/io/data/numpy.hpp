@@ -30,7 +30,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <kfsdp/io/array_dataset.hpp>
+#include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/meta/half.hpp>
 
 namespace kfsdp::io {

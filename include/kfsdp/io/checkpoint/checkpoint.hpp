@@ -27,7 +27,7 @@
 //   const auto metadata = kfsdp::io::load_training_state("run/ckpt.safetensors", engine, world, optimizer);
 //   const std::size_t step = kfsdp::io::metadata_count(metadata, "step");
 // (the optimizer's moments are tensors "optimizer.exp_avg.<parameter>", restored in place; its
-// kind and step count are metadata: the checkpoint protocol, io/stateful.hpp)
+// kind and step count are metadata: the checkpoint protocol, io/checkpoint/stateful.hpp)
 
 #include <mpi.h>
 
@@ -42,30 +42,37 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/fsdp/engine.hpp>
-#include <kfsdp/io/checksum.hpp>
-#include <kfsdp/io/safetensors.hpp>
-#include <kfsdp/io/safetensors_file.hpp>  // one process: save_state_dict_file, load_state_dict_file
-#include <kfsdp/io/state_dict.hpp>
-#include <kfsdp/io/stateful.hpp>
+#include <kfsdp/io/checkpoint/checksum.hpp>
+#include <kfsdp/io/checkpoint/safetensors.hpp>
+#include <kfsdp/io/checkpoint/safetensors_file.hpp>  // one process: save_state_dict_file, load_state_dict_file
+#include <kfsdp/io/checkpoint/sharded_engine.hpp>  // the engine, by a concept
+#include <kfsdp/tensor/state_dict.hpp>
+#include <kfsdp/io/checkpoint/stateful.hpp>
 
 namespace kfsdp::io {
 
 // named_shard and checkpoint_state (the checkpoint protocol's parts) are in stateful.hpp; the
 // metadata keys kfsdp writes and the one-process reader and writer, in safetensors_file.hpp.
+// Each function takes any sharded_engine (an fsdp_engine, the trainer's engine) and passes its
+// sharded_view to the overload compiled in kfsdp_checkpoint (for float and double).
 
 /// Writes the full model as one safetensors file at `path` (collective over `comm`, which must be
 /// the engine's ranks in the engine's order). `metadata` must be the same on every rank (checked).
 /// Byte-identical to save_state_dict_file(path, engine.original_state_dict(), metadata).
 /// `stored` F32 writes a double engine's weights as float (rounded; a value beyond float's range
-/// is refused as not finite); load_pretrained (io/hf_checkpoint.hpp) reads such a file back.
+/// is refused as not finite); load_pretrained (io/checkpoint/hf_checkpoint.hpp) reads such a file back.
 /// Throws on every rank: std::invalid_argument (a reserved or non-UTF-8 metadata key, ranks that
 /// disagree), std::runtime_error (the file system); `path` is then left as it was.
 ///
 ///   kfsdp::io::save_model("gpt.safetensors", engine, world, {{"model.layers", "4"}});
 template <class Scalar>
-void save_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+void save_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine, comm::mpi& comm,
                 const metadata_map& metadata = {}, dtype stored = dtype_of<Scalar>);
+template <sharded_engine Engine>
+void save_model(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
+                const metadata_map& metadata = {}, dtype stored = dtype_of<engine_scalar_t<Engine>>) {
+  save_model(path, view_of(engine), comm, metadata, stored);
+}
 
 /// save_model plus every view of state.shards as full tensors and state.metadata, in the same
 /// file (one rename, so weights and optimizer state can never come from two different saves).
@@ -75,8 +82,13 @@ void save_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, 
 ///
 ///   kfsdp::io::save_checkpoint("ckpt.safetensors", engine, world, state);
 template <class Scalar>
-void save_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+void save_checkpoint(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
                      comm::mpi& comm, const checkpoint_state<Scalar>& state);
+template <sharded_engine Engine>
+void save_checkpoint(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
+                     const checkpoint_state<engine_scalar_t<Engine>>& state) {
+  save_checkpoint(path, view_of(engine), comm, state);
+}
 
 /// Loads the weights of `path` into the engine's shards: each rank reads only its rows, at any
 /// world size; padding rows are set to zero; checksums are verified. Strict, as PyTorch's
@@ -90,8 +102,12 @@ void save_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& eng
 ///
 ///   kfsdp::io::load_model("gpt.safetensors", engine, world);
 template <class Scalar>
-metadata_map load_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+metadata_map load_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
                         comm::mpi& comm);
+template <sharded_engine Engine>
+metadata_map load_model(const std::filesystem::path& path, Engine& engine, comm::mpi& comm) {
+  return load_model(path, view_of(engine), comm);
+}
 
 /// The `__metadata__` of `path` alone, to check a file before loading it (collective over `comm`:
 /// rank 0 reads the header, every rank parses it). Throws format_error on every rank for a header
@@ -125,7 +141,11 @@ struct import_report {
 ///   if (world.rank() == 0) fmt::print("{}\n", kfsdp::io::describe(report));
 template <class Scalar>
 [[nodiscard]] import_report import_weights(const std::filesystem::path& path,
-                                           fsdp_engine<Scalar>& engine, comm::mpi& comm);
+                                           const sharded_view<Scalar>& engine, comm::mpi& comm);
+template <sharded_engine Engine>
+[[nodiscard]] import_report import_weights(const std::filesystem::path& path, Engine& engine, comm::mpi& comm) {
+  return import_weights(path, view_of(engine), comm);
+}
 
 /// load_model plus every view of state.shards (restored in place from "<name>.<parameter>"), and
 /// state.metadata replaced by the file's `__metadata__`. Nothing is changed unless everything
@@ -134,18 +154,23 @@ template <class Scalar>
 ///   kfsdp::io::load_checkpoint("ckpt.safetensors", engine, world, state);
 ///   std::int64_t step = std::stoll(state.metadata.at("step"));
 template <class Scalar>
-void load_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+void load_checkpoint(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
                      comm::mpi& comm, checkpoint_state<Scalar>& state);
+template <sharded_engine Engine>
+void load_checkpoint(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
+                     checkpoint_state<engine_scalar_t<Engine>>& state) {
+  load_checkpoint(path, view_of(engine), comm, state);
+}
 
 /// The checkpoint protocol (stateful.hpp) over save_checkpoint: the weights, the state of every
 /// part (an optimizer, a sampler) and `metadata`, in one file; the caller names no tensor.
 ///
 ///   kfsdp::io::save_training_state("run.safetensors", engine, world, {{"step", "20"}}, optimizer);
-template <class Scalar, class... Parts>
-  requires(stateful<Parts, Scalar> && ...)
-void save_training_state(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+template <sharded_engine Engine, class... Parts>
+  requires(stateful<Parts, engine_scalar_t<Engine>> && ...)
+void save_training_state(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
                          const metadata_map& metadata, const Parts&... parts) {
-  checkpoint_state<Scalar> state{.metadata = metadata};
+  checkpoint_state<engine_scalar_t<Engine>> state{.metadata = metadata};
   (parts.add_state(state), ...);
   save_checkpoint(path, engine, comm, state);
 }
@@ -157,11 +182,11 @@ void save_training_state(const std::filesystem::path& path, fsdp_engine<Scalar>&
 ///
 ///   const auto metadata = kfsdp::io::load_training_state("run.safetensors", engine, world, optimizer);
 ///   const std::size_t step = kfsdp::io::metadata_count(metadata, "step");
-template <class Scalar, class... Parts>
-  requires(stateful<Parts, Scalar> && ...)
-metadata_map load_training_state(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+template <sharded_engine Engine, class... Parts>
+  requires(stateful<Parts, engine_scalar_t<Engine>> && ...)
+metadata_map load_training_state(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
                                  Parts&... parts) {
-  checkpoint_state<Scalar> state;
+  checkpoint_state<engine_scalar_t<Engine>> state;
   (parts.add_state(state), ...);
   load_checkpoint(path, engine, comm, state);
   (parts.restore_state(state.metadata), ...);

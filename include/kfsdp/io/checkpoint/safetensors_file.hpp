@@ -1,7 +1,7 @@
 #pragma once
 // One safetensors file from one process (no MPI): the full state dict written with checksums,
 // temporary name, fsync and rename, and read back verified; and the metadata keys kfsdp's files
-// carry. Parallel checkpoints over MPI-IO (io/checkpoint.hpp) write the same files.
+// carry. Parallel checkpoints over MPI-IO (io/checkpoint/checkpoint.hpp) write the same files.
 //
 //   kfsdp::io::save_state_dict_file("model.safetensors", full, {{"step", "100"}});
 //   kfsdp::io::metadata_map metadata;
@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <string_view>
 
-#include <kfsdp/io/safetensors.hpp>
-#include <kfsdp/io/state_dict.hpp>
+#include <kfsdp/io/checkpoint/safetensors.hpp>
+#include <kfsdp/tensor/state_dict.hpp>
 
 namespace kfsdp::io {
 

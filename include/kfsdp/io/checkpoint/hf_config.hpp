@@ -1,6 +1,6 @@
 #pragma once
 // A Hugging Face Llama directory's config.json, read into kfsdp::llama_config and written from it
-// (no MPI, no Kokkos). The weights beside it: io/hf_checkpoint.hpp.
+// (no MPI, no Kokkos). The weights beside it: io/checkpoint/hf_checkpoint.hpp.
 //
 //   config.json (transformers' LlamaConfig)        kfsdp::llama_config
 //   "vocab_size": 256                        ->    .vocab = 256
@@ -25,7 +25,7 @@
 #include <string>
 #include <string_view>
 
-#include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/io/checkpoint/safetensors.hpp>
 #include <kfsdp/model/llama_config.hpp>
 
 namespace kfsdp::io {

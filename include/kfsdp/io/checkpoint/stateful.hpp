@@ -31,7 +31,7 @@
 #include <string_view>
 #include <vector>
 
-#include <kfsdp/io/safetensors.hpp>  // metadata_map
+#include <kfsdp/io/checkpoint/safetensors.hpp>  // metadata_map
 
 namespace kfsdp::io {
 

@@ -3,7 +3,7 @@
 // followed by one, so no rank waits alone in a collective), the collective MPI-IO transfers, and
 // the engine's shards as the tensors of a file. Included by checkpoint_writer.cpp and
 // checkpoint_reader.cpp only.
-#include <kfsdp/io/checkpoint.hpp>
+#include <kfsdp/io/checkpoint/checkpoint.hpp>
 
 #include <algorithm>
 
@@ -219,16 +219,16 @@ struct sharded_tensor {
 
 // The tensors of a checkpoint in file order: every weight, then every named shard's tensors.
 template <class Scalar>
-std::vector<sharded_tensor<Scalar>> sharded_tensors(fsdp_engine<Scalar>& engine,
+std::vector<sharded_tensor<Scalar>> sharded_tensors(const sharded_view<Scalar>& engine,
                                                     std::span<const named_shard<Scalar>> shards,
                                                     std::string_view function) {
-  const shard_plan& plan = engine.plan();
+  const shard_plan& plan = engine.plan;
   struct group {
     std::string prefix;
     Kokkos::View<Scalar*> flat;
     std::vector<std::size_t> absent;
   };
-  std::vector<group> groups{{"", engine.shards().flat(), {}}};
+  std::vector<group> groups{{"", engine.flat, {}}};
   for (const named_shard<Scalar>& shard : shards) {
     if (shard.name.empty())
       throw std::invalid_argument(fmt::format("{}: a named shard has an empty name, expected a "
@@ -244,7 +244,7 @@ std::vector<sharded_tensor<Scalar>> sharded_tensors(fsdp_engine<Scalar>& engine,
         throw std::invalid_argument(fmt::format(
             "{}: named shard '{}' has absent parameter {} at position {}, expected ascending indices below {}",
             function, shard.name, shard.absent[i], i, plan.params.size()));
-      absent_numel += engine.mapping().chunk(shard.absent[i]).count;
+      absent_numel += engine.mapping.chunk(shard.absent[i]).count;
     }
     if (shard.flat.extent(0) != plan.shard_numel - absent_numel)
       throw std::invalid_argument(fmt::format(
@@ -254,16 +254,16 @@ std::vector<sharded_tensor<Scalar>> sharded_tensors(fsdp_engine<Scalar>& engine,
   }
   std::vector<sharded_tensor<Scalar>> tensors;
   std::uint64_t staging = 0;
-  const auto rank = static_cast<std::size_t>(engine.rank());
+  const auto rank = static_cast<std::size_t>(engine.rank);
   for (const group& g : groups)
-    for (std::size_t p = 0; p < engine.params().size(); ++p) {
+    for (std::size_t p = 0; p < engine.params.size(); ++p) {
       if (std::find(g.absent.begin(), g.absent.end(), p) != g.absent.end()) continue;
       // The chunk's offset less the absent chunks stored before it.
-      std::size_t flat_first = engine.mapping().chunk(p).first;
+      std::size_t flat_first = engine.mapping.chunk(p).first;
       for (std::size_t q : g.absent)
-        if (engine.mapping().chunk(q).first < engine.mapping().chunk(p).first) flat_first -= engine.mapping().chunk(q).count;
-      const std::uint64_t bytes = engine.mapping().elements(p, rank).count * sizeof(Scalar);
-      std::string name(engine.params()[p].name.view());
+        if (engine.mapping.chunk(q).first < engine.mapping.chunk(p).first) flat_first -= engine.mapping.chunk(q).count;
+      const std::uint64_t bytes = engine.mapping.elements(p, rank).count * sizeof(Scalar);
+      std::string name(engine.params[p].name.view());
       tensors.push_back({g.prefix.empty() ? name : g.prefix + "." + name, p, g.flat, staging, bytes, flat_first});
       staging += bytes;
     }
@@ -301,11 +301,11 @@ inline std::vector<checksum_state> combine_checksums(comm::mpi& comm, std::span<
 }
 
 template <class Scalar>
-void check_communicator(fsdp_engine<Scalar>& engine, comm::mpi& comm, std::string_view function) {
-  if (comm.size() != engine.world_size() || comm.rank() != engine.rank())
+void check_communicator(const sharded_view<Scalar>& engine, comm::mpi& comm, std::string_view function) {
+  if (comm.size() != engine.world_size || comm.rank() != engine.rank)
     throw std::invalid_argument(fmt::format(
         "{}: the communicator is rank {} of {}, expected the engine's rank {} of {}", function,
-        comm.rank(), comm.size(), engine.rank(), engine.world_size()));
+        comm.rank(), comm.size(), engine.rank, engine.world_size));
 }
 
 // Every rank's `metadata` must be the same (its fingerprint is compared over ranks).

@@ -1,8 +1,8 @@
-// Hugging Face model directories over MPI-IO (include/kfsdp/io/hf_checkpoint.hpp): load_pretrained
+// Hugging Face model directories over MPI-IO (include/kfsdp/io/checkpoint/hf_checkpoint.hpp): load_pretrained
 // reads config-less weights by name from model.safetensors or the shards of its index;
 // save_pretrained writes config.json and model.safetensors (through save_model) into a staging
 // directory that then replaces the target whole.
-#include <kfsdp/io/hf_checkpoint.hpp>
+#include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 
 #include <cstdio>  // renameat2
 #include <fstream>
@@ -98,7 +98,7 @@ struct file_share {
 }  // namespace
 
 template <class Scalar>
-void load_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+void load_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine, comm::mpi& comm,
                      const std::vector<std::string>& ignore) {
   constexpr std::string_view function = "kfsdp::io::load_pretrained";
   const int rank = comm.rank();
@@ -174,7 +174,7 @@ void load_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>
       verify_header_checksum(table, function);
       for (const std::size_t t : assigned) {
         const sharded_tensor<Scalar>& tensor = tensors[t];
-        const param_info& param = engine.params()[tensor.param];
+        const param_info& param = engine.params[tensor.param];
         const tensor_info* found = table.find(tensor.name);
         if (found == nullptr)
           fail(tensor.name, indexed ? fmt::format("missing from the file, expected it (the index '{}' names this file)", index_file)
@@ -188,7 +188,7 @@ void load_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>
         const std::uint64_t count = tensor.local_bytes / sizeof(Scalar);
         share.tensors.push_back(t);
         share.types.push_back(found->type);
-        share.pieces.push_back({first_row_offset(*found, engine.mapping(), tensor.param, static_cast<std::size_t>(rank)),
+        share.pieces.push_back({first_row_offset(*found, engine.mapping, tensor.param, static_cast<std::size_t>(rank)),
                                 count * dtype_size(found->type)});
       }
       std::vector<std::string> unexpected;
@@ -243,7 +243,7 @@ void load_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>
   // Every file verified on every rank: commit, padding rows zero.
   together(comm, [&] {
     for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const index_range chunk{tensors[t].flat_first, engine.mapping().chunk(tensors[t].param).count};
+      const index_range chunk{tensors[t].flat_first, engine.mapping.chunk(tensors[t].param).count};
       const std::size_t valid = values[t].size();
       Kokkos::deep_copy(Kokkos::subview(tensors[t].flat, std::make_pair(chunk.first, chunk.first + valid)),
                         Kokkos::View<const Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
@@ -296,13 +296,13 @@ void remove_leftover_staging(const std::filesystem::path& target) {
 }  // namespace
 
 template <class Scalar>
-void save_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+void save_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine, comm::mpi& comm,
                      std::string_view config_json, dtype stored) {
   constexpr std::string_view function = "kfsdp::io::save_pretrained";
   namespace fs = std::filesystem;
   const int rank = comm.rank();
   // Under HSDP the first shard group writes (as save_model); the others take part in its collectives.
-  const bool writer = !engine.options().replica_group || engine.options().replica_group->rank() == 0;
+  const bool writer = !engine.replica_group || engine.replica_group->rank() == 0;
   fs::path target = directory.filename().empty() ? directory.parent_path() : directory;  // "out/" is "out"
   together(comm, [&] {
     if (target.empty()) throw std::invalid_argument(fmt::format("{}: the directory is empty, expected a path", function));
@@ -341,9 +341,9 @@ void save_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>
 }
 
 #define KFSDP_HF_CHECKPOINT_INSTANTIATE(Scalar)                                                                  \
-  template void load_pretrained<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&, comm::mpi&,       \
+  template void load_pretrained<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&, comm::mpi&,       \
                                         const std::vector<std::string>&);                                      \
-  template void save_pretrained<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&, comm::mpi&,       \
+  template void save_pretrained<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&, comm::mpi&,       \
                                         std::string_view, dtype);
 KFSDP_HF_CHECKPOINT_INSTANTIATE(float)
 KFSDP_HF_CHECKPOINT_INSTANTIATE(double)

@@ -4,7 +4,7 @@
 // MPI-IO (opt-in: this header includes mpi.h). Parameters are matched by name, so the model's
 // names must be the checkpoint's (make_llama names them as transformers' LlamaForCausalLM does).
 //
-//   tiny-llama/config.json                  the model's config (io/hf_config.hpp reads and writes it)
+//   tiny-llama/config.json                  the model's config (io/checkpoint/hf_config.hpp reads and writes it)
 //   tiny-llama/model.safetensors            every tensor in one file, or
 //   tiny-llama/model.safetensors.index.json {"metadata": {...}, "weight_map": {"lm_head.weight":
 //   tiny-llama/model-00001-of-00002.safetensors   "model-00002-of-00002.safetensors", ...}}
@@ -28,9 +28,9 @@
 #include <vector>
 
 #include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/fsdp/engine.hpp>
-#include <kfsdp/io/hf_config.hpp>
-#include <kfsdp/io/safetensors.hpp>
+#include <kfsdp/io/checkpoint/hf_config.hpp>
+#include <kfsdp/io/checkpoint/safetensors.hpp>
+#include <kfsdp/io/checkpoint/sharded_engine.hpp>  // the engine, by a concept
 
 namespace kfsdp::io {
 
@@ -47,8 +47,13 @@ namespace kfsdp::io {
 ///   kfsdp::io::load_pretrained("tiny-llama", engine, world);
 ///   kfsdp::io::load_pretrained("tied-llama", engine, world, {"lm_head.weight"});
 template <class Scalar>
-void load_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+void load_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine, comm::mpi& comm,
                      const std::vector<std::string>& ignore = {});
+template <sharded_engine Engine>
+void load_pretrained(const std::filesystem::path& directory, Engine& engine, comm::mpi& comm,
+                     const std::vector<std::string>& ignore = {}) {
+  load_pretrained(directory, view_of(engine), comm, ignore);
+}
 
 /// Writes the engine's parameters as a Hugging Face directory (collective over `comm`):
 /// `config_json` as config.json and every parameter under its name in model.safetensors, stored as
@@ -60,7 +65,12 @@ void load_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>
 ///
 ///   kfsdp::io::save_pretrained("tuned-llama", engine, world, kfsdp::io::llama_config_json(config));
 template <class Scalar>
-void save_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+void save_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine, comm::mpi& comm,
                      std::string_view config_json, dtype stored = dtype_of<Scalar>);
+template <sharded_engine Engine>
+void save_pretrained(const std::filesystem::path& directory, Engine& engine, comm::mpi& comm,
+                     std::string_view config_json, dtype stored = dtype_of<engine_scalar_t<Engine>>) {
+  save_pretrained(directory, view_of(engine), comm, config_json, stored);
+}
 
 }  // namespace kfsdp::io

@@ -1,6 +1,6 @@
 // save_state_dict_file and load_state_dict_file: one safetensors file from one process, with the
 // checkpoints' format checks (checksums, temporary name + fsync + rename) and no MPI.
-#include <kfsdp/io/safetensors_file.hpp>
+#include <kfsdp/io/checkpoint/safetensors_file.hpp>
 
 #include "checkpoint_files.hpp"
 

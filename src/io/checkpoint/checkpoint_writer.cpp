@@ -1,4 +1,4 @@
-// Parallel safetensors checkpoints over MPI-IO, the writer (include/kfsdp/io/checkpoint.hpp):
+// Parallel safetensors checkpoints over MPI-IO, the writer (include/kfsdp/io/checkpoint/checkpoint.hpp):
 // save_model, save_checkpoint (save_state_dict_file is in safetensors_file.cpp).
 #include "checkpoint_transfer.hpp"
 
@@ -12,7 +12,7 @@ namespace {
 
 template <class Scalar>
 void write_sharded_file(std::string_view function, const std::filesystem::path& requested,
-                        fsdp_engine<Scalar>& engine, comm::mpi& comm,
+                        const sharded_view<Scalar>& engine, comm::mpi& comm,
                         std::span<const named_shard<Scalar>> shards, const metadata_map& metadata,
                         dtype stored = dtype_of<Scalar>) {
   const MPI_Comm native = comm.native();
@@ -71,14 +71,14 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
     std::vector<tensor_entry> entries;
     std::uint64_t weight_numel = 0;
     for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const param_info& param = engine.params()[tensors[t].param];
+      const param_info& param = engine.params[tensors[t].param];
       entries.push_back({tensors[t].name, stored, shape_of(param)});
-      if (t < engine.params().size()) weight_numel += param.numel;  // the weights come first
+      if (t < engine.params.size()) weight_numel += param.numel;  // the weights come first
     }
-    layout = checkpoint_layout(entries, checksums, metadata, engine.params().size(), weight_numel, dtype_name(stored));
+    layout = checkpoint_layout(entries, checksums, metadata, engine.params.size(), weight_numel, dtype_name(stored));
     for (std::size_t t = 0; t < tensors.size(); ++t)
       if (tensors[t].local_bytes > 0)
-        pieces.push_back({first_row_offset(layout.tensors[t], engine.mapping(), tensors[t].param,
+        pieces.push_back({first_row_offset(layout.tensors[t], engine.mapping, tensors[t].param,
                                            static_cast<std::size_t>(rank)),
                           tensors[t].local_bytes});
   });
@@ -139,12 +139,12 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
 // verdict, sent over the replica groups: every rank returns, or throws, together.
 template <class Scalar, class Write>
 void written_by_first_group(std::string_view function, const std::filesystem::path& path,
-                            const fsdp_engine<Scalar>& engine, const Write& write) {
-  if (!engine.options().replica_group || engine.options().replica_group->size() == 1) {
+                            const sharded_view<Scalar>& engine, const Write& write) {
+  if (!engine.replica_group || engine.replica_group->size() == 1) {
     write();
     return;
   }
-  comm::any_communicator replicas = *engine.options().replica_group;
+  comm::any_communicator replicas = *engine.replica_group;
   std::exception_ptr error;
   if (replicas.rank() == 0) {
     try {
@@ -166,7 +166,7 @@ void written_by_first_group(std::string_view function, const std::filesystem::pa
 // ------------------------------------------------------------------ public API
 
 template <class Scalar>
-void save_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
+void save_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine, comm::mpi& comm,
                 const metadata_map& metadata, dtype stored) {
   constexpr std::string_view function = "kfsdp::io::save_model";
   written_by_first_group(function, path, engine,
@@ -174,7 +174,7 @@ void save_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, 
 }
 
 template <class Scalar>
-void save_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
+void save_checkpoint(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
                      comm::mpi& comm, const checkpoint_state<Scalar>& state) {
   constexpr std::string_view function = "kfsdp::io::save_checkpoint";
   written_by_first_group(function, path, engine, [&] {
@@ -189,9 +189,9 @@ void set_stop_after_header(std::function<bool(const std::filesystem::path&)> hoo
 }  // namespace testing
 
 #define KFSDP_CHECKPOINT_INSTANTIATE(Scalar)                                                      \
-  template void save_model<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&,           \
+  template void save_model<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&,           \
                                    comm::mpi&, const metadata_map&, dtype);                       \
-  template void save_checkpoint<Scalar>(const std::filesystem::path&, fsdp_engine<Scalar>&,      \
+  template void save_checkpoint<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&,      \
                                         comm::mpi&, const checkpoint_state<Scalar>&);
 KFSDP_CHECKPOINT_INSTANTIATE(float)
 KFSDP_CHECKPOINT_INSTANTIATE(double)
