@@ -103,6 +103,12 @@ module;
 #endif
 #ifdef KFSDP_MODULE_MPI
 #include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/call_check.hpp>
+#include <kfsdp/comm/mpi/communicator.hpp>
+#include <kfsdp/comm/mpi/datatypes.hpp>
+#include <kfsdp/comm/mpi/environment.hpp>
+#include <kfsdp/comm/mpi/options.hpp>
+#include <kfsdp/comm/mpi/ring.hpp>
 #include <kfsdp/io/checkpoint.hpp>
 #include <kfsdp/io/hf_checkpoint.hpp>
 #include <kfsdp/session.hpp>
@@ -166,11 +172,21 @@ using kfsdp::comm::scales_reduce_scatter;
 using kfsdp::comm::staging_space;
 }
 #ifdef KFSDP_MODULE_MPI
-// <kfsdp/comm/mpi.hpp>
+// <kfsdp/comm/mpi/communicator.hpp>
 export namespace kfsdp::comm {
 using kfsdp::comm::mpi;
-using kfsdp::comm::mpi_options;
+}
+#endif
+#ifdef KFSDP_MODULE_MPI
+// <kfsdp/comm/mpi/environment.hpp>
+export namespace kfsdp::comm {
 using kfsdp::comm::run_or_abort;
+}
+#endif
+#ifdef KFSDP_MODULE_MPI
+// <kfsdp/comm/mpi/options.hpp>
+export namespace kfsdp::comm {
+using kfsdp::comm::mpi_options;
 }
 #endif
 // <kfsdp/comm/self.hpp>
@@ -278,7 +294,9 @@ using kfsdp::expr::summed_v;
 export namespace kfsdp {
 using kfsdp::bucket_unit;
 using kfsdp::grad_phase;
+using kfsdp::grad_phase_names;
 using kfsdp::param_phase;
+using kfsdp::param_phase_names;
 using kfsdp::to_string;
 using kfsdp::unit_context;
 }
@@ -330,6 +348,7 @@ using kfsdp::bucketing_policy;
 using kfsdp::division_factors;
 using kfsdp::division_of;
 using kfsdp::gradient_division;
+using kfsdp::gradient_division_names;
 using kfsdp::layer_bucketing;
 using kfsdp::no_bucketing;
 using kfsdp::parse_gradient_division;
@@ -338,9 +357,11 @@ using kfsdp::parse_wire_precision;
 using kfsdp::predivide_factor;
 using kfsdp::sharding_policy;
 using kfsdp::sharding_strategy;
+using kfsdp::sharding_strategy_names;
 using kfsdp::static_world_size;
 using kfsdp::to_string;
 using kfsdp::wire_precision;
+using kfsdp::wire_precision_names;
 using kfsdp::zero2;
 using kfsdp::zero3;
 }
@@ -365,6 +386,7 @@ using kfsdp::unit_of_params;
 using kfsdp::units_table;
 using kfsdp::wrap_options;
 using kfsdp::wrap_policy;
+using kfsdp::wrap_policy_names;
 }
 // <kfsdp/infer/c_api.hpp>
 export namespace kfsdp::c_api {
@@ -503,6 +525,9 @@ using kfsdp::static_mul;
 }
 // <kfsdp/meta/enum_names.hpp>
 export namespace kfsdp {
+using kfsdp::enum_name;
+using kfsdp::enum_names;
+using kfsdp::name_of;
 using kfsdp::parse_named;
 }
 // <kfsdp/meta/fixed_string.hpp>
@@ -732,6 +757,7 @@ export namespace kfsdp {
 using kfsdp::basic_shard_plan;
 using kfsdp::bucket_shard;
 using kfsdp::bucketing;
+using kfsdp::bucketing_names;
 using kfsdp::fingerprint;
 using kfsdp::make_shard_plan;
 using kfsdp::operator==;
@@ -837,6 +863,7 @@ using kfsdp::step_log_options;
 // <kfsdp/train/trainer.hpp>
 export namespace kfsdp {
 using kfsdp::grad_accumulation;
+using kfsdp::grad_accumulation_names;
 using kfsdp::non_finite_loss;
 using kfsdp::parse_grad_accumulation;
 using kfsdp::step_result;
