@@ -34,6 +34,7 @@
 #include <kfsdp/fsdp/options.hpp>
 #include <kfsdp/fsdp/storage.hpp>
 #include <kfsdp/fsdp/trace.hpp>
+#include <kfsdp/meta/enum_names.hpp>
 #include <kfsdp/plan/shard_mapping.hpp>
 
 namespace kfsdp {
@@ -41,22 +42,12 @@ namespace kfsdp {
 enum class param_phase { sharded, gathering, unsharded };
 enum class grad_phase { none, accumulating, reducing };
 
-constexpr std::string_view to_string(param_phase phase) noexcept {
-  switch (phase) {
-    case param_phase::sharded: return "sharded";
-    case param_phase::gathering: return "gathering";
-    case param_phase::unsharded: return "unsharded";
-  }
-  return "?";
-}
-constexpr std::string_view to_string(grad_phase phase) noexcept {
-  switch (phase) {
-    case grad_phase::none: return "none";
-    case grad_phase::accumulating: return "accumulating";
-    case grad_phase::reducing: return "reducing";
-  }
-  return "?";
-}
+inline constexpr enum_names<param_phase, 3> param_phase_names = {
+    {param_phase::sharded, "sharded"}, {param_phase::gathering, "gathering"}, {param_phase::unsharded, "unsharded"}};
+inline constexpr enum_names<grad_phase, 3> grad_phase_names = {
+    {grad_phase::none, "none"}, {grad_phase::accumulating, "accumulating"}, {grad_phase::reducing, "reducing"}};
+constexpr std::string_view to_string(param_phase phase) noexcept { return name_of(param_phase_names, phase); }
+constexpr std::string_view to_string(grad_phase phase) noexcept { return name_of(grad_phase_names, phase); }
 
 // What every bucket's transitions use, owned by the engine.
 template <class Scalar>

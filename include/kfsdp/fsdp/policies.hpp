@@ -24,11 +24,11 @@ enum class sharding_strategy {
   zero3,  // free after each bucket's forward, gather again in backward
 };
 
-constexpr std::string_view to_string(sharding_strategy s) noexcept {
-  return s == sharding_strategy::zero2 ? "zero2" : "zero3";
-}
+inline constexpr enum_names<sharding_strategy, 2> sharding_strategy_names = {
+    {sharding_strategy::zero2, "zero2"}, {sharding_strategy::zero3, "zero3"}};
+constexpr std::string_view to_string(sharding_strategy s) noexcept { return name_of(sharding_strategy_names, s); }
 inline sharding_strategy parse_sharding(std::string_view text) {
-  return parse_named(text, {sharding_strategy::zero2, sharding_strategy::zero3}, "sharding");
+  return parse_named(text, sharding_strategy_names, "sharding");
 }
 
 // Where the average over ranks is taken around the gradients' SUM reduce-scatter. Dividing first
@@ -40,18 +40,12 @@ enum class gradient_division {
   split,   // ÷ f, sum, ÷ (world size / f), f = predivide_factor(world size) (FSDP1's split)
 };
 
-constexpr std::string_view to_string(gradient_division d) noexcept {
-  switch (d) {
-    case gradient_division::after: return "after";
-    case gradient_division::before: return "before";
-    case gradient_division::split: return "split";
-  }
-  return "?";
-}
+inline constexpr enum_names<gradient_division, 3> gradient_division_names = {
+    {gradient_division::after, "after"}, {gradient_division::before, "before"}, {gradient_division::split, "split"}};
+constexpr std::string_view to_string(gradient_division d) noexcept { return name_of(gradient_division_names, d); }
 
 inline gradient_division parse_gradient_division(std::string_view text) {
-  return parse_named(text, {gradient_division::after, gradient_division::before, gradient_division::split},
-                     "gradient division");
+  return parse_named(text, gradient_division_names, "gradient division");
 }
 
 // FSDP1's pre-divide factor, exactly as FSDP1 computes it: doubled from 1 while it divides the world
@@ -82,19 +76,14 @@ constexpr division_factors division_of(gradient_division d, std::size_t world_si
 // byte a value plus an f32 scale a block of 256. The master shards and the optimizer stay in Scalar.
 enum class wire_precision { scalar, bf16, f16, int8 };
 
-constexpr std::string_view to_string(wire_precision p) noexcept {
-  switch (p) {
-    case wire_precision::scalar: return "scalar";
-    case wire_precision::bf16: return "bf16";
-    case wire_precision::f16: return "f16";
-    case wire_precision::int8: return "int8";
-  }
-  return "?";
-}
+inline constexpr enum_names<wire_precision, 4> wire_precision_names = {{wire_precision::scalar, "scalar"},
+                                                                       {wire_precision::bf16, "bf16"},
+                                                                       {wire_precision::f16, "f16"},
+                                                                       {wire_precision::int8, "int8"}};
+constexpr std::string_view to_string(wire_precision p) noexcept { return name_of(wire_precision_names, p); }
 
 inline wire_precision parse_wire_precision(std::string_view text) {
-  return parse_named(text, {wire_precision::scalar, wire_precision::bf16, wire_precision::f16, wire_precision::int8},
-                     "precision");
+  return parse_named(text, wire_precision_names, "precision");
 }
 
 // Policy tags: fsdp<Model, Scalar, zero3, block_bucketing, static_world_size<8>> (any order, each

@@ -32,11 +32,11 @@ namespace kfsdp {
 
 enum class wrap_policy { blocks, layers, automatic };
 
-constexpr std::string_view to_string(wrap_policy w) noexcept {
-  return w == wrap_policy::blocks ? "blocks" : w == wrap_policy::layers ? "layers" : "auto";
-}
+inline constexpr enum_names<wrap_policy, 3> wrap_policy_names = {
+    {wrap_policy::automatic, "auto"}, {wrap_policy::blocks, "blocks"}, {wrap_policy::layers, "layers"}};
+constexpr std::string_view to_string(wrap_policy w) noexcept { return name_of(wrap_policy_names, w); }
 inline wrap_policy parse_wrap_policy(std::string_view text) {
-  return parse_named(text, {wrap_policy::automatic, wrap_policy::blocks, wrap_policy::layers}, "wrap policy");
+  return parse_named(text, wrap_policy_names, "wrap policy");
 }
 
 struct wrap_options {

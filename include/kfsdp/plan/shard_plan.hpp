@@ -24,6 +24,7 @@
 //   auto plan = kfsdp::make_shard_plan(kfsdp::param_table<M>, comm.size(), kfsdp::bucketing::layer);
 //   static_assert(kfsdp::static_shard_plan<M, 3, kfsdp::bucketing::layer>.buckets.size() == 2);
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -45,18 +46,13 @@ enum class bucketing {
   block,  // one per transformer block; parameters outside blocks grouped by layer
 };
 
-constexpr std::string_view to_string(bucketing b) noexcept {
-  switch (b) {
-    case bucketing::none: return "none";
-    case bucketing::layer: return "layer";
-    case bucketing::block: return "block";
-  }
-  return "?";
-}
+inline constexpr enum_names<bucketing, 3> bucketing_names = {
+    {bucketing::none, "none"}, {bucketing::layer, "layer"}, {bucketing::block, "block"}};
+constexpr std::string_view to_string(bucketing b) noexcept { return name_of(bucketing_names, b); }
 
 // "none" | "layer" | "block" (case as written); anything else throws naming the value.
 inline bucketing parse_bucketing(std::string_view text) {
-  return parse_named(text, {bucketing::none, bucketing::layer, bucketing::block}, "bucketing");
+  return parse_named(text, bucketing_names, "bucketing");
 }
 
 struct param_shard {
@@ -209,21 +205,34 @@ constexpr std::uint64_t fingerprint(const basic_shard_plan<Params, Buckets>& pla
 }
 
 namespace detail {
+// to = from element by element: a std::vector takes from's size, a std::array has it already.
+template <class To, class From>
+constexpr void assign_elements(To& to, const From& from) {
+  if constexpr (requires { to.assign(from.begin(), from.end()); }) to.assign(from.begin(), from.end());
+  else std::copy(from.begin(), from.end(), to.begin());
+}
+
+// The same plan in other containers (std::vector <-> std::array): every field copied.
+template <class To, class Params, class Buckets>
+constexpr To convert_plan(const basic_shard_plan<Params, Buckets>& from) {
+  To to;
+  to.world_size = from.world_size;
+  to.bucketing = from.bucketing;
+  assign_elements(to.params, from.params);
+  assign_elements(to.buckets, from.buckets);
+  to.shard_numel = from.shard_numel;
+  to.full_numel = from.full_numel;
+  to.padding_numel = from.padding_numel;
+  return to;
+}
+
 template <class Model, std::size_t WorldSize, bucketing Strategy>
 constexpr auto make_static_shard_plan() {
   constexpr std::size_t bucket_count =
       make_shard_plan(param_table<Model>, WorldSize, Strategy).buckets.size();
   constexpr std::size_t count = param_table<Model>.size();
-  const shard_plan dynamic = make_shard_plan(param_table<Model>, WorldSize, Strategy);
-  basic_shard_plan<std::array<param_shard, count>, std::array<bucket_shard, bucket_count>> plan;
-  plan.world_size = dynamic.world_size;
-  plan.bucketing = dynamic.bucketing;
-  for (std::size_t i = 0; i < count; ++i) plan.params[i] = dynamic.params[i];
-  for (std::size_t b = 0; b < bucket_count; ++b) plan.buckets[b] = dynamic.buckets[b];
-  plan.shard_numel = dynamic.shard_numel;
-  plan.full_numel = dynamic.full_numel;
-  plan.padding_numel = dynamic.padding_numel;
-  return plan;
+  return convert_plan<basic_shard_plan<std::array<param_shard, count>, std::array<bucket_shard, bucket_count>>>(
+      make_shard_plan(param_table<Model>, WorldSize, Strategy));
 }
 }  // namespace detail
 
@@ -238,15 +247,7 @@ inline constexpr auto static_shard_plan = [] {
 // The same plan held in std::vectors, e.g. to compare with one computed at run time.
 template <class Params, class Buckets>
 constexpr shard_plan to_dynamic(const basic_shard_plan<Params, Buckets>& plan) {
-  shard_plan out;
-  out.world_size = plan.world_size;
-  out.bucketing = plan.bucketing;
-  out.params.assign(plan.params.begin(), plan.params.end());
-  out.buckets.assign(plan.buckets.begin(), plan.buckets.end());
-  out.shard_numel = plan.shard_numel;
-  out.full_numel = plan.full_numel;
-  out.padding_numel = plan.padding_numel;
-  return out;
+  return detail::convert_plan<shard_plan>(plan);
 }
 
 }  // namespace kfsdp

@@ -19,6 +19,7 @@
 
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/fsdp/trace.hpp>
+#include <kfsdp/meta/enum_names.hpp>
 #include <kfsdp/optim/clip.hpp>
 #include <kfsdp/train/activation_meter.hpp>
 #include <kfsdp/train/network.hpp>
@@ -41,10 +42,13 @@ enum class grad_accumulation {
   sharded,    // reduce-scatter every micro-batch into the gradient shards (more traffic, less memory)
 };
 
+inline constexpr enum_names<grad_accumulation, 2> grad_accumulation_names = {
+    {grad_accumulation::unsharded, "unsharded"}, {grad_accumulation::sharded, "sharded"}};
+
+// A name of grad_accumulation_names, or "no_sync" (Thunder's name) for unsharded.
 inline grad_accumulation parse_grad_accumulation(const std::string& text) {
-  if (text == "unsharded" || text == "no_sync") return grad_accumulation::unsharded;
-  if (text == "sharded") return grad_accumulation::sharded;
-  throw std::invalid_argument("kfsdp: grad accumulation '" + text + "' is not one of unsharded, sharded");
+  if (text == "no_sync") return grad_accumulation::unsharded;
+  return parse_named(text, grad_accumulation_names, "grad accumulation");
 }
 
 struct trainer_options {

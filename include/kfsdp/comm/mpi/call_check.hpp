@@ -1,0 +1,94 @@
+#pragma once
+// The checks around an MPI call of kfsdp::comm::mpi: an error code turned into mpi::error, the
+// ranks' comparison of a collective before it is made (mpi::collective_mismatch, naming each rank's
+// call), and the wait that gives up after mpi_options::timeout (mpi::timeout). The descriptions and
+// messages are compiled into kfsdp_mpi (src/comm/mpi.cpp).
+//
+//   detail::check_mpi(MPI_Barrier(comm), "kfsdp::comm::mpi::barrier", "MPI_Barrier");  // throws mpi::error
+//   detail::describe({collective_kind::broadcast, 4, 10, 0})  // "broadcast(10 elements of 4 bytes, root 0)"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+
+#include <kfsdp/meta/half.hpp>
+
+namespace kfsdp::comm::detail {
+
+// MPI_Error_string's text for `code`.
+std::string mpi_error_text(int code);
+
+// An MPI call that returned an error code; what() carries MPI_Error_string's text (mpi::error).
+class mpi_error : public std::runtime_error {
+ public:
+  mpi_error(std::string_view function, std::string_view mpi_call, int code);
+  [[nodiscard]] int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+// Ranks that called different collectives (mpi_options::check_collectives; mpi::collective_mismatch).
+class collective_mismatch : public std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// A collective not complete within mpi_options::timeout (mpi::timeout).
+class collective_timeout : public std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Throws mpi_error unless `code` is MPI_SUCCESS.
+inline void check_mpi(int code, std::string_view function, std::string_view mpi_call) {
+  if (code != MPI_SUCCESS) throw mpi_error(function, mpi_call, code);
+}
+
+// The collective_timeout that wait_polling throws.
+[[noreturn]] void throw_timeout(std::string_view function, std::chrono::duration<double> limit, int rank, int size);
+
+// Polls operation.test() until it completes; throws collective_timeout once `limit` has passed.
+template <class Operation>
+void wait_polling(Operation& operation, std::string_view function, std::chrono::duration<double> limit, int rank,
+                  int size) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(limit);
+  while (!operation.test()) {
+    if (std::chrono::steady_clock::now() > deadline) throw_timeout(function, limit, rank, size);
+    std::this_thread::yield();
+  }
+}
+
+// What the ranks compare before a checked collective: the same on every rank, or a user's bug.
+enum class collective_kind : std::uint64_t {
+  all_gather, reduce_scatter_sum, broadcast, all_reduce_sum, all_reduce_max, all_reduce_min, barrier,
+  all_gather_parts, reduce_scatter_parts
+};
+// The last kind: a larger value read from another rank (another kfsdp version) reads as this one.
+constexpr collective_kind collective_kind_last = collective_kind::reduce_scatter_parts;
+// What the ranks compare of an element type: its bytes, and for the two 2-byte floating-point
+// formats a tag, so that bf16 on one rank against f16 on another is a mismatch too.
+constexpr std::uint64_t half_tag_bf16 = 0x100, half_tag_f16 = 0x200;
+template <class T>
+constexpr std::uint64_t element_code() {
+  if constexpr (std::is_same_v<T, bf16>) return sizeof(T) | half_tag_bf16;
+  else if constexpr (std::is_same_v<T, f16>) return sizeof(T) | half_tag_f16;
+  else return sizeof(T);
+}
+struct collective_call {
+  collective_kind kind;
+  std::uint64_t element_bytes;  // element_code<T>(); 0 for a barrier
+  std::uint64_t count;          // per rank for all_gather (send) and reduce_scatter_sum (recv)
+  std::uint64_t root;           // broadcast: the root; *_parts: the number of parts
+  friend bool operator==(const collective_call&, const collective_call&) = default;
+};
+// "broadcast(10 elements of 4 bytes, root 0)".
+std::string describe(const collective_call& call);
+// "all_gather(...) on ranks 0, 2; broadcast(...) on rank 1": each distinct call once.
+std::string describe_calls(std::span<const collective_call> by_rank);
+
+}  // namespace kfsdp::comm::detail

@@ -1,0 +1,56 @@
+#pragma once
+// mpi_options — how a kfsdp::comm::mpi communicator guards against collectives that the ranks do
+// not call alike, and how it reaches device memory. The defaults come from the environment
+// (KFSDP_CHECK_COLLECTIVES, KFSDP_COLLECTIVE_TIMEOUT), read in src/comm/mpi.cpp.
+//
+//   kfsdp::comm::mpi world(MPI_COMM_WORLD, {.check_collectives = true, .timeout = std::chrono::minutes(2)});
+
+#include <chrono>
+
+namespace kfsdp::comm {
+
+namespace detail {
+// The defaults of mpi_options, from the environment so a job can switch them without a rebuild.
+// KFSDP_CHECK_COLLECTIVES: 1, on, 0 or off; unset, `when_unset`; anything else throws.
+bool check_collectives_from_environment(bool when_unset);
+// Unset, on in the caller's builds without NDEBUG (decided here, in the caller's translation unit).
+inline bool default_check_collectives() {
+#ifdef NDEBUG
+  return check_collectives_from_environment(false);
+#else
+  return check_collectives_from_environment(true);
+#endif
+}
+// 10 minutes, as PyTorch's process groups: a rank that skips a collective ends the job with an
+// error naming the call instead of a hang, and no healthy collective waits that long.
+inline constexpr std::chrono::duration<double> collective_timeout_default{600.0};
+// KFSDP_COLLECTIVE_TIMEOUT: seconds >= 0 (0: no timeout); unset, collective_timeout_default.
+std::chrono::duration<double> default_collective_timeout();
+}  // namespace detail
+
+// How an mpi communicator guards against collectives that the ranks do not call alike.
+//
+//   kfsdp::comm::mpi world(MPI_COMM_WORLD, {.check_collectives = true, .timeout = std::chrono::minutes(2)});
+struct mpi_options {
+  // Before each collective the ranks all-gather what they are about to call (kind, element size,
+  // count, root) and, where they differ, throw collective_mismatch on every rank naming each
+  // rank's call, instead of hanging or failing with MPI_ERR_TRUNCATE. One 32-byte all-gather per
+  // call: on by default in builds without NDEBUG; KFSDP_CHECK_COLLECTIVES=1|0 sets the default.
+  bool check_collectives = detail::default_check_collectives();
+  // A collective that has not completed after this long throws mpi::timeout naming the call (as
+  // NCCL's watchdog does), e.g. when another rank never calls it; the communicator must not be
+  // used afterwards. 600 s by default; KFSDP_COLLECTIVE_TIMEOUT=<seconds> sets the default; zero
+  // waits forever.
+  std::chrono::duration<double> timeout = detail::default_collective_timeout();
+  // How MPI reaches buffers that the host cannot touch (span_in<T, Kokkos::CudaSpace>):
+  //   automatic  the device pointers themselves when MPI says it reads device memory
+  //              (MPIX_Query_cuda_support), else through host copies (staged);
+  //   direct     the device pointers themselves (you know your MPI is CUDA-aware);
+  //   staged     through host copies in staging_space (pinned with CUDA), also for host memory,
+  //              which is how the tests run this path on a CPU machine.
+  // Host memory takes the direct path unless staged is set. Every rank must pass the same value.
+  enum class device_memory_path { automatic, direct, staged };
+  device_memory_path device_memory = device_memory_path::automatic;
+};
+
+}  // namespace kfsdp::comm
