@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::comm::mpi — the MPI communicator backend (opt-in: this header includes mpi.h).
 //
 // It wraps MPI_COMM_WORLD, or any MPI_Comm you pass, duplicated with MPI_Comm_dup so kfsdp's
@@ -242,7 +243,7 @@ struct mpi_options {
   device_memory_path device_memory = device_memory_path::automatic;
 };
 
-class mpi {
+KFSDP_EXPORT class mpi {
  public:
   class environment;
 
@@ -1245,7 +1246,7 @@ static_assert(communicator_in<mpi, Kokkos::HostSpace>);
 //     kfsdp::comm::mpi world;
 //     return kfsdp::comm::run_or_abort(world, [&] { return train(world); });
 //   }
-template <class Program>
+KFSDP_EXPORT template <class Program>
 int run_or_abort(mpi& world, Program&& program,
                  std::chrono::duration<double> grace = std::chrono::seconds(3)) {
   constexpr std::string_view function = "kfsdp::comm::run_or_abort";

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Thunder's fsdp() options (the policy tags and enums they take are in fsdp/policies.hpp).
 //
 //   kfsdp::fsdp_options opt{.sharding_strategy = kfsdp::sharding_strategy::zero3,
@@ -14,7 +15,7 @@
 
 namespace kfsdp {
 
-struct fsdp_options {
+KFSDP_EXPORT struct fsdp_options {
   kfsdp::sharding_strategy sharding_strategy = sharding_strategy::zero2;
   kfsdp::bucketing bucketing_strategy = bucketing::none;
   // Rank whose parameters become everyone's before sharding (nullopt: none); under HSDP, that

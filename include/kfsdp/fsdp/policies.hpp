@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // The choices of Thunder's fsdp(): sharding, gradient division and wire precision as enums (the
 // run-time options, fsdp/options.hpp), and the policy tags that select them at compile time:
 //
@@ -19,28 +20,28 @@
 namespace kfsdp {
 
 // Thunder's FSDPType.
-enum class sharding_strategy {
+KFSDP_EXPORT enum class sharding_strategy {
   zero2,  // gather once per step before forward, keep the unsharded parameters for backward
   zero3,  // free after each bucket's forward, gather again in backward
 };
 
-constexpr std::string_view to_string(sharding_strategy s) noexcept {
+KFSDP_EXPORT constexpr std::string_view to_string(sharding_strategy s) noexcept {
   return s == sharding_strategy::zero2 ? "zero2" : "zero3";
 }
-inline sharding_strategy parse_sharding(std::string_view text) {
+KFSDP_EXPORT inline sharding_strategy parse_sharding(std::string_view text) {
   return parse_named(text, {sharding_strategy::zero2, sharding_strategy::zero3}, "sharding");
 }
 
 // Where the average over ranks is taken around the gradients' SUM reduce-scatter. Dividing first
 // keeps a low-precision sum from overflowing at large world sizes; in f32 and f64 all three give the
 // same average to rounding.
-enum class gradient_division {
+KFSDP_EXPORT enum class gradient_division {
   after,   // sum, then ÷ world size
   before,  // ÷ world size, then sum (Thunder's pre-divide)
   split,   // ÷ f, sum, ÷ (world size / f), f = predivide_factor(world size) (FSDP1's split)
 };
 
-constexpr std::string_view to_string(gradient_division d) noexcept {
+KFSDP_EXPORT constexpr std::string_view to_string(gradient_division d) noexcept {
   switch (d) {
     case gradient_division::after: return "after";
     case gradient_division::before: return "before";
@@ -49,7 +50,7 @@ constexpr std::string_view to_string(gradient_division d) noexcept {
   return "?";
 }
 
-inline gradient_division parse_gradient_division(std::string_view text) {
+KFSDP_EXPORT inline gradient_division parse_gradient_division(std::string_view text) {
   return parse_named(text, {gradient_division::after, gradient_division::before, gradient_division::split},
                      "gradient division");
 }
@@ -79,9 +80,9 @@ constexpr division_factors division_of(gradient_division d, std::size_t world_si
 
 // The element type a collective carries (mixed precision): `scalar` is the engine's own (no
 // conversion); bf16 and f16 halve the bytes. The master shards and the optimizer stay in Scalar.
-enum class wire_precision { scalar, bf16, f16 };
+KFSDP_EXPORT enum class wire_precision { scalar, bf16, f16 };
 
-constexpr std::string_view to_string(wire_precision p) noexcept {
+KFSDP_EXPORT constexpr std::string_view to_string(wire_precision p) noexcept {
   switch (p) {
     case wire_precision::scalar: return "scalar";
     case wire_precision::bf16: return "bf16";
@@ -90,7 +91,7 @@ constexpr std::string_view to_string(wire_precision p) noexcept {
   return "?";
 }
 
-inline wire_precision parse_wire_precision(std::string_view text) {
+KFSDP_EXPORT inline wire_precision parse_wire_precision(std::string_view text) {
   return parse_named(text, {wire_precision::scalar, wire_precision::bf16, wire_precision::f16}, "precision");
 }
 
@@ -110,11 +111,11 @@ template <std::size_t N>
 struct static_world_size {
   static constexpr std::size_t value = N;
 };
-using zero2 = sharding_policy<sharding_strategy::zero2>;
-using zero3 = sharding_policy<sharding_strategy::zero3>;
-using no_bucketing = bucketing_policy<bucketing::none>;
-using layer_bucketing = bucketing_policy<bucketing::layer>;
-using block_bucketing = bucketing_policy<bucketing::block>;
+KFSDP_EXPORT using zero2 = sharding_policy<sharding_strategy::zero2>;
+KFSDP_EXPORT using zero3 = sharding_policy<sharding_strategy::zero3>;
+KFSDP_EXPORT using no_bucketing = bucketing_policy<bucketing::none>;
+KFSDP_EXPORT using layer_bucketing = bucketing_policy<bucketing::layer>;
+KFSDP_EXPORT using block_bucketing = bucketing_policy<bucketing::block>;
 
 namespace detail {
 template <class T>

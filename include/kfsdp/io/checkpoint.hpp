@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::io checkpoint — the full model (and the training state beside it) in ONE standard
 // safetensors file, written and read in parallel with MPI-IO (opt-in: this header includes mpi.h).
 //
@@ -63,7 +64,7 @@ namespace kfsdp::io {
 /// disagree), std::runtime_error (the file system); `path` is then left as it was.
 ///
 ///   kfsdp::io::save_model("gpt.safetensors", engine, world, {{"model.layers", "4"}});
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 void save_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
                 const metadata_map& metadata = {}, dtype stored = dtype_of<Scalar>);
 
@@ -74,7 +75,7 @@ void save_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, 
 /// or HSDP; every rank of every group returns, or throws, together.
 ///
 ///   kfsdp::io::save_checkpoint("ckpt.safetensors", engine, world, state);
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 void save_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
                      comm::mpi& comm, const checkpoint_state<Scalar>& state);
 
@@ -89,7 +90,7 @@ void save_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& eng
 /// shards are then unchanged.
 ///
 ///   kfsdp::io::load_model("gpt.safetensors", engine, world);
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 metadata_map load_model(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
                         comm::mpi& comm);
 
@@ -98,7 +99,7 @@ metadata_map load_model(const std::filesystem::path& path, fsdp_engine<Scalar>& 
 /// that does not parse or verify, naming the file.
 ///
 ///   const auto metadata = kfsdp::io::read_metadata("ckpt.safetensors", world);
-[[nodiscard]] metadata_map read_metadata(const std::filesystem::path& path, comm::mpi& comm);
+KFSDP_EXPORT [[nodiscard]] metadata_map read_metadata(const std::filesystem::path& path, comm::mpi& comm);
 
 /// What import_weights did, by tensor name: what it loaded, what the model has and the file lacks
 /// (left as they were, e.g. freshly initialised), what the file has and the model lacks (ignored).
@@ -123,7 +124,7 @@ struct import_report {
 ///   ...                                                                       // a new run:
 ///   const kfsdp::io::import_report report = kfsdp::io::import_weights("pretrained.safetensors", engine, world);
 ///   if (world.rank() == 0) fmt::print("{}\n", kfsdp::io::describe(report));
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 [[nodiscard]] import_report import_weights(const std::filesystem::path& path,
                                            fsdp_engine<Scalar>& engine, comm::mpi& comm);
 
@@ -133,7 +134,7 @@ template <class Scalar>
 ///
 ///   kfsdp::io::load_checkpoint("ckpt.safetensors", engine, world, state);
 ///   std::int64_t step = std::stoll(state.metadata.at("step"));
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 void load_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& engine,
                      comm::mpi& comm, checkpoint_state<Scalar>& state);
 
@@ -141,7 +142,7 @@ void load_checkpoint(const std::filesystem::path& path, fsdp_engine<Scalar>& eng
 /// part (an optimizer, a sampler) and `metadata`, in one file; the caller names no tensor.
 ///
 ///   kfsdp::io::save_training_state("run.safetensors", engine, world, {{"step", "20"}}, optimizer);
-template <class Scalar, class... Parts>
+KFSDP_EXPORT template <class Scalar, class... Parts>
   requires(stateful<Parts, Scalar> && ...)
 void save_training_state(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
                          const metadata_map& metadata, const Parts&... parts) {
@@ -157,7 +158,7 @@ void save_training_state(const std::filesystem::path& path, fsdp_engine<Scalar>&
 ///
 ///   const auto metadata = kfsdp::io::load_training_state("run.safetensors", engine, world, optimizer);
 ///   const std::size_t step = kfsdp::io::metadata_count(metadata, "step");
-template <class Scalar, class... Parts>
+KFSDP_EXPORT template <class Scalar, class... Parts>
   requires(stateful<Parts, Scalar> && ...)
 metadata_map load_training_state(const std::filesystem::path& path, fsdp_engine<Scalar>& engine, comm::mpi& comm,
                                  Parts&... parts) {

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::io Hugging Face checkpoints — a model directory as transformers' save_pretrained writes it
 // and from_pretrained reads it, loaded into and saved from a trainer's sharded parameters over
 // MPI-IO (opt-in: this header includes mpi.h). Parameters are matched by name, so the model's
@@ -46,7 +47,7 @@ namespace kfsdp::io {
 ///
 ///   kfsdp::io::load_pretrained("tiny-llama", engine, world);
 ///   kfsdp::io::load_pretrained("tied-llama", engine, world, {"lm_head.weight"});
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 void load_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>& engine, comm::mpi& comm,
                      const std::vector<std::string>& ignore = {});
 
@@ -59,7 +60,7 @@ void load_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>
 /// the engine's scalar, or a parameter that is not finite; std::runtime_error for the file system.
 ///
 ///   kfsdp::io::save_pretrained("tuned-llama", engine, world, kfsdp::io::llama_config_json(config));
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 void save_pretrained(const std::filesystem::path& directory, fsdp_engine<Scalar>& engine, comm::mpi& comm,
                      std::string_view config_json, dtype stored = dtype_of<Scalar>);
 

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::io safetensors — the file format alone (no MPI, no Kokkos): build a header that says where
 // every tensor's bytes go, and parse and validate the header of an existing file.
 //
@@ -51,7 +52,7 @@ enum class dtype : std::uint8_t { BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, F16,
 [[nodiscard]] std::optional<dtype> parse_dtype(std::string_view name) noexcept;
 
 /// The dtype of a C++ scalar type: dtype_of<float> == dtype::F32.
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 inline constexpr dtype dtype_of = [] {
   static_assert(sizeof(Scalar) == 0,
                 "dtype_of<Scalar>: no safetensors dtype for this type; use float, double, an "
@@ -71,7 +72,7 @@ template <> inline constexpr dtype dtype_of<std::int64_t> = dtype::I64;
 template <> inline constexpr dtype dtype_of<std::uint64_t> = dtype::U64;
 
 /// `__metadata__`: string keys to string values, written in key order.
-using metadata_map = std::map<std::string, std::string, std::less<>>;
+KFSDP_EXPORT using metadata_map = std::map<std::string, std::string, std::less<>>;
 
 /// What the writer knows about a tensor before it is written: name, element type, shape.
 ///

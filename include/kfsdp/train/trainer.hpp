@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::trainer<Model, Scalar, Policies...> — trains any model descriptor with FSDP: it owns the
 // engine (fsdp<Model, Scalar, Policies...>), runs forward unit by unit through the engine's
 // schedule (the root first, each unit gathered with the next one prefetched, ZeRO2 or ZeRO3),
@@ -36,18 +37,18 @@
 namespace kfsdp {
 
 // How gradients of K micro-batches accumulate.
-enum class grad_accumulation {
+KFSDP_EXPORT enum class grad_accumulation {
   unsharded,  // Thunder's no_sync: keep full gradients, reduce-scatter once (less traffic, more memory)
   sharded,    // reduce-scatter every micro-batch into the gradient shards (more traffic, less memory)
 };
 
-inline grad_accumulation parse_grad_accumulation(const std::string& text) {
+KFSDP_EXPORT inline grad_accumulation parse_grad_accumulation(const std::string& text) {
   if (text == "unsharded" || text == "no_sync") return grad_accumulation::unsharded;
   if (text == "sharded") return grad_accumulation::sharded;
   throw std::invalid_argument("kfsdp: grad accumulation '" + text + "' is not one of unsharded, sharded");
 }
 
-struct trainer_options {
+KFSDP_EXPORT struct trainer_options {
   // Activation checkpointing per unit: forward keeps only each unit's input, backward recomputes.
   bool checkpointing = false;
   // A step whose loss or gradient norm is NaN or infinite throws non_finite_loss before the
@@ -57,7 +58,7 @@ struct trainer_options {
 
 // A diverged step (trainer_options::stop_on_non_finite): thrown on every rank alike, the weights
 // and the optimizer's state as they were before the step.
-class non_finite_loss : public std::runtime_error {
+KFSDP_EXPORT class non_finite_loss : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
@@ -405,7 +406,7 @@ struct engine_holder {
 };
 }  // namespace detail
 
-template <descriptor Model, class Scalar, class... Policies>
+KFSDP_EXPORT template <descriptor Model, class Scalar, class... Policies>
 class trainer : private detail::engine_holder<fsdp<Model, Scalar, Policies...>>, public trainer_core<Model, Scalar> {
   using holder = detail::engine_holder<fsdp<Model, Scalar, Policies...>>;
 
@@ -421,7 +422,7 @@ class trainer : private detail::engine_holder<fsdp<Model, Scalar, Policies...>>,
 // The trainer that options select (sharding, bucketing), for settings known at run time; f gets
 // its trainer_core, so that f's body is compiled once, not once per policy pair:
 //   kfsdp::with_trainer<float>(model, world, {.sharding_strategy = zero3}, {}, [&](auto& t) { ... });
-template <class Scalar, descriptor Model, class F>
+KFSDP_EXPORT template <class Scalar, descriptor Model, class F>
 decltype(auto) with_trainer(const Model& model, comm::any_communicator comm, const fsdp_options& options,
                             trainer_options t, F&& f) {
   return meta::mp_with_index<2>(static_cast<std::size_t>(options.sharding_strategy), [&](auto s) -> decltype(auto) {
