@@ -1,16 +1,19 @@
-// The C++20 module `kfsdp`: kfsdp's whole public API, as `import kfsdp;`.
+// The C++20 module `kfsdp`: kfsdp's public API, as `import kfsdp;`.
 //
 //   import kfsdp;
-//   kfsdp::fsdp_engine<float> engine(kfsdp::make_param_table(model), comm, {.sharding_strategy = kfsdp::zero3});
+//   kfsdp::trainer<model, float, kfsdp::zero3, kfsdp::block_bucketing> trainer(model{}, world);
 //
 // libc++'s std module's pattern: the headers are included in the global module fragment, so what
 // they declare stays attached to the global module (one entity whether a program imports, includes
-// or both, and the same symbols as kfsdp's compiled libraries), and the purview exports only the
-// public names, by using-declarations: never a detail:: name, nor fmt, Kokkos or MPI (an importer
-// includes those it names itself; their macros, KOKKOS_LAMBDA among them, never cross an import).
-// The MPI communicator and checkpoints are in it where <mpi.h> is on the include path, the NCCL
-// backend with -DKFSDP_HAVE_NCCL. scripts/module-exports writes the list below from the headers' AST
-// and a test checks that it is complete.
+// or both, and the same symbols as kfsdp's compiled libraries), and the purview exports the public
+// names only, by using-declarations: those whose declaration the headers mark with KFSDP_EXPORT
+// (include/kfsdp/export.hpp, as fmt marks with FMT_EXPORT). Never a detail:: name, the engine's
+// internals, nor fmt, Kokkos or MPI (an importer includes those it names itself; their macros,
+// KOKKOS_LAMBDA among them, never cross an import). What an exported name returns stays usable
+// without a name of its own. The MPI communicator and checkpoints are in it where <mpi.h> is on the
+// include path, the NCCL backend with -DKFSDP_HAVE_NCCL. scripts/module-exports writes the lists
+// below from the headers' AST and their marks; the module tests check that they are what the
+// headers mark and that no internal name is among them.
 module;
 
 #if __has_include(<mpi.h>)
