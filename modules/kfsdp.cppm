@@ -1,16 +1,19 @@
-// The C++20 module `kfsdp`: kfsdp's whole public API, as `import kfsdp;`.
+// The C++20 module `kfsdp`: kfsdp's public API, as `import kfsdp;`.
 //
 //   import kfsdp;
-//   kfsdp::fsdp_engine<float> engine(kfsdp::make_param_table(model), comm, {.sharding_strategy = kfsdp::zero3});
+//   kfsdp::trainer<model, float, kfsdp::zero3, kfsdp::block_bucketing> trainer(model{}, world);
 //
 // libc++'s std module's pattern: the headers are included in the global module fragment, so what
 // they declare stays attached to the global module (one entity whether a program imports, includes
-// or both, and the same symbols as kfsdp's compiled libraries), and the purview exports only the
-// public names, by using-declarations: never a detail:: name, nor fmt, Kokkos or MPI (an importer
-// includes those it names itself; their macros, KOKKOS_LAMBDA among them, never cross an import).
-// The MPI communicator and checkpoints are in it where <mpi.h> is on the include path, the NCCL
-// backend with -DKFSDP_HAVE_NCCL. scripts/module-exports writes the list below from the headers' AST
-// and a test checks that it is complete.
+// or both, and the same symbols as kfsdp's compiled libraries), and the purview exports the public
+// names only, by using-declarations: those whose declaration the headers mark with KFSDP_EXPORT
+// (include/kfsdp/export.hpp, as fmt marks with FMT_EXPORT). Never a detail:: name, the engine's
+// internals, nor fmt, Kokkos or MPI (an importer includes those it names itself; their macros,
+// KOKKOS_LAMBDA among them, never cross an import). What an exported name returns stays usable
+// without a name of its own. The MPI communicator and checkpoints are in it where <mpi.h> is on the
+// include path, the NCCL backend with -DKFSDP_HAVE_NCCL. scripts/module-exports writes the lists
+// below from the headers' AST and their marks; the module tests check that they are what the
+// headers mark and that no internal name is among them.
 module;
 
 #if __has_include(<mpi.h>)
@@ -27,6 +30,7 @@ module;
 #include <kfsdp/detail/erf.hpp>
 #include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/environment.hpp>
+#include <kfsdp/export.hpp>
 #include <kfsdp/expr/expression.hpp>
 #include <kfsdp/expr/rowwise_kernels.hpp>
 #include <kfsdp/fsdp/bucket_unit.hpp>
@@ -107,6 +111,12 @@ module;
 #endif
 #ifdef KFSDP_MODULE_MPI
 #include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/call_check.hpp>
+#include <kfsdp/comm/mpi/communicator.hpp>
+#include <kfsdp/comm/mpi/datatypes.hpp>
+#include <kfsdp/comm/mpi/environment.hpp>
+#include <kfsdp/comm/mpi/options.hpp>
+#include <kfsdp/comm/mpi/ring.hpp>
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 #include <kfsdp/session.hpp>
@@ -122,58 +132,28 @@ using kfsdp::comm::any_communicator;
 }
 // <kfsdp/comm/communicator.hpp>
 export namespace kfsdp::comm {
-using kfsdp::comm::agrees;
 using kfsdp::comm::all_gather;
 using kfsdp::comm::all_reduce_sum;
-using kfsdp::comm::all_reduces;
-using kfsdp::comm::any_rank;
-using kfsdp::comm::broadcast;
-using kfsdp::comm::broadcasts;
 using kfsdp::comm::check_agreement;
 using kfsdp::comm::communicator;
-using kfsdp::comm::communicator_in;
-using kfsdp::comm::element;
-using kfsdp::comm::first_rank_with;
-using kfsdp::comm::gathers;
-using kfsdp::comm::half_element;
-using kfsdp::comm::has_host_channel;
-using kfsdp::comm::has_range_over_ranks;
-using kfsdp::comm::host_span;
-using kfsdp::comm::moves_elements;
-using kfsdp::comm::moves_elements_in;
-using kfsdp::comm::ordered_element;
-using kfsdp::comm::range_over_ranks;
-using kfsdp::comm::ranked;
-using kfsdp::comm::reduce_scatter_sum;
-using kfsdp::comm::reduce_scatters;
-using kfsdp::comm::reduces_extrema;
-using kfsdp::comm::request;
-using kfsdp::comm::request_state;
 using kfsdp::comm::span_in;
-using kfsdp::comm::synchronises;
-using kfsdp::comm::value_range;
-using kfsdp::comm::wait_all;
-using kfsdp::comm::when_all;
 }
 // <kfsdp/comm/memory.hpp>
 export namespace kfsdp::comm {
 using kfsdp::comm::gather_part;
-using kfsdp::comm::gathers_parts;
-using kfsdp::comm::host_accessible;
 using kfsdp::comm::iall_gather_parts;
-using kfsdp::comm::ireduce_scatter_sum;
 using kfsdp::comm::ireduce_scatter_sum_parts;
 using kfsdp::comm::reduce_scatter_part;
-using kfsdp::comm::reduces_parts;
-using kfsdp::comm::scale_type;
-using kfsdp::comm::scales_reduce_scatter;
-using kfsdp::comm::staging_space;
 }
 #ifdef KFSDP_MODULE_MPI
-// <kfsdp/comm/mpi.hpp>
+// <kfsdp/comm/mpi/communicator.hpp>
 export namespace kfsdp::comm {
 using kfsdp::comm::mpi;
-using kfsdp::comm::mpi_options;
+}
+#endif
+#ifdef KFSDP_MODULE_MPI
+// <kfsdp/comm/mpi/environment.hpp>
+export namespace kfsdp::comm {
 using kfsdp::comm::run_or_abort;
 }
 #endif
@@ -185,183 +165,43 @@ using kfsdp::comm::self;
 export namespace kfsdp::comm {
 using kfsdp::comm::threaded;
 }
-// <kfsdp/detail/erf.hpp>
-export namespace kfsdp::math {
-using kfsdp::math::fast_erf;
-using kfsdp::math::fast_exp_nonpositive;
-}
 // <kfsdp/environment.hpp>
 export namespace kfsdp {
 using kfsdp::environment;
 }
-// <kfsdp/expr/expression.hpp>
-export namespace kfsdp::expr {
-using kfsdp::expr::abs;
-using kfsdp::expr::abs_fn;
-using kfsdp::expr::add_fn;
-using kfsdp::expr::adjoint_pair;
-using kfsdp::expr::as_node;
-using kfsdp::expr::binary;
-using kfsdp::expr::binary_tape;
-using kfsdp::expr::broadcast;
-using kfsdp::expr::constant;
-using kfsdp::expr::div_fn;
-using kfsdp::expr::erf;
-using kfsdp::expr::erf_fn;
-using kfsdp::expr::exp;
-using kfsdp::expr::exp_fn;
-using kfsdp::expr::hoistable;
-using kfsdp::expr::input;
-using kfsdp::expr::is_reduce_v;
-using kfsdp::expr::leaf_tape;
-using kfsdp::expr::log;
-using kfsdp::expr::log_fn;
-using kfsdp::expr::make_binary;
-using kfsdp::expr::make_unary;
-using kfsdp::expr::max;
-using kfsdp::expr::max_fn;
-using kfsdp::expr::max_kind;
-using kfsdp::expr::max_params;
-using kfsdp::expr::mean;
-using kfsdp::expr::mean_kind;
-using kfsdp::expr::min;
-using kfsdp::expr::min_fn;
-using kfsdp::expr::mul_fn;
-using kfsdp::expr::neg_fn;
-using kfsdp::expr::node;
-using kfsdp::expr::node_tag;
-using kfsdp::expr::node_type;
-using kfsdp::expr::numbered;
-using kfsdp::expr::numbered_operand;
-using kfsdp::expr::operands;
-using kfsdp::expr::operator*;
-using kfsdp::expr::operator+;
-using kfsdp::expr::operator-;
-using kfsdp::expr::operator/;
-using kfsdp::expr::param;
-using kfsdp::expr::pow;
-using kfsdp::expr::pow_fn;
-using kfsdp::expr::record;
-using kfsdp::expr::reduce;
-using kfsdp::expr::row;
-using kfsdp::expr::row_value_kind;
-using kfsdp::expr::rsqrt;
-using kfsdp::expr::rsqrt_fn;
-using kfsdp::expr::shape;
-using kfsdp::expr::sigmoid;
-using kfsdp::expr::sigmoid_fn;
-using kfsdp::expr::sqrt;
-using kfsdp::expr::sqrt_fn;
-using kfsdp::expr::sub_fn;
-using kfsdp::expr::sum;
-using kfsdp::expr::sum_kind;
-using kfsdp::expr::tanh;
-using kfsdp::expr::tanh_fn;
-using kfsdp::expr::unary;
-using kfsdp::expr::unary_tape;
-}
-// <kfsdp/expr/rowwise_kernels.hpp>
-export namespace kfsdp::expr {
-using kfsdp::expr::constant_adjoint;
-using kfsdp::expr::element_sink;
-using kfsdp::expr::is_max_v;
-using kfsdp::expr::is_mean_v;
-using kfsdp::expr::is_row_value_v;
-using kfsdp::expr::lane_adjoints;
-using kfsdp::expr::lane_sum;
-using kfsdp::expr::lanes;
-using kfsdp::expr::leaf_sink;
-using kfsdp::expr::matrix_adjoint;
-using kfsdp::expr::reduction_sink;
-using kfsdp::expr::rowwise_kernels;
-using kfsdp::expr::rowwise_runner;
-using kfsdp::expr::same_reduction;
-using kfsdp::expr::summed_v;
-}
-// <kfsdp/fsdp/bucket_unit.hpp>
-export namespace kfsdp {
-using kfsdp::bucket_unit;
-using kfsdp::grad_phase;
-using kfsdp::param_phase;
-using kfsdp::to_string;
-using kfsdp::unit_context;
-}
-// <kfsdp/fsdp/buffer_pool.hpp>
-export namespace kfsdp {
-using kfsdp::buffer_pool;
-}
 // <kfsdp/fsdp/engine.hpp>
 export namespace kfsdp {
-using kfsdp::default_init;
 using kfsdp::fsdp_engine;
-using kfsdp::memory_report;
-using kfsdp::param_range;
 }
 // <kfsdp/fsdp/fsdp.hpp>
 export namespace kfsdp {
 using kfsdp::fsdp;
-using kfsdp::unit_hooks;
 using kfsdp::with_fsdp;
 }
 // <kfsdp/fsdp/memory_fit.hpp>
 export namespace kfsdp {
-using kfsdp::available_host_memory;
 using kfsdp::describe;
 using kfsdp::estimate_memory;
-using kfsdp::format_bytes;
 using kfsdp::memory_need;
 }
 // <kfsdp/fsdp/options.hpp>
 export namespace kfsdp {
 using kfsdp::fsdp_options;
 }
-// <kfsdp/fsdp/pack.hpp>
-export namespace kfsdp::kernels {
-using kfsdp::kernels::accumulate_scaled;
-using kfsdp::kernels::accumulate_wire_scaled;
-using kfsdp::kernels::fill_init;
-using kfsdp::kernels::flat_view;
-using kfsdp::kernels::from_wire;
-using kfsdp::kernels::pack_param;
-using kfsdp::kernels::param_init;
-using kfsdp::kernels::to_wire;
-using kfsdp::kernels::unpack_param;
-}
 // <kfsdp/fsdp/policies.hpp>
 export namespace kfsdp {
 using kfsdp::block_bucketing;
-using kfsdp::bucketing_policy;
-using kfsdp::division_factors;
-using kfsdp::division_of;
 using kfsdp::gradient_division;
 using kfsdp::layer_bucketing;
 using kfsdp::no_bucketing;
 using kfsdp::parse_gradient_division;
 using kfsdp::parse_sharding;
 using kfsdp::parse_wire_precision;
-using kfsdp::predivide_factor;
-using kfsdp::sharding_policy;
 using kfsdp::sharding_strategy;
-using kfsdp::static_world_size;
 using kfsdp::to_string;
 using kfsdp::wire_precision;
 using kfsdp::zero2;
 using kfsdp::zero3;
-}
-// <kfsdp/fsdp/quantize.hpp>
-export namespace kfsdp {
-using kfsdp::int8_blocks;
-using kfsdp::int8_bucket_blocks;
-}
-export namespace kfsdp::kernels {
-using kfsdp::kernels::dequantize_int8;
-using kfsdp::kernels::quantize_int8;
-}
-// <kfsdp/fsdp/storage.hpp>
-export namespace kfsdp {
-using kfsdp::const_span_of;
-using kfsdp::sharded_storage;
-using kfsdp::span_of;
 }
 // <kfsdp/fsdp/trace.hpp>
 export namespace kfsdp {
@@ -369,23 +209,10 @@ using kfsdp::trace_recorder;
 }
 // <kfsdp/fsdp/units.hpp>
 export namespace kfsdp {
-using kfsdp::applied_policy;
-using kfsdp::fsdp_unit;
 using kfsdp::make_units;
 using kfsdp::parse_wrap_policy;
-using kfsdp::to_string;
-using kfsdp::unit_of_params;
 using kfsdp::units_table;
-using kfsdp::wrap_options;
 using kfsdp::wrap_policy;
-}
-// <kfsdp/infer/c_api.hpp>
-export namespace kfsdp::c_api {
-using kfsdp::c_api::features;
-using kfsdp::c_api::free_model;
-using kfsdp::c_api::last_error;
-using kfsdp::c_api::load;
-using kfsdp::c_api::predict;
 }
 // <kfsdp/infer/predictor.hpp>
 export namespace kfsdp {
@@ -394,8 +221,6 @@ using kfsdp::predictor;
 #ifdef KFSDP_MODULE_MPI
 // <kfsdp/io/checkpoint/checkpoint.hpp>
 export namespace kfsdp::io {
-using kfsdp::io::describe;
-using kfsdp::io::import_report;
 using kfsdp::io::import_weights;
 using kfsdp::io::load_checkpoint;
 using kfsdp::io::load_model;
@@ -406,16 +231,6 @@ using kfsdp::io::save_model;
 using kfsdp::io::save_training_state;
 }
 #endif
-// <kfsdp/io/checkpoint/checksum.hpp>
-export namespace kfsdp::io {
-using kfsdp::io::checksum_combine;
-using kfsdp::io::checksum_digest;
-using kfsdp::io::checksum_hex;
-using kfsdp::io::checksum_of;
-using kfsdp::io::checksum_state;
-using kfsdp::io::checksum_update;
-using kfsdp::io::format_hex64;
-}
 #ifdef KFSDP_MODULE_MPI
 // <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 export namespace kfsdp::io {
@@ -426,51 +241,21 @@ using kfsdp::io::save_pretrained;
 // <kfsdp/io/checkpoint/hf_config.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::llama_config_json;
-using kfsdp::io::parse_llama_config;
 using kfsdp::io::read_llama_config;
 }
 // <kfsdp/io/checkpoint/safetensors.hpp>
 export namespace kfsdp::io {
-using kfsdp::io::file_layout;
-using kfsdp::io::format_error;
-using kfsdp::io::header_builder;
-using kfsdp::io::header_length;
-using kfsdp::io::header_table;
-using kfsdp::io::make_header;
-using kfsdp::io::max_header_bytes;
-using kfsdp::io::max_json_depth;
 using kfsdp::io::metadata_map;
-using kfsdp::io::parse_header;
-using kfsdp::io::tensor_entry;
-using kfsdp::io::tensor_info;
 }
 // <kfsdp/io/checkpoint/safetensors_file.hpp>
 export namespace kfsdp::io {
-using kfsdp::io::checksum_key_prefix;
-using kfsdp::io::dtype_key;
 using kfsdp::io::header_checksum_key;
-using kfsdp::io::load_state_dict_file;
-using kfsdp::io::numel_key;
-using kfsdp::io::parameters_key;
 using kfsdp::io::read_file_metadata;
-using kfsdp::io::save_state_dict_file;
-}
-// <kfsdp/io/checkpoint/sharded_engine.hpp>
-export namespace kfsdp::io {
-using kfsdp::io::engine_scalar_t;
-using kfsdp::io::sharded_engine;
-using kfsdp::io::sharded_view;
-using kfsdp::io::view_of;
 }
 // <kfsdp/io/checkpoint/stateful.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::check_config;
-using kfsdp::io::check_metadata;
-using kfsdp::io::checkpoint_state;
 using kfsdp::io::metadata_count;
-using kfsdp::io::metadata_text;
-using kfsdp::io::named_shard;
-using kfsdp::io::stateful;
 }
 // <kfsdp/io/data/array_dataset.hpp>
 export namespace kfsdp::io {
@@ -478,23 +263,13 @@ using kfsdp::io::array_dataset;
 using kfsdp::io::stats_from_metadata;
 using kfsdp::io::stats_metadata;
 }
-// <kfsdp/io/data/dataset.hpp>
-export namespace kfsdp::io {
-using kfsdp::io::dataset;
-using kfsdp::io::dataset_ref;
-using kfsdp::io::epoch_permutation;
-using kfsdp::io::rank_share;
-using kfsdp::io::shuffled_micro_batch;
-}
 // <kfsdp/io/data/distributed_sampler.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::distributed_sampler;
 }
 // <kfsdp/io/data/numpy.hpp>
 export namespace kfsdp::io {
-using kfsdp::io::npz_names;
 using kfsdp::io::numpy_array;
-using kfsdp::io::numpy_dataset;
 using kfsdp::io::read_npy;
 using kfsdp::io::read_npz;
 }
@@ -504,48 +279,13 @@ using kfsdp::io::parse_sampling;
 using kfsdp::io::text_windows;
 using kfsdp::io::window_sampling;
 }
-// <kfsdp/meta/checked.hpp>
-export namespace kfsdp {
-using kfsdp::checked_add;
-using kfsdp::checked_mul;
-using kfsdp::product_fits;
-using kfsdp::static_mul;
-}
-// <kfsdp/meta/enum_names.hpp>
-export namespace kfsdp {
-using kfsdp::parse_named;
-}
 // <kfsdp/meta/fixed_string.hpp>
 export namespace kfsdp {
 using kfsdp::fixed_string;
 }
-// <kfsdp/meta/half.hpp>
-export namespace kfsdp {
-using kfsdp::basic_half;
-using kfsdp::bf16;
-using kfsdp::f16;
-}
-// <kfsdp/meta/inline_string.hpp>
-export namespace kfsdp {
-using kfsdp::inline_string;
-}
-// <kfsdp/meta/shape_string.hpp>
-export namespace kfsdp {
-using kfsdp::shape_string;
-}
-// <kfsdp/meta/type_list.hpp>
-export namespace kfsdp::meta {
-using kfsdp::meta::mp_contains;
-using kfsdp::meta::mp_count_if;
-using kfsdp::meta::mp_find_if;
-using kfsdp::meta::mp_size;
-using kfsdp::meta::mp_with_index;
-using kfsdp::meta::type_list;
-}
 // <kfsdp/model/containers.hpp>
 export namespace kfsdp {
 using kfsdp::block;
-using kfsdp::check_chain;
 using kfsdp::concat;
 using kfsdp::repeat;
 using kfsdp::residual;
@@ -553,42 +293,20 @@ using kfsdp::sequential;
 }
 // <kfsdp/model/descriptor.hpp>
 export namespace kfsdp {
-using kfsdp::checked_extent;
-using kfsdp::class_ids;
-using kfsdp::container_descriptor;
-using kfsdp::descriptor;
 using kfsdp::dyn;
-using kfsdp::features;
-using kfsdp::ids;
 using kfsdp::init_rule;
-using kfsdp::input_t;
-using kfsdp::layer_descriptor;
 using kfsdp::layer_kind;
-using kfsdp::loss;
-using kfsdp::max_param_rank;
-using kfsdp::named_descriptor;
-using kfsdp::output_t;
 using kfsdp::param_decl;
-using kfsdp::param_list;
-using kfsdp::scaled_extent;
-using kfsdp::values;
 }
 // <kfsdp/model/gpt.hpp>
 export namespace kfsdp {
 using kfsdp::gpt;
-using kfsdp::gpt_attention;
-using kfsdp::gpt_block;
 using kfsdp::gpt_config;
-using kfsdp::gpt_descriptor;
-using kfsdp::gpt_head;
 using kfsdp::gpt_metadata;
-using kfsdp::gpt_mlp;
 using kfsdp::make_gpt;
 }
 // <kfsdp/model/layers.hpp>
 export namespace kfsdp {
-using kfsdp::activation;
-using kfsdp::activation_fn;
 using kfsdp::causal_self_attention;
 using kfsdp::cross_entropy;
 using kfsdp::embedding;
@@ -607,11 +325,7 @@ using kfsdp::tied;
 // <kfsdp/model/llama.hpp>
 export namespace kfsdp {
 using kfsdp::llama;
-using kfsdp::llama_attention;
-using kfsdp::llama_block;
 using kfsdp::llama_descriptor;
-using kfsdp::llama_head;
-using kfsdp::llama_mlp;
 using kfsdp::make_llama;
 }
 // <kfsdp/model/llama_config.hpp>
@@ -621,101 +335,34 @@ using kfsdp::llama_config;
 // <kfsdp/model/param_table.hpp>
 export namespace kfsdp {
 using kfsdp::make_param_table;
-using kfsdp::max_param_name;
-using kfsdp::no_block;
-using kfsdp::param_count;
-using kfsdp::param_info;
 using kfsdp::param_table;
 }
 // <kfsdp/model/rowwise.hpp>
 export namespace kfsdp {
 using kfsdp::rms_norm;
 using kfsdp::rowwise;
-using kfsdp::rowwise_descriptor;
 using kfsdp::rowwise_loss;
 using kfsdp::swiglu;
 }
-export namespace kfsdp::derived {
-using kfsdp::derived::gelu;
-using kfsdp::derived::gelu_tanh;
-using kfsdp::derived::layer_norm;
-using kfsdp::derived::mse;
-using kfsdp::derived::relu;
-using kfsdp::derived::silu;
-using kfsdp::derived::tanh_layer;
-}
-// <kfsdp/nn/attention.hpp>
-export namespace kfsdp::nn {
-using kfsdp::nn::attention_block;
-using kfsdp::nn::attention_method;
-using kfsdp::nn::blocked_from_seq_len;
-using kfsdp::nn::causal_self_attention;
-}
-// <kfsdp/nn/cross_entropy.hpp>
-export namespace kfsdp::nn {
-using kfsdp::nn::cross_entropy;
-}
-// <kfsdp/nn/embedding.hpp>
-export namespace kfsdp::nn {
-using kfsdp::nn::embedding;
-using kfsdp::nn::embedding_tensors;
-}
-// <kfsdp/nn/linear.hpp>
-export namespace kfsdp::nn {
-using kfsdp::nn::linear;
-using kfsdp::nn::linear_tensors;
-}
-// <kfsdp/nn/rotary.hpp>
-export namespace kfsdp::nn {
-using kfsdp::nn::rotary_embedding;
-}
 // <kfsdp/nn/views.hpp>
 export namespace kfsdp::nn {
-using kfsdp::nn::const_index_vector;
 using kfsdp::nn::const_matrix;
-using kfsdp::nn::const_vector;
-using kfsdp::nn::execution_space;
-using kfsdp::nn::index_vector;
 using kfsdp::nn::matrix;
-using kfsdp::nn::matrix_of;
-using kfsdp::nn::memory_space;
-using kfsdp::nn::no_params;
-using kfsdp::nn::tensor4;
-using kfsdp::nn::vector;
-using kfsdp::nn::vector_of;
 }
 // <kfsdp/optim/adamw.hpp>
 export namespace kfsdp::optim {
 using kfsdp::optim::adamw;
-using kfsdp::optim::adamw_options;
-using kfsdp::optim::adamw_step;
-using kfsdp::optim::validate;
 }
 // <kfsdp/optim/any_optimizer.hpp>
 export namespace kfsdp::optim {
 using kfsdp::optim::any_optimizer;
 using kfsdp::optim::optimizer_choice;
 }
-// <kfsdp/optim/clip.hpp>
-export namespace kfsdp::optim {
-using kfsdp::optim::clip_scale;
-using kfsdp::optim::local_squared_norm;
-using kfsdp::optim::scale_in_place;
-}
-// <kfsdp/optim/param_groups.hpp>
-export namespace kfsdp::optim {
-using kfsdp::optim::make_param_groups;
-using kfsdp::optim::max_param_groups;
-using kfsdp::optim::param_group;
-using kfsdp::optim::param_group_layout;
-using kfsdp::optim::state_segment;
-}
 // <kfsdp/optim/schedule.hpp>
 export namespace kfsdp::optim {
 using kfsdp::optim::constant;
 using kfsdp::optim::cosine;
 using kfsdp::optim::linear;
-using kfsdp::optim::schedule;
 using kfsdp::optim::sequence;
 using kfsdp::optim::step_decay;
 using kfsdp::optim::warmup;
@@ -725,70 +372,41 @@ using kfsdp::optim::warmup_linear;
 // <kfsdp/optim/sgd.hpp>
 export namespace kfsdp::optim {
 using kfsdp::optim::sgd;
-using kfsdp::optim::sgd_options;
-using kfsdp::optim::sgd_step;
-using kfsdp::optim::validate;
 }
 // <kfsdp/plan/format.hpp>
 export namespace kfsdp {
-using kfsdp::format_shape;
 using kfsdp::plan_table;
-}
-// <kfsdp/plan/shard_mapping.hpp>
-export namespace kfsdp {
-using kfsdp::basic_shard_mapping;
-using kfsdp::index_range;
-using kfsdp::shard_mapping;
 }
 // <kfsdp/plan/shard_plan.hpp>
 export namespace kfsdp {
-using kfsdp::basic_shard_plan;
-using kfsdp::bucket_shard;
 using kfsdp::bucketing;
 using kfsdp::fingerprint;
 using kfsdp::make_shard_plan;
-using kfsdp::operator==;
-using kfsdp::param_shard;
 using kfsdp::parse_bucketing;
 using kfsdp::shard_plan;
 using kfsdp::static_shard_plan;
-using kfsdp::to_dynamic;
-using kfsdp::to_string;
 }
 #ifdef KFSDP_MODULE_MPI
 // <kfsdp/session.hpp>
 export namespace kfsdp {
 using kfsdp::session;
-using kfsdp::session_options;
 using kfsdp::shard_per_node;
 }
 #endif
 // <kfsdp/tensor/dtype.hpp>
 export namespace kfsdp::io {
-using kfsdp::io::dtype;
-using kfsdp::io::dtype_name;
 using kfsdp::io::dtype_of;
-using kfsdp::io::dtype_size;
-using kfsdp::io::parse_dtype;
 }
 // <kfsdp/tensor/state_dict.hpp>
 export namespace kfsdp {
+using kfsdp::dtype;
 using kfsdp::state_dict;
 using kfsdp::tensor;
-}
-// <kfsdp/train/activation_meter.hpp>
-export namespace kfsdp {
-using kfsdp::activation_meter;
 }
 #ifdef KFSDP_MODULE_MPI
 // <kfsdp/train/fit.hpp>
 export namespace kfsdp {
-using kfsdp::checkpoint_path;
-using kfsdp::checkpoint_steps;
-using kfsdp::eval_metrics;
 using kfsdp::fit;
-using kfsdp::fit_metric;
-using kfsdp::fit_options;
 using kfsdp::fit_result;
 }
 #endif
@@ -799,14 +417,10 @@ using kfsdp::estimate_gpt_memory;
 using kfsdp::evaluate_windows;
 using kfsdp::generate;
 using kfsdp::gpt2_init;
-using kfsdp::gpt_memory_options;
-using kfsdp::sampling;
 }
 // <kfsdp/train/gradient_check.hpp>
 export namespace kfsdp {
 using kfsdp::check_gradients;
-using kfsdp::gradient_check_options;
-using kfsdp::gradient_check_report;
 }
 // <kfsdp/train/layer_params.hpp>
 export namespace kfsdp {
@@ -816,58 +430,16 @@ using kfsdp::layer_params;
 export namespace kfsdp {
 using kfsdp::llama_init;
 }
-// <kfsdp/train/network.hpp>
-export namespace kfsdp {
-using kfsdp::concat_node;
-using kfsdp::flow;
-using kfsdp::gradient_t;
-using kfsdp::leaf_node;
-using kfsdp::network;
-using kfsdp::no_gradient;
-using kfsdp::no_unit;
-using kfsdp::node_base;
-using kfsdp::node_t;
-using kfsdp::pass_context;
-using kfsdp::repeat_node;
-using kfsdp::residual_node;
-using kfsdp::sequence_node;
-using kfsdp::value_t;
-}
-// <kfsdp/train/ops.hpp>
-export namespace kfsdp {
-using kfsdp::attention_op;
-using kfsdp::compute_of;
-using kfsdp::compute_t;
-using kfsdp::cross_entropy_op;
-using kfsdp::derived_activation;
-using kfsdp::derived_op;
-using kfsdp::embedding_op;
-using kfsdp::linear_op;
-using kfsdp::positional_embedding_op;
-using kfsdp::rotary_op;
-using kfsdp::scratch_if_empty;
-}
-// <kfsdp/train/rowwise.hpp>
-export namespace kfsdp {
-using kfsdp::expression_t;
-using kfsdp::rowwise_loss_op;
-using kfsdp::rowwise_op;
-}
 // <kfsdp/train/step_log.hpp>
 export namespace kfsdp {
-using kfsdp::json_field;
-using kfsdp::json_lines;
 using kfsdp::step_log;
-using kfsdp::step_log_options;
 }
 // <kfsdp/train/trainer.hpp>
 export namespace kfsdp {
 using kfsdp::grad_accumulation;
 using kfsdp::non_finite_loss;
 using kfsdp::parse_grad_accumulation;
-using kfsdp::step_result;
 using kfsdp::trainer;
-using kfsdp::trainer_core;
 using kfsdp::trainer_options;
 using kfsdp::with_trainer;
 }

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::environment — starts and stops Kokkos exactly once for a program (RAII).
 //
 //   int main(int argc, char** argv) {
@@ -14,7 +15,7 @@ class ScopeGuard;
 
 namespace kfsdp {
 
-class environment {
+KFSDP_EXPORT class environment {
  public:
   environment(int& argc, char** argv);
   environment();

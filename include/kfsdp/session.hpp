@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::session — one object brings a job up and takes it down (opt-in: this header includes
 // mpi.h): MPI at the thread level the engine needs, Kokkos, the world communicator with its
 // collective guards, and the HSDP groups. It is what a program passes around.
@@ -42,7 +43,7 @@
 namespace kfsdp {
 
 /// session_options::hybrid_shard for one shard group per node (the ranks sharing memory).
-inline constexpr std::size_t shard_per_node = std::numeric_limits<std::size_t>::max();
+KFSDP_EXPORT inline constexpr std::size_t shard_per_node = std::numeric_limits<std::size_t>::max();
 
 /// How a session starts; every field has a default.
 ///
@@ -78,7 +79,7 @@ inline std::size_t hybrid_shard_from_environment() {
 }
 }  // namespace detail
 
-class session {
+KFSDP_EXPORT class session {
  public:
   /// Starts MPI (unless it runs already: a test main) and Kokkos (likewise), then the world
   /// communicator and the HSDP groups. A bad setting is kept and thrown by run(), so that every

@@ -27,6 +27,8 @@ std::size_t header_plan_shard_numel(std::size_t world_size, int strategy);
 using tiny = kfsdp::gpt<2, 24, 10>;
 static_assert(kfsdp::param_table<tiny>.size() == 29);
 static_assert(kfsdp::static_shard_plan<tiny, 3, kfsdp::bucketing::block>.buckets.size() == 6);
+// The README's spelling of a state dict's dtype, and the safetensors one: one type.
+static_assert(kfsdp::dtype::F32 == kfsdp::io::dtype_of<float>);
 
 TEST_CASE("the module computes the plans the headers compute") {
   for (std::size_t ws = 1; ws <= 8; ++ws)

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // any_communicator — a communicator of any backend behind one type, so that the engine is compiled
 // once (in src/fsdp/engine.cpp) instead of once per backend. Collectives are per bucket, so one
 // indirect call each costs nothing next to the transfer. It refers to the communicator it wraps:
@@ -27,7 +28,7 @@
 
 namespace kfsdp::comm {
 
-class any_communicator {
+KFSDP_EXPORT class any_communicator {
  public:
   // The memory spaces carried: the host's, and the default execution space's if it is another.
   using device_space = Kokkos::DefaultExecutionSpace::memory_space;

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::comm — the communicator concept, the non-blocking request, and agreement over ranks
 // (range_over_ranks and check_agreement, any_rank, first_rank_with built on it).
 //
@@ -51,7 +52,7 @@ namespace kfsdp::comm {
 //   // or, for host memory:  comm.iall_gather(std::span<const float>(v), std::span<float>(w))
 //
 // The raw span (span()) is for MPI and NCCL calls and for Kokkos kernels in MemorySpace only.
-template <class T, class MemorySpace>
+KFSDP_EXPORT template <class T, class MemorySpace>
 class span_in {
  public:
   using element_type = T;
@@ -333,7 +334,7 @@ template <class C, class T>
 concept moves_elements = gathers<C, T> && reduce_scatters<C, T> && broadcasts<C, T> &&
                          all_reduces<C, T>;
 
-template <class C>
+KFSDP_EXPORT template <class C>
 concept communicator = ranked<C> && synchronises<C> && moves_elements<C, float> &&
                        moves_elements<C, double> && moves_elements<C, bf16> &&
                        moves_elements<C, f16> && reduces_extrema<C, std::int64_t> &&
@@ -364,7 +365,7 @@ concept communicator_in = ranked<C> && synchronises<C> && moves_elements_in<C, f
 //   kfsdp::comm::all_gather(comm, shard, std::span(full));   // = comm.iall_gather(...).wait()
 
 // Requirement 2: recv = [rank 0's send | rank 1's | ...].
-template <class C, element T>
+KFSDP_EXPORT template <class C, element T>
   requires gathers<C, T>
 void all_gather(C& comm, std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
   comm.template iall_gather<T>(send, recv).wait();
@@ -386,14 +387,14 @@ void broadcast(C& comm, std::span<T> data, int root) {
 }
 
 // Requirement 5: data summed in place over ranks.
-template <class C, element T>
+KFSDP_EXPORT template <class C, element T>
   requires all_reduces<C, T>
 void all_reduce_sum(C& comm, std::span<T> data) {
   comm.template iall_reduce_sum<T>(data).wait();
 }
 
 // The same on buffers of a memory space.
-template <class C, element T, class Space>
+KFSDP_EXPORT template <class C, element T, class Space>
   requires moves_elements_in<C, T, Space>
 void all_gather(C& comm, std::type_identity_t<span_in<const T, Space>> send, span_in<T, Space> recv) {
   comm.iall_gather(send, recv).wait();
@@ -409,7 +410,7 @@ template <class C, element T, class Space>
 void broadcast(C& comm, span_in<T, Space> data, int root) {
   comm.ibroadcast(data, root).wait();
 }
-template <class C, element T, class Space>
+KFSDP_EXPORT template <class C, element T, class Space>
   requires moves_elements_in<C, T, Space>
 void all_reduce_sum(C& comm, span_in<T, Space> data) {
   comm.iall_reduce_sum(data).wait();
@@ -462,7 +463,7 @@ value_range range_over_ranks(C& comm, std::uint64_t value) {
 //   kfsdp::comm::check_agreement(comm, plan_fingerprint, "the shard plan");
 //   // rank 1 of 2: "ranks disagree on the shard plan: fingerprints range from 0x1f to 0x2a;
 //   //               this rank (1 of 2) has 0x2a"
-template <agrees C>
+KFSDP_EXPORT template <agrees C>
 void check_agreement(C& comm, std::uint64_t fingerprint, std::string_view what) {
   const value_range range = range_over_ranks(comm, fingerprint);
   if (range.lowest != range.highest) {

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // The memory-space work inside a collective, as Kokkos does it: whether the host may touch a space,
 // copies, the ring's adds, scratch and staging buffers. Every step a backend takes on the bytes of
 // a collective (other than the MPI or NCCL call itself) is one of these, run in the data's own
@@ -206,7 +207,7 @@ concept scales_reduce_scatter =
 
 // One part of a batch of all-gathers: once the batch completes, recv = [rank 0's send | rank 1's |
 // ...], as iall_gather(send, recv) would leave it.
-template <class T, class Space>
+KFSDP_EXPORT template <class T, class Space>
 struct gather_part {
   span_in<const T, Space> send;
   span_in<T, Space> recv;
@@ -238,7 +239,7 @@ template <class T, class Space, class C>
 }
 }  // namespace detail
 
-template <class T, class Space, class C>
+KFSDP_EXPORT template <class T, class Space, class C>
 [[nodiscard]] request iall_gather_parts(C& c, std::span<const gather_part<T, Space>> parts) {
   if constexpr (gathers_parts<C, T, Space>) {
     return c.template iall_gather_parts<T, Space>(parts);
@@ -268,7 +269,7 @@ template <class T, class Space, class C>
 // One part of a batch of reduce-scatters: once the batch completes, rank r's recv[i] = (sum over
 // ranks of send[r*recv.size() + i]) · factor, as ireduce_scatter_sum(send, recv, factor) would
 // leave it.
-template <class T, class Space>
+KFSDP_EXPORT template <class T, class Space>
 struct reduce_scatter_part {
   span_in<const T, Space> send;
   span_in<T, Space> recv;
@@ -303,7 +304,7 @@ template <class T, class Space, class C>
 //
 //   std::vector<kfsdp::comm::reduce_scatter_part<float, Kokkos::HostSpace>> parts = {{g0, s0}, {g1, s1}};
 //   kfsdp::comm::ireduce_scatter_sum_parts<float, Kokkos::HostSpace>(world, parts, 1.0f / world.size()).wait();
-template <class T, class Space, class C>
+KFSDP_EXPORT template <class T, class Space, class C>
 [[nodiscard]] request ireduce_scatter_sum_parts(C& c, std::span<const reduce_scatter_part<T, Space>> parts,
                                                 std::type_identity_t<scale_type<T>> factor = scale_type<T>(1)) {
   if constexpr (reduces_parts<C, T, Space>) {

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::comm::nccl — the NCCL communicator backend: one GPU per rank, bootstrapped over MPI.
 //
 // Opt-in, and free of CUDA flags: this header includes neither nccl.h nor a CUDA header (the NCCL
@@ -44,7 +45,7 @@ struct CUevent_st;
 
 namespace kfsdp::comm {
 
-class nccl {
+KFSDP_EXPORT class nccl {
  public:
   using cuda_stream = CUstream_st*;  // = cudaStream_t
   using cuda_event = CUevent_st*;    // = cudaEvent_t

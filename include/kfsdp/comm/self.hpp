@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::comm::self — the one-rank communicator: no MPI, every collective is a copy in the
 // buffers' memory space (or nothing), and every request is complete when it is returned; the
 // blocking collectives are communicator.hpp's free functions. For tests, examples and
@@ -18,7 +19,7 @@
 
 namespace kfsdp::comm {
 
-class self {
+KFSDP_EXPORT class self {
  public:
   [[nodiscard]] int rank() const noexcept { return 0; }
   [[nodiscard]] int size() const noexcept { return 1; }

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // threaded<C> — runs every collective of a communicator on one worker thread, in the order they
 // were issued, so that a non-blocking collective progresses while the caller computes. MPI
 // libraries progress a non-blocking collective only inside MPI calls; with the calls made by a
@@ -31,7 +32,7 @@
 
 namespace kfsdp::comm {
 
-template <class C>
+KFSDP_EXPORT template <class C>
 class threaded {
  public:
   explicit threaded(C& backend) : backend_(backend), worker_([this] { serve(); }) {}

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // fsdp_engine<Scalar> — everything an FSDP rank does to its parameters, independent of the
 // sharding and bucketing policies (compiled once per scalar type in src/fsdp/). It owns the plan
 // and its collaborators, split the way FSDP works:
@@ -76,7 +77,7 @@ struct param_range {
   std::size_t last = 0;
 };
 
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 class fsdp_engine {
  public:
   using scalar_type = Scalar;

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::fsdp<Model, Scalar, Policies...> — the engine with its schedule fixed at compile time by
 // policy tags (any order, each defaulted: zero2, no_bucketing), and kfsdp::with_fsdp, the run-time
 // entry point that takes Thunder's options and dispatches to the policies.
@@ -61,7 +62,7 @@ namespace detail {
 struct unit_hook_access;
 }
 
-template <descriptor Model, class Scalar, class... Policies>
+KFSDP_EXPORT template <descriptor Model, class Scalar, class... Policies>
 class fsdp : public fsdp_engine<Scalar>, private unit_hooks {
   using policies = detail::fsdp_policies<Policies...>;
   using engine = fsdp_engine<Scalar>;
@@ -218,7 +219,7 @@ struct unit_hook_access {
 }  // namespace detail
 
 // Thunder's enum API: runs f(engine) with the fsdp<Model, Scalar, ...> that options select.
-template <class Scalar, descriptor Model, class F>
+KFSDP_EXPORT template <class Scalar, descriptor Model, class F>
 decltype(auto) with_fsdp(const Model& model, comm::any_communicator comm, const fsdp_options& options, F&& f) {
   return meta::mp_with_index<2>(static_cast<std::size_t>(options.sharding()), [&](auto s) -> decltype(auto) {
     return meta::mp_with_index<3>(static_cast<std::size_t>(options.bucketing()), [&](auto b) -> decltype(auto) {

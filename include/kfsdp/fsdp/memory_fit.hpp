@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Whether a model fits before anything is allocated: the bytes one rank will hold, from the shard
 // plan alone, against the memory this rank may use. A model that cannot fit stops with the figures
 // instead of a raw allocation failure (or the kernel's OOM killer) minutes into a run.
@@ -29,7 +30,7 @@
 namespace kfsdp {
 
 // Bytes one rank needs at its peak, by kind.
-struct memory_need {
+KFSDP_EXPORT struct memory_need {
   double params = 0;       // the rank's flat parameter shard
   double grads = 0;        // its flat gradient shard
   double optimizer = 0;    // optimizer states, each the shard's size
@@ -44,7 +45,7 @@ struct memory_need {
 // gradients of two units are alive at once (one accumulating, one packed and reduce-scattering),
 // three with options.overlap_reduce_scatter. Measured against the engine for the example GPT
 // (zero2/zero3 × none/block bucketing, 1 and 3 ranks): 1.03-1.31 times its unsharded peak.
-template <class Params, class Buckets>
+KFSDP_EXPORT template <class Params, class Buckets>
 [[nodiscard]] constexpr memory_need estimate_memory(const basic_shard_plan<Params, Buckets>& plan,
                                                     std::span<const fsdp_unit> units, std::size_t scalar_bytes,
                                                     std::size_t optimizer_states, const fsdp_options& options,
@@ -79,7 +80,7 @@ inline std::string format_bytes(double bytes) {
 }
 
 // "4.00 GiB (params 1.00 GiB, grads 1.00 GiB, optimizer 2.00 GiB, unsharded 0 B, activations 0 B)".
-inline std::string describe(const memory_need& need) {
+KFSDP_EXPORT inline std::string describe(const memory_need& need) {
   return fmt::format("{} (params {}, grads {}, optimizer {}, unsharded peak {}, activations {})", format_bytes(need.total()),
                      format_bytes(need.params), format_bytes(need.grads), format_bytes(need.optimizer),
                      format_bytes(need.unsharded), format_bytes(need.activations));

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Thunder's fsdp() options (the policy tags and enums they take are in fsdp/policies.hpp).
 //
 //   kfsdp::fsdp_options opt{.sharding_strategy = kfsdp::sharding_strategy::zero3,
@@ -14,7 +15,7 @@
 
 namespace kfsdp {
 
-struct fsdp_options {
+KFSDP_EXPORT struct fsdp_options {
   // Unset: the policies' choice under fsdp<Model, Scalar, Policies...> (which refuses a value that
   // differs from its policies), zero2 and no bucketing elsewhere; sharding() and bucketing() resolve.
   std::optional<kfsdp::sharding_strategy> sharding_strategy{};

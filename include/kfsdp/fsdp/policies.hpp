@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // The choices of Thunder's fsdp(): sharding, gradient division and wire precision as enums (the
 // run-time options, fsdp/options.hpp), and the policy tags that select them at compile time:
 //
@@ -19,22 +20,22 @@
 namespace kfsdp {
 
 // Thunder's FSDPType.
-enum class sharding_strategy {
+KFSDP_EXPORT enum class sharding_strategy {
   zero2,  // gather once per step before forward, keep the unsharded parameters for backward
   zero3,  // free after each bucket's forward, gather again in backward
 };
 
 inline constexpr enum_names<sharding_strategy, 2> sharding_strategy_names = {
     {sharding_strategy::zero2, "zero2"}, {sharding_strategy::zero3, "zero3"}};
-constexpr std::string_view to_string(sharding_strategy s) noexcept { return name_of(sharding_strategy_names, s); }
-inline sharding_strategy parse_sharding(std::string_view text) {
+KFSDP_EXPORT constexpr std::string_view to_string(sharding_strategy s) noexcept { return name_of(sharding_strategy_names, s); }
+KFSDP_EXPORT inline sharding_strategy parse_sharding(std::string_view text) {
   return parse_named(text, sharding_strategy_names, "sharding");
 }
 
 // Where the average over ranks is taken around the gradients' SUM reduce-scatter. Dividing first
 // keeps a low-precision sum from overflowing at large world sizes; in f32 and f64 all three give the
 // same average to rounding.
-enum class gradient_division {
+KFSDP_EXPORT enum class gradient_division {
   after,   // sum, then ÷ world size
   before,  // ÷ world size, then sum (Thunder's pre-divide)
   split,   // ÷ f, sum, ÷ (world size / f), f = predivide_factor(world size) (FSDP1's split)
@@ -42,9 +43,9 @@ enum class gradient_division {
 
 inline constexpr enum_names<gradient_division, 3> gradient_division_names = {
     {gradient_division::after, "after"}, {gradient_division::before, "before"}, {gradient_division::split, "split"}};
-constexpr std::string_view to_string(gradient_division d) noexcept { return name_of(gradient_division_names, d); }
+KFSDP_EXPORT constexpr std::string_view to_string(gradient_division d) noexcept { return name_of(gradient_division_names, d); }
 
-inline gradient_division parse_gradient_division(std::string_view text) {
+KFSDP_EXPORT inline gradient_division parse_gradient_division(std::string_view text) {
   return parse_named(text, gradient_division_names, "gradient division");
 }
 
@@ -74,15 +75,15 @@ constexpr division_factors division_of(gradient_division d, std::size_t world_si
 // The element type a collective carries (mixed precision): `scalar` is the engine's own (no
 // conversion); bf16 and f16 halve the bytes; int8 (all-gathers only: fsdp/quantize.hpp) sends one
 // byte a value plus an f32 scale a block of 256. The master shards and the optimizer stay in Scalar.
-enum class wire_precision { scalar, bf16, f16, int8 };
+KFSDP_EXPORT enum class wire_precision { scalar, bf16, f16, int8 };
 
 inline constexpr enum_names<wire_precision, 4> wire_precision_names = {{wire_precision::scalar, "scalar"},
                                                                        {wire_precision::bf16, "bf16"},
                                                                        {wire_precision::f16, "f16"},
                                                                        {wire_precision::int8, "int8"}};
-constexpr std::string_view to_string(wire_precision p) noexcept { return name_of(wire_precision_names, p); }
+KFSDP_EXPORT constexpr std::string_view to_string(wire_precision p) noexcept { return name_of(wire_precision_names, p); }
 
-inline wire_precision parse_wire_precision(std::string_view text) {
+KFSDP_EXPORT inline wire_precision parse_wire_precision(std::string_view text) {
   return parse_named(text, wire_precision_names, "precision");
 }
 
@@ -102,11 +103,11 @@ template <std::size_t N>
 struct static_world_size {
   static constexpr std::size_t value = N;
 };
-using zero2 = sharding_policy<sharding_strategy::zero2>;
-using zero3 = sharding_policy<sharding_strategy::zero3>;
-using no_bucketing = bucketing_policy<bucketing::none>;
-using layer_bucketing = bucketing_policy<bucketing::layer>;
-using block_bucketing = bucketing_policy<bucketing::block>;
+KFSDP_EXPORT using zero2 = sharding_policy<sharding_strategy::zero2>;
+KFSDP_EXPORT using zero3 = sharding_policy<sharding_strategy::zero3>;
+KFSDP_EXPORT using no_bucketing = bucketing_policy<bucketing::none>;
+KFSDP_EXPORT using layer_bucketing = bucketing_policy<bucketing::layer>;
+KFSDP_EXPORT using block_bucketing = bucketing_policy<bucketing::block>;
 
 namespace detail {
 template <class T>

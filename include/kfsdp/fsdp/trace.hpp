@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // trace_recorder — a timeline of one rank in the Chrome trace / Perfetto JSON format: every compute
 // region (a unit's forward or backward) and every collective (bucket, bytes) as a complete
 // event ("ph": "X"), pid = rank, tid 0 = compute, tid 1 = communication. Open the file in
@@ -24,7 +25,7 @@
 
 namespace kfsdp {
 
-class trace_recorder {
+KFSDP_EXPORT class trace_recorder {
  public:
   static constexpr int compute_lane = 0;
   static constexpr int comm_lane = 1;

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // FSDP units: the groups of parameters that are gathered, used and freed together (FSDP2's
 // fully_shard modules), derived from the descriptor tree by a wrap policy.
 //
@@ -30,12 +31,12 @@
 
 namespace kfsdp {
 
-enum class wrap_policy { blocks, layers, automatic };
+KFSDP_EXPORT enum class wrap_policy { blocks, layers, automatic };
 
 inline constexpr enum_names<wrap_policy, 3> wrap_policy_names = {
     {wrap_policy::automatic, "auto"}, {wrap_policy::blocks, "blocks"}, {wrap_policy::layers, "layers"}};
-constexpr std::string_view to_string(wrap_policy w) noexcept { return name_of(wrap_policy_names, w); }
-inline wrap_policy parse_wrap_policy(std::string_view text) {
+KFSDP_EXPORT constexpr std::string_view to_string(wrap_policy w) noexcept { return name_of(wrap_policy_names, w); }
+KFSDP_EXPORT inline wrap_policy parse_wrap_policy(std::string_view text) {
   return parse_named(text, wrap_policy_names, "wrap policy");
 }
 
@@ -88,7 +89,7 @@ inline std::string common_prefix(std::string_view a, std::string_view b) {
 }  // namespace detail
 
 // The units of a model's table and plan; throws naming the bucket whose parameters lie in two units.
-template <class Plan>
+KFSDP_EXPORT template <class Plan>
 std::vector<fsdp_unit> make_units(std::span<const param_info> table, const Plan& plan, const wrap_options& wrap) {
   const std::vector<std::size_t> unit = unit_of_params(table, wrap);
   std::size_t count = 1;
@@ -122,7 +123,7 @@ std::vector<fsdp_unit> make_units(std::span<const param_info> table, const Plan&
 
 // One line per unit: its name, parameters, buckets and the bytes it gathers (all ranks' chunks).
 //   unit 0 root: 5 params in buckets 0, 1, 26, 27, gathers 0.53 MiB
-template <class Plan>
+KFSDP_EXPORT template <class Plan>
 std::string units_table(std::span<const fsdp_unit> units, const Plan& plan, std::size_t element_bytes) {
   std::string out;
   for (std::size_t u = 0; u < units.size(); ++u) {

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::predictor — a trained model's forward and nothing else: no communicator, no gradients, no
 // optimizer, no MPI (a program links the kfsdp library only). It is what a solver calls inside its time
 // loop. The weights come by name from a safetensors file in F64, F32, BF16 or F16, converted to
@@ -36,7 +37,7 @@
 
 namespace kfsdp {
 
-template <descriptor Model, class Scalar>
+KFSDP_EXPORT template <descriptor Model, class Scalar>
 class predictor {
  public:
   using scalar_type = Scalar;

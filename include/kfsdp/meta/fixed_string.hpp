@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // fixed_string<N> — a string literal usable as a template argument (a structural type).
 //
 //   template <kfsdp::fixed_string Name> struct layer { static constexpr auto name = Name; };
@@ -9,7 +10,7 @@
 
 namespace kfsdp {
 
-template <std::size_t N>
+KFSDP_EXPORT template <std::size_t N>
 struct fixed_string {
   char chars[N + 1]{};
 

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Container descriptors. Children's names join with dots into parameter names:
 //   sequential<"transformer", embedding<"wte", 256, 64>, repeat<"h", 2, B>>
 //     -> transformer.wte.weight, transformer.h.0.<B's params>, transformer.h.1.<B's params>
@@ -63,18 +64,18 @@ struct container {
 
 // Classes, not alias templates of detail::container: nvcc loses a fixed_string that an alias template
 // passes on (its host code names it __T0).
-template <fixed_string Name, descriptor... Children>
+KFSDP_EXPORT template <fixed_string Name, descriptor... Children>
 struct sequential : detail::container<layer_kind::container, Name, Children...> {
   using detail::container<layer_kind::container, Name, Children...>::container;
 };
 
-template <fixed_string Name, descriptor... Children>
+KFSDP_EXPORT template <fixed_string Name, descriptor... Children>
 struct block : detail::container<layer_kind::block, Name, Children...> {
   using detail::container<layer_kind::block, Name, Children...>::container;
 };
 
 // x + f(x), f = the children in order (nanoGPT's `x = x + attn(ln_1(x))`).
-template <fixed_string Name, descriptor... Children>
+KFSDP_EXPORT template <fixed_string Name, descriptor... Children>
 struct residual : detail::container<layer_kind::container, Name, Children...> {
   using base = detail::container<layer_kind::container, Name, Children...>;
   static_assert(std::is_same_v<typename base::input, features> && std::is_same_v<typename base::output, features>,
@@ -85,7 +86,7 @@ struct residual : detail::container<layer_kind::container, Name, Children...> {
 
 // [f_1(x) | f_2(x) | ...]: each child reads x, its output fills the next columns (Llama's q/k/v and
 // gate/up projections under their own names); the input's gradient is the sum of the children's.
-template <fixed_string Name, descriptor... Children>
+KFSDP_EXPORT template <fixed_string Name, descriptor... Children>
 struct concat : detail::container<layer_kind::container, Name, Children...> {
   using base = detail::container<layer_kind::container, Name, Children...>;
   static_assert(((std::is_same_v<input_t<Children>, features> && std::is_same_v<output_t<Children>, features>) && ...),
@@ -94,7 +95,7 @@ struct concat : detail::container<layer_kind::container, Name, Children...> {
   using base::base;
 };
 
-template <fixed_string Name, std::size_t N, descriptor Element>
+KFSDP_EXPORT template <fixed_string Name, std::size_t N, descriptor Element>
 struct repeat {
   static_assert(N != 0, "kfsdp::repeat: N (number of copies) must be at least 1");
   static_assert(check_chain<Element, Element>::value);

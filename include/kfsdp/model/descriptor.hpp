@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Layer descriptors: empty types (or, with run-time sizes, small value types) that declare the
 // parameters of a model and how they group into layers and transformer blocks. They hold no data
 // and compute nothing: the shard plan is derived from them.
@@ -39,12 +40,12 @@
 namespace kfsdp {
 
 // A size given at run time instead of as a template argument (as in std::extents).
-inline constexpr std::size_t dyn = std::dynamic_extent;
+KFSDP_EXPORT inline constexpr std::size_t dyn = std::dynamic_extent;
 
 // Parameters have up to this many dimensions (weights 2, biases 1; conv kernels would need 4).
 inline constexpr std::size_t max_param_rank = 4;
 
-enum class layer_kind { layer, block, container };
+KFSDP_EXPORT enum class layer_kind { layer, block, container };
 
 // What flows between layers, declared by each layer as `using input = ...; using output = ...;`
 // (both default to features): a sequential whose neighbours disagree does not compile.
@@ -59,14 +60,14 @@ struct values {};
 // How a parameter starts when the user gives no rule: PyTorch's defaults for each built-in layer.
 //   normal: N(0, scale²); uniform: U(−b, b) with b = scale, or b = 1/√fan_in when fan_in > 0
 //   (nn.Linear's kaiming-uniform weight and its bias: b = 1/√in_features for both).
-struct init_rule {
+KFSDP_EXPORT struct init_rule {
   enum kind_t : unsigned char { zeros, ones, normal, uniform } kind = zeros;
   double scale = 0.0;
   std::size_t fan_in = 0;
 };
 
 // A parameter as a layer declares it: local name and shape, PyTorch's layout (dim 0 first).
-struct param_decl {
+KFSDP_EXPORT struct param_decl {
   std::string_view name;
   std::array<std::size_t, max_param_rank> shape{};
   std::size_t rank = 0;

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // The example GPT: nanoGPT's architecture and parameter names, byte vocabulary, untied lm_head
 // without bias, trained with cross-entropy — its parameters and its compute in one descriptor.
 // For gpt<2, 64, 32>: transformer.wte.weight [256,64], transformer.wpe.weight [32,64],
@@ -41,7 +42,7 @@ using gpt_block = block<"", residual<"", layer_norm<"ln_1", Dim>, gpt_attention<
 template <std::size_t Dim = dyn, std::size_t Vocab = dyn>
 using gpt_head = tied<"transformer.wte.weight", "weight", linear<"lm_head", Dim, Vocab, false>, false>;
 
-template <std::size_t Layers = dyn, std::size_t Dim = dyn, std::size_t Seq = dyn, std::size_t Vocab = 256,
+KFSDP_EXPORT template <std::size_t Layers = dyn, std::size_t Dim = dyn, std::size_t Seq = dyn, std::size_t Vocab = 256,
           std::size_t Heads = detail::default_heads(Dim)>
 using gpt = sequential<"",
                        sequential<"transformer", embedding<"wte", Vocab, Dim>,
@@ -51,7 +52,7 @@ using gpt = sequential<"",
 
 // Sizes of the example GPT, for the descriptor (make_gpt) and the layers (nn::gpt) alike; heads
 // does not shape a parameter, the attention uses it.
-struct gpt_config {
+KFSDP_EXPORT struct gpt_config {
   std::size_t layers = 4;
   std::size_t dim = 128;
   std::size_t heads = 4;
@@ -74,7 +75,7 @@ struct gpt_config {
 // The configuration as a checkpoint's metadata records it (field, value): a file holds weights for
 // one configuration only (heads, say, change no shape, but every attention's meaning).
 //   gpt_metadata({.layers = 2}) -> {layers 2}, {dim 128}, {heads 4}, {seq 64}, {vocab 256}, {tie_weights off}
-inline std::vector<std::pair<std::string, std::string>> gpt_metadata(const gpt_config& c) {
+KFSDP_EXPORT inline std::vector<std::pair<std::string, std::string>> gpt_metadata(const gpt_config& c) {
   return {{"layers", std::to_string(c.layers)}, {"dim", std::to_string(c.dim)},
           {"heads", std::to_string(c.heads)},   {"seq", std::to_string(c.seq)},
           {"vocab", std::to_string(c.vocab)},   {"tie_weights", c.tie_weights ? "on" : "off"}};
@@ -84,7 +85,7 @@ inline std::vector<std::pair<std::string, std::string>> gpt_metadata(const gpt_c
 using gpt_descriptor = gpt<dyn, dyn, dyn, dyn, dyn>;
 
 // The GPT descriptor for sizes known only at run time (vocab too); a zero size throws naming it.
-constexpr gpt<dyn, dyn, dyn, dyn, dyn> make_gpt(const gpt_config& c) {
+KFSDP_EXPORT constexpr gpt<dyn, dyn, dyn, dyn, dyn> make_gpt(const gpt_config& c) {
   c.validate();
   const std::size_t d = c.dim;
   using block_t = gpt_block<>;

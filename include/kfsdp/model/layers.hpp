@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Leaf layer descriptors with PyTorch's parameter layout and default initialisation.
 //   linear<"c_attn", 64, 192>      -> weight [192, 64], bias [192]   U(±1/√64) both (nn.Linear)
 //   layer_norm<"ln_1", 64>         -> weight [64] ones, bias [64] zeros
@@ -25,7 +26,7 @@
 
 namespace kfsdp {
 
-template <fixed_string Name, std::size_t In = dyn, std::size_t Out = dyn, bool Bias = true>
+KFSDP_EXPORT template <fixed_string Name, std::size_t In = dyn, std::size_t Out = dyn, bool Bias = true>
 struct linear {
   static_assert(In != 0, "kfsdp::linear: In (input features) must be at least 1");
   static_assert(Out != 0, "kfsdp::linear: Out (output features) must be at least 1");
@@ -55,7 +56,7 @@ struct linear {
   }
 };
 
-template <fixed_string Name, std::size_t Dim = dyn>
+KFSDP_EXPORT template <fixed_string Name, std::size_t Dim = dyn>
 struct layer_norm {
   static_assert(Dim != 0, "kfsdp::layer_norm: Dim must be at least 1");
   static constexpr auto name = Name;
@@ -74,7 +75,7 @@ struct layer_norm {
   }
 };
 
-template <fixed_string Name, std::size_t Num = dyn, std::size_t Dim = dyn>
+KFSDP_EXPORT template <fixed_string Name, std::size_t Num = dyn, std::size_t Dim = dyn>
 struct embedding {
   static_assert(Num != 0, "kfsdp::embedding: Num (number of embeddings) must be at least 1");
   static_assert(Dim != 0, "kfsdp::embedding: Dim must be at least 1");
@@ -100,7 +101,7 @@ struct embedding {
 
 // y = x + weight[row % seq]: a learned position embedding added to the features (GPT's wpe),
 // rows being windows of seq tokens one after another.
-template <fixed_string Name, std::size_t Seq = dyn, std::size_t Dim = dyn>
+KFSDP_EXPORT template <fixed_string Name, std::size_t Seq = dyn, std::size_t Dim = dyn>
 struct positional_embedding {
   static_assert(Seq != 0, "kfsdp::positional_embedding: Seq must be at least 1");
   static_assert(Dim != 0, "kfsdp::positional_embedding: Dim must be at least 1");
@@ -127,7 +128,7 @@ struct positional_embedding {
 // nanoGPT ties lm_head.weight to transformer.wte.weight:
 //   tied<"transformer.wte.weight", "weight", linear<"lm_head", 64, 256, false>>
 // With `enabled` false (a run-time choice; Enabled is its default) the layer keeps its own parameter.
-template <fixed_string Owner, fixed_string Param, class Layer, bool Enabled = true>
+KFSDP_EXPORT template <fixed_string Owner, fixed_string Param, class Layer, bool Enabled = true>
 struct tied : Layer {
   static constexpr auto owner = Owner;
   static constexpr auto tied_param = Param;
@@ -162,15 +163,15 @@ struct activation {
 // Named activations are classes, not alias templates: nvcc loses a fixed_string that an alias template
 // passes on (its host code names it __T0). Final, so that std::tuple stores them as members: GCC 12 rejects
 // constant evaluation of a tuple whose empty base class derives from another empty class.
-template <fixed_string Name = "">
+KFSDP_EXPORT template <fixed_string Name = "">
 struct gelu final : activation<Name, activation_fn::gelu> {};  // exact: 0.5·x·(1 + erf(x/√2))
-template <fixed_string Name = "">
+KFSDP_EXPORT template <fixed_string Name = "">
 struct gelu_tanh final : activation<Name, activation_fn::gelu_tanh> {};
-template <fixed_string Name = "">
+KFSDP_EXPORT template <fixed_string Name = "">
 struct relu final : activation<Name, activation_fn::relu> {};
-template <fixed_string Name = "">
+KFSDP_EXPORT template <fixed_string Name = "">
 struct silu final : activation<Name, activation_fn::silu> {};
-template <fixed_string Name = "">
+KFSDP_EXPORT template <fixed_string Name = "">
 struct tanh_layer final : activation<Name, activation_fn::tanh> {};  // not `tanh`: that would hide std::tanh in kfsdp
 
 // Causal multi-head self-attention over windows of Seq rows: q, k, v = split(x [rows, 3·Dim]),
@@ -178,7 +179,7 @@ struct tanh_layer final : activation<Name, activation_fn::tanh> {};  // not `tan
 // heads (grouped-query attention; KVHeads divides Heads) x is [q (Dim) | k (KVHeads·hd) | v (KVHeads·hd)],
 // hd = Dim / Heads, and query head h reads key/value head h / (Heads / KVHeads):
 //   causal_self_attention<"", 64, 4, 32, 2>                          [rows, 128] -> [rows, 64]
-template <fixed_string Name, std::size_t Dim = dyn, std::size_t Heads = dyn, std::size_t Seq = dyn, std::size_t KVHeads = Heads>
+KFSDP_EXPORT template <fixed_string Name, std::size_t Dim = dyn, std::size_t Heads = dyn, std::size_t Seq = dyn, std::size_t KVHeads = Heads>
 struct causal_self_attention {
   static_assert(Heads == dyn || KVHeads == dyn || Heads % KVHeads == 0,
                 "kfsdp::causal_self_attention: KVHeads must divide Heads");
@@ -218,7 +219,7 @@ struct causal_self_attention {
 // rotated head, pair (i, i + hd/2) turns by the angle t · theta^(−2i/hd) (transformers' rotate_half):
 //   y_i = x_i cos − x_{i+hd/2} sin,   y_{i+hd/2} = x_{i+hd/2} cos + x_i sin.
 //   rotary_embedding<"", 4, 2, 16, 32>  (heads 4, kv_heads 2, hd 16, seq 32)   [rows, 128] -> [rows, 128]
-template <fixed_string Name, std::size_t Heads = dyn, std::size_t KVHeads = dyn, std::size_t HeadDim = dyn, std::size_t Seq = dyn>
+KFSDP_EXPORT template <fixed_string Name, std::size_t Heads = dyn, std::size_t KVHeads = dyn, std::size_t HeadDim = dyn, std::size_t Seq = dyn>
 struct rotary_embedding {
   static_assert(HeadDim == dyn || HeadDim % 2 == 0, "kfsdp::rotary_embedding: HeadDim must be even (RoPE turns pairs)");
   static constexpr auto name = Name;
@@ -251,7 +252,7 @@ struct rotary_embedding {
 };
 
 // Softmax cross-entropy of logits [rows, Classes] against one class id per row, averaged.
-template <fixed_string Name = "", std::size_t Classes = dyn>
+KFSDP_EXPORT template <fixed_string Name = "", std::size_t Classes = dyn>
 struct cross_entropy {
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::layer;
@@ -270,7 +271,7 @@ struct cross_entropy {
 };
 
 // Mean-squared error against targets shaped like the input, averaged over every element.
-template <fixed_string Name = "">
+KFSDP_EXPORT template <fixed_string Name = "">
 struct mse {
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::layer;

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Llama-family models (LlamaForCausalLM) under transformers' parameter names: token embedding,
 // decoder layers of RMSNorm → grouped-query attention with RoPE → RMSNorm → SwiGLU MLP (linears
 // without bias), a final RMSNorm and an lm_head, tied to the embedding or not. Each decoder layer
@@ -59,7 +60,7 @@ template <std::size_t Dim = dyn, std::size_t Vocab = dyn>
 using llama_head = tied<"model.embed_tokens.weight", "weight", linear<"lm_head", Dim, Vocab, false>, false>;
 
 // Seq is the window: positions (RoPE) and the causal mask count within windows of Seq tokens.
-template <std::size_t Layers = dyn, std::size_t Dim = dyn, std::size_t Hidden = dyn, std::size_t Heads = dyn,
+KFSDP_EXPORT template <std::size_t Layers = dyn, std::size_t Dim = dyn, std::size_t Hidden = dyn, std::size_t Heads = dyn,
           std::size_t KVHeads = dyn, std::size_t Seq = dyn, std::size_t Vocab = 256>
 using llama = sequential<"",
                          sequential<"model", embedding<"embed_tokens", Vocab, Dim>,
@@ -68,12 +69,12 @@ using llama = sequential<"",
                          llama_head<Dim, Vocab>, cross_entropy<"", Vocab>>;
 
 // The type of every Llama whose sizes come at run time (make_llama's).
-using llama_descriptor = llama<dyn, dyn, dyn, dyn, dyn, dyn, dyn>;
+KFSDP_EXPORT using llama_descriptor = llama<dyn, dyn, dyn, dyn, dyn, dyn, dyn>;
 
 // The Llama descriptor for a configuration (validated: a bad size throws naming it). `window` is the
 // number of tokens per training window (RoPE's positions and the causal mask count within it);
 // 0 takes c.seq (max_position_embeddings); more than c.seq throws.
-inline llama_descriptor make_llama(const llama_config& c, std::size_t window = 0) {
+KFSDP_EXPORT inline llama_descriptor make_llama(const llama_config& c, std::size_t window = 0) {
   c.validate();
   const std::size_t seq = window == 0 ? c.seq : window;
   if (seq > c.seq)

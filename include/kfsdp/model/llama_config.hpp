@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Sizes of a Llama-family model, named as kfsdp names them, each beside the key of transformers'
 // LlamaConfig (config.json) that holds it. make_llama builds the descriptor from it; the Hugging
 // Face checkpoint reader and writer translate it to and from config.json.
@@ -13,7 +14,7 @@
 
 namespace kfsdp {
 
-struct llama_config {
+KFSDP_EXPORT struct llama_config {
   std::size_t vocab = 256;      // vocab_size
   std::size_t dim = 128;        // hidden_size
   std::size_t hidden = 352;     // intermediate_size (the SwiGLU MLP's width)

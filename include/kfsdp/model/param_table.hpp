@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // param_table: every parameter of a model, in order, with its dotted name, shape, numel, and the
 // indices of the layer and the transformer block that own it.
 //
@@ -123,7 +124,7 @@ constexpr auto make_static_param_table() {
 }  // namespace detail
 
 // Every parameter of `model`, in order (run-time sizes allowed; usable in constant evaluation).
-template <descriptor Model>
+KFSDP_EXPORT template <descriptor Model>
 constexpr std::vector<param_info> make_param_table(const Model& model) {
   std::vector<param_info> table;
   table.reserve(detail::count_params(model));
@@ -134,7 +135,7 @@ constexpr std::vector<param_info> make_param_table(const Model& model) {
 }
 
 // The table of a fully static model, as a constexpr array.
-template <descriptor Model>
+KFSDP_EXPORT template <descriptor Model>
   requires std::is_default_constructible_v<Model>
 inline constexpr auto param_table = detail::make_static_param_table<Model>();
 

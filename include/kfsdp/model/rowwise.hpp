@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Layers written as one expression over a row (kfsdp::expr): the forward is the expression, the
 // backward is derived from it, both run as fused kernels (train/rowwise.hpp).
 //
@@ -29,7 +30,7 @@
 
 namespace kfsdp {
 
-template <fixed_string Name>
+KFSDP_EXPORT template <fixed_string Name>
 struct rowwise {
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::layer;
@@ -37,7 +38,7 @@ struct rowwise {
   constexpr std::array<param_decl, 0> params() const { return {}; }
 };
 
-template <fixed_string Name>
+KFSDP_EXPORT template <fixed_string Name>
 struct rowwise_loss : rowwise<Name> {
   using output = loss;
   using target = values;
@@ -49,7 +50,7 @@ concept rowwise_descriptor = layer_descriptor<D> && requires { typename D::rowwi
 // --- built-in layers written as expressions ---
 
 // y = x / √(mean(x²) + eps) · weight (Llama's RMSNorm; eps 1e-6 by default, as transformers').
-template <fixed_string Name, std::size_t Dim = dyn>
+KFSDP_EXPORT template <fixed_string Name, std::size_t Dim = dyn>
 struct rms_norm : rowwise<Name> {
   static_assert(Dim != 0, "kfsdp::rms_norm: Dim must be at least 1");
   std::size_t dim = Dim;
@@ -66,7 +67,7 @@ struct rms_norm : rowwise<Name> {
 // y = silu(gate) · value, [gate | value] = x: [rows, 2·H] -> [rows, H] (Llama's MLP after a fused
 // gate/up projection). Final, so that std::tuple stores it as a member: GCC 12 rejects constant
 // evaluation of a tuple whose empty base class derives from another empty class.
-template <fixed_string Name = "">
+KFSDP_EXPORT template <fixed_string Name = "">
 struct swiglu final : rowwise<Name> {
   static constexpr auto expression(auto x) {
     const auto gate = x.half(0);

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::nn view conventions, shared by every layer.
 //
 // Conventions of the nn layers (all of include/kfsdp/nn/):
@@ -44,9 +45,9 @@ using matrix_of = Kokkos::View<Element**, Kokkos::LayoutRight, memory_space>;
 template <class Element>
 using vector_of = Kokkos::View<Element*, Kokkos::LayoutRight, memory_space>;
 
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 using matrix = matrix_of<Scalar>;
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 using const_matrix = matrix_of<const Scalar>;
 template <class Scalar>
 using vector = vector_of<Scalar>;

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::optim::adamw — PyTorch's torch.optim.AdamW (amsgrad off) on a rank's flat local shard, as
 // ONE fused Kokkos kernel: decoupled weight decay, both moments and the update in one pass.
 //
@@ -98,7 +99,7 @@ void adamw_step(const Kokkos::View<Scalar*>& params,
 ///
 ///   kfsdp::optim::adamw<double> optimizer(trainer, {.lr = 1e-3, .weight_decay = 0.1},
 ///                                         {{.name_contains = "embedding", .lr_scale = 0.1}});
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 class adamw {
  public:
   using view_type = Kokkos::View<Scalar*>;

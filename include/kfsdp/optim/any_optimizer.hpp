@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::optim::any_optimizer — the optimizer a program chooses at run time (its --optimizer flag):
 // AdamW or SGD behind one type that trainer.step, fit and the checkpoint protocol all take, so a
 // program keeps no variant of its own and names no tensor of the optimizer's state.
@@ -25,14 +26,14 @@
 namespace kfsdp::optim {
 
 /// Which optimizer, with the hyper-parameters the two share; every field has a default.
-struct optimizer_choice {
+KFSDP_EXPORT struct optimizer_choice {
   std::string kind = "adamw";  // adamw | sgd
   double lr = 1e-3;
   double momentum = 0.0;      // sgd's (0: no momentum buffer); adamw's betas are its defaults'
   double weight_decay = 0.0;  // adamw: decoupled, on the groups that decay; sgd: L2 on every element
 };
 
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 class any_optimizer {
  public:
   using view_type = Kokkos::View<Scalar*>;

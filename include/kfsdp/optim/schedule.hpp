@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::optim schedules — learning rates as values: a schedule maps the step about to run
 // (0-based) to its lr, `double operator()(std::size_t step) const`. Header-only, no Kokkos.
 //
@@ -48,7 +49,7 @@ inline void check_steps(std::string_view who, std::string_view name, std::size_t
 /// The same lr at every step.
 ///
 ///   kfsdp::optim::constant lr(3e-4);   // lr(0) == lr(1000) == 3e-4
-class constant {
+KFSDP_EXPORT class constant {
  public:
   explicit constant(double lr) : lr_(lr) { detail::check_lr("constant", "lr", lr); }
   double operator()(std::size_t) const noexcept { return lr_; }
@@ -61,7 +62,7 @@ class constant {
 /// T_max = steps, eta_min = min_lr); it stays at min_lr from step `steps` on (PyTorch's would rise again).
 ///
 ///   kfsdp::optim::cosine lr(1e-3, 1000, 1e-5);   // lr(0) = 1e-3, lr(500) = 5.05e-4, lr(1000) = 1e-5
-class cosine {
+KFSDP_EXPORT class cosine {
  public:
   cosine(double base_lr, std::size_t steps, double min_lr = 0.0) : base_(base_lr), min_(min_lr), steps_(steps) {
     detail::check_lr("cosine", "base_lr", base_lr);
@@ -85,7 +86,7 @@ class cosine {
 /// factors times the base lr): a decay when end_lr < start_lr, a ramp when end_lr > start_lr.
 ///
 ///   kfsdp::optim::linear lr(1e-3, 0.0, 100);   // lr(0) = 1e-3, lr(50) = 5e-4, lr(100) = lr(200) = 0
-class linear {
+KFSDP_EXPORT class linear {
  public:
   linear(double start_lr, double end_lr, std::size_t steps) : start_(start_lr), end_(end_lr), steps_(steps) {
     detail::check_lr("linear", "start_lr", start_lr);
@@ -105,7 +106,7 @@ class linear {
 /// base_lr times gamma every `period` steps (PyTorch's StepLR, step_size = period).
 ///
 ///   kfsdp::optim::step_decay lr(0.1, 30, 0.1);   // 0.1 for steps 0..29, 0.01 for 30..59, ...
-class step_decay {
+KFSDP_EXPORT class step_decay {
  public:
   step_decay(double base_lr, std::size_t period, double gamma) : base_(base_lr), gamma_(gamma), period_(period) {
     detail::check_lr("step_decay", "base_lr", base_lr);
@@ -126,7 +127,7 @@ class step_decay {
 /// Nest it for more phases: sequence(a, 10, sequence(b, 20, c)).
 ///
 ///   kfsdp::optim::sequence lr(kfsdp::optim::constant(1e-3), 500, kfsdp::optim::linear(1e-3, 0, 500));
-template <class First, class Second>
+KFSDP_EXPORT template <class First, class Second>
 class sequence {
  public:
   sequence(First first, std::size_t length, Second second)
@@ -146,7 +147,7 @@ class sequence {
 /// the first step already moves the weights and step steps - 1 reaches the peak.
 ///
 ///   auto lr = kfsdp::optim::warmup(100, kfsdp::optim::cosine(6e-4, 900));   // 1000 steps in all
-template <class After>
+KFSDP_EXPORT template <class After>
 class warmup {
  public:
   warmup(std::size_t steps, After after) : after_(std::move(after)), steps_(steps) {
@@ -166,7 +167,7 @@ class warmup {
 /// step `total_steps` (and min_lr after it).
 ///
 ///   auto lr = kfsdp::optim::warmup_cosine(6e-4, 2000, 600000, 6e-5);
-inline warmup<cosine> warmup_cosine(double base_lr, std::size_t warmup_steps, std::size_t total_steps,
+KFSDP_EXPORT inline warmup<cosine> warmup_cosine(double base_lr, std::size_t warmup_steps, std::size_t total_steps,
                                     double min_lr = 0.0) {
   if (warmup_steps >= total_steps)
     throw std::invalid_argument(fmt::format(
@@ -178,7 +179,7 @@ inline warmup<cosine> warmup_cosine(double base_lr, std::size_t warmup_steps, st
 /// Linear warm-up to base_lr over `warmup_steps`, then linear decay to end_lr at step `total_steps`.
 ///
 ///   auto lr = kfsdp::optim::warmup_linear(1e-3, 100, 1000);   // to 0 at step 1000
-inline warmup<linear> warmup_linear(double base_lr, std::size_t warmup_steps, std::size_t total_steps,
+KFSDP_EXPORT inline warmup<linear> warmup_linear(double base_lr, std::size_t warmup_steps, std::size_t total_steps,
                                     double end_lr = 0.0) {
   if (warmup_steps >= total_steps)
     throw std::invalid_argument(fmt::format(

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::optim::sgd — PyTorch's torch.optim.SGD (dampening 0) on a rank's flat local shard, as
 // ONE fused Kokkos kernel: weight decay, momentum, optional Nesterov and the update in one pass.
 //
@@ -81,7 +82,7 @@ inline void check_sgd_groups(const std::vector<param_group>& groups) {
 /// it freezes there too), hold no momentum and are never updated:
 ///
 ///   kfsdp::optim::sgd<double> optimizer(trainer, {.lr = 0.1, .momentum = 0.9}, {{.name_contains = "fc1.", .frozen = true}});
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 class sgd {
  public:
   using view_type = Kokkos::View<Scalar*>;

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Printing a shard plan with fmt.
 //
 //   fmt::print("{}\n", plan);
@@ -24,7 +25,7 @@ namespace kfsdp {
 inline std::string format_shape(const param_info& p) { return shape_string(std::span(p.shape.data(), p.rank)); }
 
 // The plan's per-parameter table, its totals and one line per bucket, as a text.
-template <class Params, class Buckets>
+KFSDP_EXPORT template <class Params, class Buckets>
 std::string plan_table(const basic_shard_plan<Params, Buckets>& plan, std::span<const param_info> table,
                        std::size_t bytes_per_element) {
   if (table.size() != plan.params.size())

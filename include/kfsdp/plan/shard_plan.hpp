@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // The shard plan: how every parameter is split along dim 0 over `world_size` ranks, which bucket
 // (one all-gather / one reduce-scatter) it travels in, and where its local shard lives in the
 // rank's flat storage. A pure constexpr function of (param table, world size, bucketing).
@@ -40,7 +41,7 @@
 namespace kfsdp {
 
 // Thunder's FSDPBucketingStrategy.
-enum class bucketing {
+KFSDP_EXPORT enum class bucketing {
   none,   // one collective per parameter
   layer,  // one per leaf layer (a Linear's weight and bias together)
   block,  // one per transformer block; parameters outside blocks grouped by layer
@@ -48,10 +49,10 @@ enum class bucketing {
 
 inline constexpr enum_names<bucketing, 3> bucketing_names = {
     {bucketing::none, "none"}, {bucketing::layer, "layer"}, {bucketing::block, "block"}};
-constexpr std::string_view to_string(bucketing b) noexcept { return name_of(bucketing_names, b); }
+KFSDP_EXPORT constexpr std::string_view to_string(bucketing b) noexcept { return name_of(bucketing_names, b); }
 
 // "none" | "layer" | "block" (case as written); anything else throws naming the value.
-inline bucketing parse_bucketing(std::string_view text) {
+KFSDP_EXPORT inline bucketing parse_bucketing(std::string_view text) {
   return parse_named(text, bucketing_names, "bucketing");
 }
 
@@ -110,7 +111,7 @@ constexpr bool operator==(const bucket_shard& a, const bucket_shard& b) noexcept
 }
 
 // The plan for a world size known at run time (also usable inside a constant expression).
-using shard_plan = basic_shard_plan<std::vector<param_shard>, std::vector<bucket_shard>>;
+KFSDP_EXPORT using shard_plan = basic_shard_plan<std::vector<param_shard>, std::vector<bucket_shard>>;
 
 namespace detail {
 // Parameters p and q share a bucket when they have the same key (the table lists a layer's and a
@@ -132,7 +133,7 @@ constexpr bucket_key key_of(const param_info& p, std::size_t position, bucketing
 
 // The shard plan of `table` at `world_size` ranks. Throws std::invalid_argument for world_size 0
 // or a parameter with a zero extent (a compile error when evaluated in a constant expression).
-constexpr shard_plan make_shard_plan(std::span<const param_info> table, std::size_t world_size,
+KFSDP_EXPORT constexpr shard_plan make_shard_plan(std::span<const param_info> table, std::size_t world_size,
                                      bucketing strategy) {
   if (world_size == 0)
     throw std::invalid_argument("kfsdp::make_shard_plan: world_size is 0, expected at least 1");
@@ -183,7 +184,7 @@ constexpr shard_plan make_shard_plan(std::span<const param_info> table, std::siz
 
 // A 64-bit fingerprint (FNV-1a) of everything that shapes the collectives of a plan: ranks compare
 // it before the first collective, so a plan mismatch is an error instead of a hang.
-template <class Params, class Buckets>
+KFSDP_EXPORT template <class Params, class Buckets>
 constexpr std::uint64_t fingerprint(const basic_shard_plan<Params, Buckets>& plan) {
   std::uint64_t h = 0xcbf29ce484222325ull;
   auto mix = [&h](std::uint64_t v) {
@@ -238,7 +239,7 @@ constexpr auto make_static_shard_plan() {
 
 // The plan of a fully static model at a world size known at compile time: the same
 // make_shard_plan, evaluated by the compiler into std::arrays.
-template <class Model, std::size_t WorldSize, bucketing Strategy>
+KFSDP_EXPORT template <class Model, std::size_t WorldSize, bucketing Strategy>
 inline constexpr auto static_shard_plan = [] {
   static_assert(WorldSize >= 1, "kfsdp::static_shard_plan: WorldSize must be at least 1");
   return detail::make_static_shard_plan<Model, WorldSize, Strategy>();

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // A tensor's element type: safetensors' dtypes, under the names its headers use (kfsdp's parameters
 // are F32 or F64). Here rather than in io/ because the engine's state dicts (tensor/state_dict.hpp)
 // need it; the names stay in kfsdp::io, where the format defines them (defined in
@@ -27,7 +28,7 @@ enum class dtype : std::uint8_t { BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, F16,
 [[nodiscard]] std::optional<dtype> parse_dtype(std::string_view name) noexcept;
 
 /// The dtype of a C++ scalar type: dtype_of<float> == dtype::F32.
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 inline constexpr dtype dtype_of = [] {
   static_assert(sizeof(Scalar) == 0,
                 "dtype_of<Scalar>: no safetensors dtype for this type; use float, double, an "

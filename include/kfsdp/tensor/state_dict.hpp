@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // A full ("original") state dict: unsharded, unpadded parameters under their dotted names, in host
 // memory, in model order. It is what a checkpoint holds and what the engine loads and shards.
 //
@@ -23,10 +24,10 @@
 namespace kfsdp {
 
 // A tensor's element type: safetensors' dtypes (kfsdp's parameters are F32 or F64).
-using io::dtype;
+KFSDP_EXPORT using io::dtype;
 using io::dtype_of;
 
-struct tensor {
+KFSDP_EXPORT struct tensor {
   std::string name;
   std::vector<std::size_t> shape;
   kfsdp::dtype type = dtype::F32;
@@ -64,7 +65,7 @@ struct tensor {
   }
 };
 
-class state_dict {
+KFSDP_EXPORT class state_dict {
  public:
   state_dict() = default;
   explicit state_dict(std::vector<tensor> tensors) : tensors_(std::move(tensors)) {}

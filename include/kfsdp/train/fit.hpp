@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::fit — the training loop users expect, around a trainer (opt-in: this header includes
 // mpi.h, through session.hpp and io/checkpoint/checkpoint.hpp): steps or epochs over a dataset (io::dataset: an
 // array_dataset in memory, an hdf5_dataset read per batch from a shared file) with a distributed sampler (the same global batches at any world size), a learning-rate schedule,
@@ -106,7 +107,7 @@ struct eval_metrics {
 };
 
 /// How a fit ended.
-struct fit_result {
+KFSDP_EXPORT struct fit_result {
   std::size_t step = 0;          // steps done: the options' total, unless preempted
   std::size_t resumed_from = 0;  // the step of the checkpoint it resumed from (0: a fresh start)
   bool preempted = false;        // SIGTERM / SIGUSR1: a checkpoint at `step` was written, then fit returned
@@ -318,7 +319,7 @@ inline void check_options(const fit_options& options, std::size_t ranks) {
 /// over `data` (any io::dataset) as `options` say; collective over the session's ranks. Returns how it ended; a
 /// NaN or infinite loss throws std::runtime_error naming the step (nothing is saved for it), as
 /// does a bad option (std::invalid_argument, naming the field, the value and what is expected).
-template <class Trainer, class Optimizer, class Schedule, io::dataset Data>
+KFSDP_EXPORT template <class Trainer, class Optimizer, class Schedule, io::dataset Data>
   requires io::stateful<Optimizer, typename Trainer::scalar_type> &&
            std::is_invocable_r_v<double, const Schedule&, std::size_t>
 fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Schedule& schedule,

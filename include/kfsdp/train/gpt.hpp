@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // The example GPT's training helpers: nanoGPT's initialisation, token batches for the trainer,
 // its memory estimate, evaluation over text windows, and text generation from a trainer of
 // kfsdp::gpt (model/gpt.hpp).
@@ -37,7 +38,7 @@ extern template class network<gpt_descriptor, double>;
 
 // nanoGPT's initialisation: N(0, 0.02) for weights and embeddings, N(0, 0.02/sqrt(2L)) for the
 // residual projections (attn.c_proj, mlp.c_proj), zero biases, LayerNorm weights one.
-inline std::function<param_init(const param_info&)> gpt2_init(std::size_t layers) {
+KFSDP_EXPORT inline std::function<param_init(const param_info&)> gpt2_init(std::size_t layers) {
   return [layers](const param_info& p) -> param_init {
     const std::string_view name = p.name.view();
     if (name.ends_with(".bias")) return {param_init::zeros, 0.0};
@@ -65,7 +66,7 @@ struct gpt_memory_options {
 // optimizer states) already exceed `stop_above`, that coarse figure is returned without building the
 // parameter table, which would not fit either. Where the shards live on a device only the coarse
 // figure is known here (the host's memory is what this estimates).
-inline memory_need estimate_gpt_memory(const gpt_config& model, const gpt_memory_options& o,
+KFSDP_EXPORT inline memory_need estimate_gpt_memory(const gpt_config& model, const gpt_memory_options& o,
                                        double stop_above = std::numeric_limits<double>::max()) {
   const double bytes = double(o.scalar_bytes), d = double(model.dim), layers = double(model.layers);
   const double table = layers * 16 * 2 * sizeof(param_info);  // the table and the plan, ~16 entries a block
@@ -83,7 +84,7 @@ inline memory_need estimate_gpt_memory(const gpt_config& model, const gpt_memory
 }
 
 // Host ids (tokens or targets) as a device vector.
-inline nn::index_vector device_ids(const std::vector<int>& ids) {
+KFSDP_EXPORT inline nn::index_vector device_ids(const std::vector<int>& ids) {
   nn::index_vector out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::ids"), ids.size());
   Kokkos::deep_copy(out, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(ids.data(), ids.size()));
   return out;
@@ -93,7 +94,7 @@ inline nn::index_vector device_ids(const std::vector<int>& ids) {
 // rank r of `ranks` computes windows r, r + N, ... on the full model, gathered once since ranks hold
 // different counts, and the sums are added over `ranks` (every rank of the job, whatever groups the
 // trainer shards over). Collective over both.
-template <class Trainer, class Communicator>
+KFSDP_EXPORT template <class Trainer, class Communicator>
 double evaluate_windows(Trainer& trainer, const io::text_windows& data, std::size_t windows, Communicator& ranks) {
   double totals[2] = {0, 0};  // the sum of per-byte losses, the bytes
   trainer.with_full_model([&] {
@@ -115,7 +116,7 @@ struct sampling {
 };
 
 // Continues `prompt` by new_bytes bytes (the same on every rank: same seed). Collective.
-template <class Model, class Scalar>
+KFSDP_EXPORT template <class Model, class Scalar>
 std::string generate(trainer_core<Model, Scalar>& t, const gpt_config& config, std::string_view prompt, std::size_t new_bytes,
                      sampling how) {
   if (prompt.empty()) throw std::invalid_argument("kfsdp::generate: the prompt is empty");

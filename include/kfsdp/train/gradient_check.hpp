@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::check_gradients(layer): a layer's backward against central differences of its forward,
 // in double, for every element of every parameter and of the input — for any layer: built-in,
 // derived from an expression, or hand-written to the contract of train/ops.hpp.
@@ -88,7 +89,7 @@ int checked_classes(const Layer& d, const gradient_check_options& o) {
 
 }  // namespace detail
 
-template <layer_descriptor Layer>
+KFSDP_EXPORT template <layer_descriptor Layer>
 gradient_check_report check_gradients(const Layer& layer, const gradient_check_options& options = {}) {
   using S = double;
   using In = input_t<Layer>;

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::layer_params: what a layer's compute sees of its parameters (or gradients).
 
 #include <kfsdp/model/param_table.hpp>
@@ -13,7 +14,7 @@ namespace kfsdp {
 
 // One layer's parameters (layer_params<const S>) or gradients (layer_params<S>), in the order
 // of its params(), as views of the engine's unsharded buffers.
-template <class Element>
+KFSDP_EXPORT template <class Element>
 class layer_params {
  public:
   static constexpr std::size_t capacity = 8;

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Llama's training helpers: transformers' initialisation of LlamaForCausalLM, and the run-time
 // Llama's compute compiled once (kernels/train/llama.cpp).
 //
@@ -19,7 +20,7 @@ extern template class network<llama_descriptor, double>;
 
 // LlamaPreTrainedModel._init_weights: N(0, initializer_range²) for every linear and the embedding,
 // RMSNorm weights one (initializer_range is 0.02 in transformers' LlamaConfig).
-inline std::function<param_init(const param_info&)> llama_init(double initializer_range = 0.02) {
+KFSDP_EXPORT inline std::function<param_init(const param_info&)> llama_init(double initializer_range = 0.02) {
   return [initializer_range](const param_info& p) -> param_init {
     if (p.name.view().ends_with("norm.weight")) return {param_init::ones, 0.0};
     return {param_init::normal, initializer_range};

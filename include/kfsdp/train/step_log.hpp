@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::json_lines and kfsdp::step_log — what a training loop reports (opt-in: needs MPI, through
 // comm/mpi.hpp). json_lines is rank 0's metrics file, one JSON object a line, flushed after each so
 // that a killed run leaves whole lines; step_log measures one step (time, throughput, per-rank
@@ -109,7 +110,7 @@ struct step_log_options {
 };
 
 /// One step measured, written and printed; collective only where it opens the metrics file.
-class step_log {
+KFSDP_EXPORT class step_log {
  public:
   step_log(comm::mpi& world, step_log_options options)
       : options_(std::move(options)),

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::trainer<Model, Scalar, Policies...> — trains any model descriptor with FSDP: it owns the
 // engine (fsdp<Model, Scalar, Policies...>), runs forward unit by unit through the engine's
 // schedule (the root first, each unit gathered with the next one prefetched, ZeRO2 or ZeRO3),
@@ -37,7 +38,7 @@
 namespace kfsdp {
 
 // How gradients of K micro-batches accumulate.
-enum class grad_accumulation {
+KFSDP_EXPORT enum class grad_accumulation {
   unsharded,  // Thunder's no_sync: keep full gradients, reduce-scatter once (less traffic, more memory)
   sharded,    // reduce-scatter every micro-batch into the gradient shards (more traffic, less memory)
 };
@@ -46,12 +47,12 @@ inline constexpr enum_names<grad_accumulation, 2> grad_accumulation_names = {
     {grad_accumulation::unsharded, "unsharded"}, {grad_accumulation::sharded, "sharded"}};
 
 // A name of grad_accumulation_names, or "no_sync" (Thunder's name) for unsharded.
-inline grad_accumulation parse_grad_accumulation(const std::string& text) {
+KFSDP_EXPORT inline grad_accumulation parse_grad_accumulation(const std::string& text) {
   if (text == "no_sync") return grad_accumulation::unsharded;
   return parse_named(text, grad_accumulation_names, "grad accumulation");
 }
 
-struct trainer_options {
+KFSDP_EXPORT struct trainer_options {
   // Activation checkpointing per unit: forward keeps only each unit's input, backward recomputes.
   bool checkpointing = false;
   // A step whose loss or gradient norm is NaN or infinite throws non_finite_loss before the
@@ -61,7 +62,7 @@ struct trainer_options {
 
 // A diverged step (trainer_options::stop_on_non_finite): thrown on every rank alike, the weights
 // and the optimizer's state as they were before the step.
-class non_finite_loss : public std::runtime_error {
+KFSDP_EXPORT class non_finite_loss : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
@@ -410,7 +411,7 @@ struct engine_holder {
 };
 }  // namespace detail
 
-template <descriptor Model, class Scalar, class... Policies>
+KFSDP_EXPORT template <descriptor Model, class Scalar, class... Policies>
 class trainer : private detail::engine_holder<fsdp<Model, Scalar, Policies...>>, public trainer_core<Model, Scalar> {
   using holder = detail::engine_holder<fsdp<Model, Scalar, Policies...>>;
 
@@ -426,7 +427,7 @@ class trainer : private detail::engine_holder<fsdp<Model, Scalar, Policies...>>,
 // The trainer that options select (sharding, bucketing), for settings known at run time; f gets
 // its trainer_core, so that f's body is compiled once, not once per policy pair:
 //   kfsdp::with_trainer<float>(model, world, {.sharding_strategy = zero3}, {}, [&](auto& t) { ... });
-template <class Scalar, descriptor Model, class F>
+KFSDP_EXPORT template <class Scalar, descriptor Model, class F>
 decltype(auto) with_trainer(const Model& model, comm::any_communicator comm, const fsdp_options& options,
                             trainer_options t, F&& f) {
   return meta::mp_with_index<2>(static_cast<std::size_t>(options.sharding()), [&](auto s) -> decltype(auto) {

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::comm::mpi — the communicator: MPI_COMM_WORLD, or any MPI_Comm you pass, duplicated with
 // MPI_Comm_dup so kfsdp's messages never match yours (kfsdp/comm/mpi.hpp describes the backend).
 // Its collectives are templates over the element type and memory space; what is not a template
@@ -29,7 +30,7 @@
 
 namespace kfsdp::comm {
 
-class mpi {
+KFSDP_EXPORT class mpi {
  public:
   class environment;
 

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::comm::mpi::environment, MPI's start and end as a guard, and run_or_abort, which ends a
 // job cleanly when some of its ranks fail. Compiled into kfsdp_mpi (src/comm/mpi.cpp) but for
 // run_or_abort's call of the program.
@@ -66,7 +67,7 @@ int agree_or_abort(mpi& world, MPI_Comm verdicts, int status, const std::string&
 //     kfsdp::comm::mpi world;
 //     return kfsdp::comm::run_or_abort(world, [&] { return train(world); });
 //   }
-template <class Program>
+KFSDP_EXPORT template <class Program>
 int run_or_abort(mpi& world, Program&& program,
                  std::chrono::duration<double> grace = std::chrono::seconds(3)) {
   MPI_Comm verdicts = MPI_COMM_NULL;  // its own communicator: a failed rank's world may be mid-call

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::io checkpoint — the full model (and the training state beside it) in ONE standard
 // safetensors file, written and read in parallel with MPI-IO (opt-in: this header includes mpi.h).
 //
@@ -68,7 +69,7 @@ namespace kfsdp::io {
 template <class Scalar>
 void save_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine, comm::mpi& comm,
                 const metadata_map& metadata = {}, dtype stored = dtype_of<Scalar>);
-template <sharded_engine Engine>
+KFSDP_EXPORT template <sharded_engine Engine>
 void save_model(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
                 const metadata_map& metadata = {}, dtype stored = dtype_of<engine_scalar_t<Engine>>) {
   save_model(path, view_of(engine), comm, metadata, stored);
@@ -84,7 +85,7 @@ void save_model(const std::filesystem::path& path, Engine& engine, comm::mpi& co
 template <class Scalar>
 void save_checkpoint(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
                      comm::mpi& comm, const checkpoint_state<Scalar>& state);
-template <sharded_engine Engine>
+KFSDP_EXPORT template <sharded_engine Engine>
 void save_checkpoint(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
                      const checkpoint_state<engine_scalar_t<Engine>>& state) {
   save_checkpoint(path, view_of(engine), comm, state);
@@ -104,7 +105,7 @@ void save_checkpoint(const std::filesystem::path& path, Engine& engine, comm::mp
 template <class Scalar>
 metadata_map load_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
                         comm::mpi& comm);
-template <sharded_engine Engine>
+KFSDP_EXPORT template <sharded_engine Engine>
 metadata_map load_model(const std::filesystem::path& path, Engine& engine, comm::mpi& comm) {
   return load_model(path, view_of(engine), comm);
 }
@@ -114,7 +115,7 @@ metadata_map load_model(const std::filesystem::path& path, Engine& engine, comm:
 /// that does not parse or verify, naming the file.
 ///
 ///   const auto metadata = kfsdp::io::read_metadata("ckpt.safetensors", world);
-[[nodiscard]] metadata_map read_metadata(const std::filesystem::path& path, comm::mpi& comm);
+KFSDP_EXPORT [[nodiscard]] metadata_map read_metadata(const std::filesystem::path& path, comm::mpi& comm);
 
 /// What import_weights did, by tensor name: what it loaded, what the model has and the file lacks
 /// (left as they were, e.g. freshly initialised), what the file has and the model lacks (ignored).
@@ -139,7 +140,7 @@ struct import_report {
 ///   ...                                                                       // a new run:
 ///   const kfsdp::io::import_report report = kfsdp::io::import_weights("pretrained.safetensors", engine, world);
 ///   if (world.rank() == 0) fmt::print("{}\n", kfsdp::io::describe(report));
-template <class Scalar>
+KFSDP_EXPORT template <class Scalar>
 [[nodiscard]] import_report import_weights(const std::filesystem::path& path,
                                            const sharded_view<Scalar>& engine, comm::mpi& comm);
 template <sharded_engine Engine>
@@ -156,7 +157,7 @@ template <sharded_engine Engine>
 template <class Scalar>
 void load_checkpoint(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
                      comm::mpi& comm, checkpoint_state<Scalar>& state);
-template <sharded_engine Engine>
+KFSDP_EXPORT template <sharded_engine Engine>
 void load_checkpoint(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
                      checkpoint_state<engine_scalar_t<Engine>>& state) {
   load_checkpoint(path, view_of(engine), comm, state);
@@ -166,7 +167,7 @@ void load_checkpoint(const std::filesystem::path& path, Engine& engine, comm::mp
 /// part (an optimizer, a sampler) and `metadata`, in one file; the caller names no tensor.
 ///
 ///   kfsdp::io::save_training_state("run.safetensors", engine, world, {{"step", "20"}}, optimizer);
-template <sharded_engine Engine, class... Parts>
+KFSDP_EXPORT template <sharded_engine Engine, class... Parts>
   requires(stateful<Parts, engine_scalar_t<Engine>> && ...)
 void save_training_state(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
                          const metadata_map& metadata, const Parts&... parts) {
@@ -182,7 +183,7 @@ void save_training_state(const std::filesystem::path& path, Engine& engine, comm
 ///
 ///   const auto metadata = kfsdp::io::load_training_state("run.safetensors", engine, world, optimizer);
 ///   const std::size_t step = kfsdp::io::metadata_count(metadata, "step");
-template <sharded_engine Engine, class... Parts>
+KFSDP_EXPORT template <sharded_engine Engine, class... Parts>
   requires(stateful<Parts, engine_scalar_t<Engine>> && ...)
 metadata_map load_training_state(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
                                  Parts&... parts) {

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::io Hugging Face checkpoints — a model directory as transformers' save_pretrained writes it
 // and from_pretrained reads it, loaded into and saved from a trainer's sharded parameters over
 // MPI-IO (opt-in: this header includes mpi.h). Parameters are matched by name, so the model's
@@ -49,7 +50,7 @@ namespace kfsdp::io {
 template <class Scalar>
 void load_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine, comm::mpi& comm,
                      const std::vector<std::string>& ignore = {});
-template <sharded_engine Engine>
+KFSDP_EXPORT template <sharded_engine Engine>
 void load_pretrained(const std::filesystem::path& directory, Engine& engine, comm::mpi& comm,
                      const std::vector<std::string>& ignore = {}) {
   load_pretrained(directory, view_of(engine), comm, ignore);
@@ -67,7 +68,7 @@ void load_pretrained(const std::filesystem::path& directory, Engine& engine, com
 template <class Scalar>
 void save_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine, comm::mpi& comm,
                      std::string_view config_json, dtype stored = dtype_of<Scalar>);
-template <sharded_engine Engine>
+KFSDP_EXPORT template <sharded_engine Engine>
 void save_pretrained(const std::filesystem::path& directory, Engine& engine, comm::mpi& comm,
                      std::string_view config_json, dtype stored = dtype_of<engine_scalar_t<Engine>>) {
   save_pretrained(directory, view_of(engine), comm, config_json, stored);

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // A Hugging Face Llama directory's config.json, read into kfsdp::llama_config and written from it
 // (no MPI, no Kokkos). The weights beside it: io/checkpoint/hf_checkpoint.hpp.
 //
@@ -37,12 +38,12 @@ namespace kfsdp::io {
 
 /// The config of `path`: a directory (its config.json) or the file itself. Throws format_error as
 /// parse_llama_config, std::runtime_error naming the file when it cannot be read.
-[[nodiscard]] llama_config read_llama_config(const std::filesystem::path& path);
+KFSDP_EXPORT [[nodiscard]] llama_config read_llama_config(const std::filesystem::path& path);
 
 /// config.json for `config` that transformers' from_pretrained reads as a LlamaForCausalLM:
 /// model_type "llama", architectures, torch_dtype (F32 -> "float32", F64 "float64", BF16
 /// "bfloat16", F16 "float16": the dtype of the weights beside it), the sizes above. Throws
 /// std::invalid_argument for a config that validate refuses or another dtype.
-[[nodiscard]] std::string llama_config_json(const llama_config& config, dtype stored = dtype::F32);
+KFSDP_EXPORT [[nodiscard]] std::string llama_config_json(const llama_config& config, dtype stored = dtype::F32);
 
 }  // namespace kfsdp::io

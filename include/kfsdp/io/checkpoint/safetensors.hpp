@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::io safetensors — the file format alone (no MPI, no Kokkos): build a header that says where
 // every tensor's bytes go, and parse and validate the header of an existing file.
 //
@@ -41,7 +42,7 @@ class format_error : public std::runtime_error {
 };
 
 /// `__metadata__`: string keys to string values, written in key order.
-using metadata_map = std::map<std::string, std::string, std::less<>>;
+KFSDP_EXPORT using metadata_map = std::map<std::string, std::string, std::less<>>;
 
 /// What the writer knows about a tensor before it is written: name, element type, shape.
 ///

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // One safetensors file from one process (no MPI): the full state dict written with checksums,
 // temporary name, fsync and rename, and read back verified; and the metadata keys kfsdp's files
 // carry. Parallel checkpoints over MPI-IO (io/checkpoint/checkpoint.hpp) write the same files.
@@ -18,7 +19,7 @@ namespace kfsdp::io {
 /// Metadata keys that the writer sets itself; a caller's key equal to one of these (or starting
 /// with "checksum.") is an error.
 inline constexpr std::string_view checksum_key_prefix = "checksum.";
-inline constexpr std::string_view header_checksum_key = "kfsdp.header_checksum";
+KFSDP_EXPORT inline constexpr std::string_view header_checksum_key = "kfsdp.header_checksum";
 inline constexpr std::string_view parameters_key = "kfsdp.parameters";  // weight tensors in the file
 inline constexpr std::string_view numel_key = "kfsdp.numel";            // elements of the weights
 inline constexpr std::string_view dtype_key = "kfsdp.dtype";            // "F32" or "F64"
@@ -45,6 +46,6 @@ void save_state_dict_file(const std::filesystem::path& path, const state_dict& f
 /// loading it. Throws format_error naming the file.
 ///
 ///   const auto metadata = kfsdp::io::read_file_metadata("surrogate.safetensors");
-[[nodiscard]] metadata_map read_file_metadata(const std::filesystem::path& path);
+KFSDP_EXPORT [[nodiscard]] metadata_map read_file_metadata(const std::filesystem::path& path);
 
 }  // namespace kfsdp::io

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::io::stateful — the checkpoint protocol: whatever holds training state (an optimizer, a
 // sampler, the progress of a fit) lists it in a checkpoint_state, and reads it back from the
 // file's metadata after a load. A checkpoint is then the union of its parts, and no caller names
@@ -87,7 +88,7 @@ inline const std::string& metadata_text(const metadata_map& metadata, std::strin
 /// the value seen and what is expected.
 ///
 ///   const std::size_t step = kfsdp::io::metadata_count(metadata, "fit.step");
-inline std::uint64_t metadata_count(const metadata_map& metadata, std::string_view key) {
+KFSDP_EXPORT inline std::uint64_t metadata_count(const metadata_map& metadata, std::string_view key) {
   const std::string& text = metadata_text(metadata, key);
   std::uint64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
@@ -114,7 +115,7 @@ inline void check_metadata(const metadata_map& metadata, std::string_view key, s
 ///
 ///   kfsdp::io::check_config(metadata, kfsdp::gpt_metadata(config), /*required=*/true, "checkpoint F ");
 ///   // throws "checkpoint F was saved with heads = 4, this model has heads = 2"
-inline void check_config(const metadata_map& metadata, std::span<const std::pair<std::string, std::string>> config,
+KFSDP_EXPORT inline void check_config(const metadata_map& metadata, std::span<const std::pair<std::string, std::string>> config,
                          bool required, std::string_view context = {}) {
   for (const auto& [field, value] : config) {
     const auto saved = metadata.find(field);

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Array data for regression examples (an MLP surrogate): samples are rows of two row-major host
 // arrays, features [count, in] and targets [count, out]; which samples a step uses is the same on
 // every rank, each rank taking its contiguous slice of the global batch as device matrices.
@@ -35,7 +36,7 @@
 
 namespace kfsdp::io {
 
-class array_dataset {
+KFSDP_EXPORT class array_dataset {
  public:
   // Throws naming the array whose size is not count · width, or a zero width or zero count.
   array_dataset(std::vector<double> features, std::size_t in_features, std::vector<double> targets,
@@ -178,7 +179,7 @@ static_assert(dataset<array_dataset>);
 ///
 ///   kfsdp::io::stats_metadata(train.normalize())
 ///   // {"normalization.features.mean": "0.5,0.5,...", ..., "normalization.targets.stddev": "0.042"}
-inline metadata_map stats_metadata(const array_dataset::normalization& stats) {
+KFSDP_EXPORT inline metadata_map stats_metadata(const array_dataset::normalization& stats) {
   metadata_map metadata;
   for (const auto& [name, columns] : {std::pair<std::string_view, const array_dataset::column_stats&>{"features", stats.features},
                                       {"targets", stats.targets}}) {
@@ -192,7 +193,7 @@ inline metadata_map stats_metadata(const array_dataset::normalization& stats) {
 /// std::invalid_argument naming the key when one is missing or not a list of numbers.
 ///
 ///   const auto stats = kfsdp::io::stats_from_metadata(result.metadata);
-inline array_dataset::normalization stats_from_metadata(const metadata_map& metadata) {
+KFSDP_EXPORT inline array_dataset::normalization stats_from_metadata(const metadata_map& metadata) {
   const auto numbers = [&](const std::string& key) {
     const auto found = metadata.find(key);
     if (found == metadata.end())

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::io::distributed_sampler — which samples of a dataset each step trains on, the
 // same global sequence at any world size: step s takes positions [s·B, (s+1)·B) of the
 // concatenated epochs (each epoch a shuffle fixed by (seed, epoch): io::shuffled_micro_batch),
@@ -26,7 +27,7 @@
 
 namespace kfsdp::io {
 
-class distributed_sampler {
+KFSDP_EXPORT class distributed_sampler {
  public:
   /// Throws std::invalid_argument for a zero global_batch.
   template <dataset Data>

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::io::hdf5_dataset — samples from a shared HDF5 file, read per batch with parallel HDF5 over
 // MPI: each rank reads only its rows of a step's batch (one selection of those rows: a point list,
 // or row blocks for wide rows; collective MPI-IO), so a dataset larger than a rank's memory trains without being
@@ -178,7 +179,7 @@ inline std::string type_text(hid_t type) {
 
 }  // namespace hdf5_detail
 
-class hdf5_dataset {
+KFSDP_EXPORT class hdf5_dataset {
  public:
   /// Opens `file` on every rank of `comm` (collective) and checks `features` and `targets`: each
   /// a dataset of shape (N, width) or (N,), floating point, the same N > 0. Throws

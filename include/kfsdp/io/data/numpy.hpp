@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // NumPy's files as datasets: .npy (one array) and .npz (numpy.savez: a zip archive of .npy
 // members, stored uncompressed). Backend-free: plain file reads, values converted to double.
 //
@@ -36,7 +37,7 @@
 namespace kfsdp::io {
 
 /// One array of a .npy file or of an .npz member: its shape, numpy's dtype, its values in C order.
-struct numpy_array {
+KFSDP_EXPORT struct numpy_array {
   std::vector<std::size_t> shape{};
   std::string dtype{};          // numpy's descr: "<f4", ">i8", "|b1", ...
   std::vector<double> values{};  // row-major, converted to double
@@ -235,7 +236,7 @@ inline std::vector<zip_member> zip_directory(std::span<const unsigned char> zip,
 /// a numeric .npy array.
 ///
 ///   const kfsdp::io::numpy_array u = kfsdp::io::read_npy("u.npy");   // u.shape == {64, 64}
-inline numpy_array read_npy(const std::filesystem::path& path) {
+KFSDP_EXPORT inline numpy_array read_npy(const std::filesystem::path& path) {
   const std::vector<unsigned char> bytes = detail::read_bytes(path, "read_npy");
   return detail::parse_npy(bytes, path.string());
 }
@@ -254,7 +255,7 @@ inline std::vector<std::string> npz_names(const std::filesystem::path& path) {
 /// (numpy.savez_compressed: not read here) or not a numeric array.
 ///
 ///   const kfsdp::io::numpy_array x = kfsdp::io::read_npz("heat.npz", "x");
-inline numpy_array read_npz(const std::filesystem::path& path, std::string_view name) {
+KFSDP_EXPORT inline numpy_array read_npz(const std::filesystem::path& path, std::string_view name) {
   const std::vector<unsigned char> zip = detail::read_bytes(path, "read_npz");
   const std::string file = path.string();
   std::vector<std::string> names;

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Byte-level text data for the example GPT: the text cut into non-overlapping windows of seq + 1
 // bytes from offset 0 (inputs are the first seq bytes, targets the last seq), and which windows a
 // step uses — the same on every rank, each rank taking its contiguous slice of the global batch.
@@ -20,15 +21,15 @@
 
 namespace kfsdp::io {
 
-enum class window_sampling { sequential, random };
+KFSDP_EXPORT enum class window_sampling { sequential, random };
 
-inline window_sampling parse_sampling(const std::string& text) {
+KFSDP_EXPORT inline window_sampling parse_sampling(const std::string& text) {
   if (text == "sequential") return window_sampling::sequential;
   if (text == "random") return window_sampling::random;
   throw std::invalid_argument("kfsdp: sampling '" + text + "' is not one of random, sequential");
 }
 
-class text_windows {
+KFSDP_EXPORT class text_windows {
  public:
   text_windows(std::vector<std::uint8_t> bytes, std::size_t seq, std::string origin = "text")
       : bytes_(std::move(bytes)), seq_(seq), origin_(std::move(origin)) {
