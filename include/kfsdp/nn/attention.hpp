@@ -38,8 +38,8 @@ enum class attention_method {
 };
 
 // Where automatic switches to blocked. bench_kernels' blocked/whole time (forward + backward, f32,
-// 8 windows × 8 heads of 64, one thread): 1.08 at T = 64 (one block: nothing skipped, one GEMM more
-// in backward), 0.82 at 128, 0.68 at 512 (docs/performance.md).
+// 8 windows × 8 heads of 64, one thread): 1.03–1.08 at T = 64 (one block: nothing skipped, one GEMM
+// more in backward), 0.80–0.82 at 128, 0.68–0.74 at 512 (docs/performance.md).
 inline constexpr std::size_t blocked_from_seq_len = 128;
 // Queries and keys per block of the blocked method.
 inline constexpr std::size_t attention_block = 64;
