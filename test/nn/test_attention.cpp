@@ -27,11 +27,12 @@ TEST_CASE("attention forward, by hand: causal mask, softmax, nanoGPT's head layo
   CHECK(entry(cache.probs, 1) == 0.0);  // (b0, h0, t0, s1) is masked
 }
 
-TEST_CASE("attention backward matches central differences (double)") {
-  const std::size_t batch = 2, seq = 3, dim = 4, heads = 2, rows = batch * seq;
-  causal_self_attention<double> attn(dim, heads, seq);
-  auto qkv = random_matrix<double>(rows, 3 * dim, 1);
-  auto dy = random_matrix<double>(rows, dim, 2);
+namespace {
+// Backward of attn on `batch` windows against central differences of sum(y * dy), every entry.
+void check_backward_by_differences(causal_self_attention<double> attn, std::size_t batch, unsigned seed) {
+  const std::size_t rows = batch * attn.seq_len(), dim = attn.dim();
+  auto qkv = random_matrix<double>(rows, 3 * dim, seed);
+  auto dy = random_matrix<double>(rows, dim, seed + 1);
   matrix<double> y("y", rows, dim), dqkv("dqkv", rows, 3 * dim);
   auto cache = attn.make_cache(rows);
   auto loss = [&] {
@@ -41,6 +42,11 @@ TEST_CASE("attention backward matches central differences (double)") {
   loss();
   attn.backward({}, {}, cache, dy, dqkv);
   check_gradient("dqkv", qkv, dqkv, loss, /*max_entries=*/rows * 3 * dim);
+}
+}  // namespace
+
+TEST_CASE("attention backward matches central differences (double)") {
+  check_backward_by_differences(causal_self_attention<double>(4, 2, 3), 2, 1);
 }
 
 TEST_CASE("attention rejects rows that are not whole windows and heads not dividing dim") {
@@ -214,19 +220,7 @@ TEST_CASE("blocked attention equals whole attention: forward and gradients, caus
 }
 
 TEST_CASE("blocked attention backward matches central differences (double, T = 70: two blocks)") {
-  const std::size_t batch = 1, seq = 70, dim = 4, heads = 2, rows = batch * seq;
-  causal_self_attention<double> attn(dim, heads, seq, heads, attention_method::blocked);
-  auto qkv = random_matrix<double>(rows, 3 * dim, 31);
-  auto dy = random_matrix<double>(rows, dim, 32);
-  matrix<double> y("y", rows, dim), dqkv("dqkv", rows, 3 * dim);
-  auto cache = attn.make_cache(rows);
-  auto loss = [&] {
-    attn.forward({}, qkv, y, cache);
-    return weighted_sum(y, dy);
-  };
-  loss();
-  attn.backward({}, {}, cache, dy, dqkv);
-  check_gradient("dqkv", qkv, dqkv, loss, /*max_entries=*/rows * 3 * dim);
+  check_backward_by_differences(causal_self_attention<double>(4, 2, 70, 2, attention_method::blocked), 1, 31);
 }
 
 TEST_CASE("attention's automatic method: whole below blocked_from_seq_len, blocked from it") {
