@@ -58,6 +58,12 @@ struct pending_cuda_event {
     return true;
   }
   void wait() { check_cuda(cudaEventSynchronize(event), function, "cudaEventSynchronize"); }
+  // The stream waits on the event; the host does not (a null stream: the host waits).
+  void complete_before(native_stream consumer) {
+    if (consumer.handle == nullptr) return wait();
+    check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(consumer.handle), event, 0), function,
+               "cudaStreamWaitEvent");
+  }
 };
 
 ncclDataType_t nccl_type_of(int kind) {
@@ -120,6 +126,7 @@ struct nccl::device_state {
   ncclComm_t communicator = nullptr;
   cudaStream_t stream = nullptr;
   cudaEvent_t collectives_issued = nullptr;  // reused by make_stream_wait
+  cudaEvent_t compute_done = nullptr;        // reused by order_after; made on first use
 
   ~device_state() {
     // Destructors do not throw: a failure here cannot be reported, only survived.
@@ -127,6 +134,7 @@ struct nccl::device_state {
     if (stream != nullptr) cudaStreamSynchronize(stream);
     if (communicator != nullptr) ncclCommDestroy(communicator);
     if (collectives_issued != nullptr) cudaEventDestroy(collectives_issued);
+    if (compute_done != nullptr) cudaEventDestroy(compute_done);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 };
@@ -202,6 +210,18 @@ nccl::cuda_stream nccl::stream() const noexcept { return state_ ? state_->stream
 void nccl::wait_for(cuda_event produced) {
   check_cuda(cudaStreamWaitEvent(state_->stream, produced, 0), "kfsdp::comm::nccl::wait_for",
              "cudaStreamWaitEvent");
+}
+
+void nccl::order_after(native_stream compute) {
+  constexpr std::string_view function = "kfsdp::comm::nccl::order_after";
+  if (compute.handle == nullptr) return;  // a host instance: its work is complete
+  if (state_->compute_done == nullptr)
+    check_cuda(cudaEventCreateWithFlags(&state_->compute_done, cudaEventDisableTiming), function,
+               "cudaEventCreateWithFlags");
+  // A wait takes the event as recorded now: re-recording it later leaves this one in place.
+  check_cuda(cudaEventRecord(state_->compute_done, static_cast<cudaStream_t>(compute.handle)), function,
+             "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(state_->stream, state_->compute_done, 0), function, "cudaStreamWaitEvent");
 }
 
 void nccl::make_stream_wait(cuda_stream consumer) {

@@ -114,7 +114,7 @@ void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
                                      Kokkos::subview(scales, std::make_pair(first_block, first_block + chunk_blocks)));
       first_block += chunk_blocks;
     }
-    Kokkos::fence();
+    ctx.comm.order_after(ctx.compute);
     if (ctx.trace) gather_issued_at_ = ctx.trace->now();
     using space = typename view::memory_space;
     const comm::gather_part<float, space> whole{
@@ -128,6 +128,7 @@ void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
   }
   gathered_ = acquire_wire(ctx, "kfsdp::gathered", numel, gathered_as_);
   if (gathered_as_ == wire_precision::scalar) {
+    ctx.comm.order_after(ctx.compute);  // the optimizer's last write to the shard
     if (ctx.trace) gather_issued_at_ = ctx.trace->now();
     gather_pending_ = gather_params(ctx, local, gathered_);
   } else {
@@ -135,7 +136,7 @@ void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
       send_ = acquire_wire(ctx, "kfsdp::gather_send", local.extent(0), gathered_as_);
       const auto send = wire_view<Wire>(send_, local.extent(0));
       kernels::to_wire<Scalar, Wire>(local, Scalar(1), send);
-      Kokkos::fence();
+      ctx.comm.order_after(ctx.compute);
       if (ctx.trace) gather_issued_at_ = ctx.trace->now();
       gather_pending_ = gather_params(ctx, send, wire_view<Wire>(gathered_, numel));
     });
@@ -148,7 +149,7 @@ void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
 template <class Scalar>
 void bucket_unit<Scalar>::finish_gather(unit_context<Scalar>& ctx) {
   if (params_ != param_phase::gathering) wrong_phase("finish its all-gather", to_string(params_), "gathering");
-  gather_pending_.wait();
+  gather_pending_.complete_before(comm::stream_of(ctx.compute));  // the layers' kernels come after it
   params_ = param_phase::unsharded;
   ctx.pool.release(send_);
   // From issue to the wait's return: with an overlapping backend most of it hides behind compute.
@@ -184,7 +185,8 @@ void bucket_unit<Scalar>::finish_gather(unit_context<Scalar>& ctx) {
       kernels::from_wire<Scalar, Wire>(wire_view<Wire>(gathered_, numel), unpacked_);
     });
   }
-  Kokkos::fence();
+  // Back to the pool while the kernels may still read it: its next user writes it on the compute
+  // instance too, or by a collective ordered after that instance.
   ctx.pool.release(gathered_);
 }
 
@@ -247,7 +249,7 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
   reduced_grads_ = reduces_in_place_ ? ctx.grads.bucket(bucket_) : acquire_wire(ctx, "kfsdp::reduced_grads", shard, reduced_as_, reduced_fill);
   if (reduced_as_ == wire_precision::scalar) {
     if (before != Scalar(1)) KokkosBlas::scal(full_grads_, before, full_grads_);
-    Kokkos::fence();
+    ctx.comm.order_after(ctx.compute);
     if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
     reduce_pending_ = reduce_params(ctx, full_grads_, reduced_grads_, folds_after ? after : Scalar(1));
   } else {
@@ -255,7 +257,7 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
       // Divided in Scalar, then rounded once: the wire copy replaces the Scalar one.
       packed_grads_ = acquire_wire(ctx, "kfsdp::packed_grads_wire", numel, reduced_as_);
       kernels::to_wire<Scalar, Wire>(full_grads_, before, wire_view<Wire>(packed_grads_, numel));
-      Kokkos::fence();
+      ctx.comm.order_after(ctx.compute);
       ctx.pool.release(full_grads_);
       if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
       reduce_pending_ =
@@ -270,7 +272,8 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
 template <class Scalar>
 void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx) {
   if (grads_ != grad_phase::reducing) wrong_phase("finish its reduce-scatter", to_string(grads_), "reducing");
-  reduce_pending_.wait();
+  const comm::native_stream compute = comm::stream_of(ctx.compute);
+  reduce_pending_.complete_before(compute);
   grads_ = grad_phase::none;
   if (ctx.trace)
     ctx.trace->complete("reduce_scatter", "comm", trace_recorder::comm_lane, reduce_issued_at_, std::int64_t(bucket_),
@@ -278,11 +281,12 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx) {
   const view shard = ctx.grads.bucket(bucket_);
   if (ctx.replicated()) {
     // HSDP: the group's sums, summed over the replicas on the shard (Ψ / group bytes a rank).
+    ctx.replicas->order_after(ctx.compute);  // the group's sums are in
     if (reduced_as_ == wire_precision::scalar) {
-      ctx.replicas->iall_reduce_sum(span_of(reduced_grads_)).wait();
+      ctx.replicas->iall_reduce_sum(span_of(reduced_grads_)).complete_before(compute);
     } else {
       with_wire(reduced_as_, [&]<class Wire>(Wire) {
-        ctx.replicas->iall_reduce_sum(span_of(wire_view<Wire>(reduced_grads_, shard.extent(0)))).wait();
+        ctx.replicas->iall_reduce_sum(span_of(wire_view<Wire>(reduced_grads_, shard.extent(0)))).complete_before(compute);
       });
     }
     ctx.bytes_communicated += shard.extent(0) * wire_bytes(reduced_as_, sizeof(Scalar));
@@ -298,7 +302,6 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx) {
       kernels::accumulate_wire_scaled<Scalar, Wire>(shard, wire_view<Wire>(reduced_grads_, shard.extent(0)), after_);
     });
   }
-  Kokkos::fence();
   // Clipping's norm where asked for, read here while the shard is fresh from the reduction instead of
   // in a pass of its own; otherwise grad_squared_norm() sums the bucket alike when called.
   if (ctx.norm_with_reductions) shard_grad_squared_norm_ = optim::local_squared_norm<Scalar>(shard);

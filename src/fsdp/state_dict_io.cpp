@@ -31,7 +31,7 @@ class fsdp_engine<Scalar>::state_dict_io {
       const index_range mine = e_.map_.elements(p, rank);
       if (mine.count > 0) fill(p, mine.first, mine.count, Kokkos::subview(chunk, std::make_pair(std::size_t(0), mine.count)));
     }
-    Kokkos::fence();
+    e_.context_.compute.fence();  // the shards are whole before anyone reads them
   }
 
   // Rank `root` fills each full parameter with fill(param, out); every rank keeps its rows. Bucket
@@ -48,7 +48,7 @@ class fsdp_engine<Scalar>::state_dict_io {
           fill(p, Kokkos::subview(unpacked, e_.map_.unpacked(p).pair()));
           kernels::pack_param<Scalar>(unpacked, e_.map_, p, packed);
         }
-        Kokkos::fence();
+        e_.comm_.order_after(e_.context_.compute);
         e_.pool_.release(unpacked);
       }
       e_.comm_.ibroadcast(span_of(packed), root).wait();
@@ -56,8 +56,8 @@ class fsdp_engine<Scalar>::state_dict_io {
       Kokkos::deep_copy(e_.shards_.bucket(b), Kokkos::subview(packed, e_.map_.rank_shard(b, rank).pair()));
       e_.pool_.release(packed);
     }
-    Kokkos::fence();
     if (e_.options_.replica_group) {  // HSDP: the first group's shards become every replica's
+      e_.options_.replica_group->order_after(e_.context_.compute);
       e_.options_.replica_group->ibroadcast(span_of(e_.shards_.flat()), 0).wait();
       e_.context_.bytes_communicated += e_.shards_.bytes();
     }
@@ -93,6 +93,7 @@ class fsdp_engine<Scalar>::state_dict_io {
     const bool keep = !rank0_only || e_.rank_ == 0;
     std::vector<tensor> tensors;
     std::vector<flat_view> on_device;  // when not moving each parameter to the host at once
+    e_.comm_.order_after(e_.context_.compute);  // the optimizer's or the backward's last writes
     for (std::size_t p = 0; p < e_.table_.size(); ++p) {
       flat_view gathered = e_.pool_.acquire("kfsdp::state_dict_param", e_.map_.padded_numel(p));
       e_.comm_.iall_gather(const_span_of(storage.chunk(p)), span_of(gathered)).wait();

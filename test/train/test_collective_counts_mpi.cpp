@@ -1,7 +1,7 @@
 // The collectives of one training step, counted: per bucket one all-gather in forward (one more in
 // backward under ZeRO3, but for the root unit's, which stay gathered), one reduce-scatter, and under HSDP one all-reduce over the replicas, for
-// every sharding x bucketing; and the bytes an int8 all-gather carries against the theory. Run with
-// 1, 2, 3 and 4 ranks.
+// every sharding x bucketing, each ordered against the compute instance without a host wait; and the
+// bytes an int8 all-gather carries against the theory. Run with 1, 2, 3 and 4 ranks.
 #include <doctest/doctest.h>
 
 #include <cstddef>
@@ -21,12 +21,39 @@ namespace comm = kfsdp::comm;
 
 namespace {
 
+// How the collectives' requests end: the host waits (wait), or the compute instance's later work is
+// ordered after them (complete_before: a stream wait on a GPU, a wait on the host).
+struct completions {
+  std::size_t host_waits = 0, ordered = 0;
+};
+struct counted_request {
+  comm::request inner;
+  completions* seen;
+  bool test() { return inner.test(); }
+  void wait() {
+    ++seen->host_waits;
+    inner.wait();
+  }
+  void complete_before(comm::native_stream stream) {
+    ++seen->ordered;
+    inner.complete_before(stream);
+  }
+};
+
 // An mpi communicator that counts the collectives it is asked for, a batch (a bucket's parts)
-// counting as one; the agreement checks (all_reduce_max) are not counted.
+// counting as one, and how each is ordered against the compute instance; the agreement checks
+// (all_reduce_max) are not counted.
 struct counting {
   comm::mpi& backend;
   std::size_t all_gathers = 0, reduce_scatters = 0, all_reduces = 0, broadcasts = 0;
   std::size_t all_gather_bytes = 0;  // what the all-gathers receive
+  std::size_t orderings = 0;         // order_after calls: collectives to follow the compute instance
+  completions ends{};
+
+  void order_after(comm::native_stream) { ++orderings; }
+  [[nodiscard]] comm::request counted(comm::request inner) {
+    return comm::request(counted_request{std::move(inner), &ends});
+  }
 
   [[nodiscard]] int rank() const { return backend.rank(); }
   [[nodiscard]] int size() const { return backend.size(); }
@@ -37,42 +64,42 @@ struct counting {
                                           comm::span_in<T, Space> recv) {
     ++all_gathers;
     all_gather_bytes += recv.size_bytes();
-    return backend.iall_gather<T, Space>(send, recv);
+    return counted(backend.iall_gather<T, Space>(send, recv));
   }
   template <comm::element T, class Space>
   [[nodiscard]] comm::request iall_gather_parts(std::span<const comm::gather_part<T, Space>> parts) {
     ++all_gathers;
     for (const auto& part : parts) all_gather_bytes += part.recv.size_bytes();
-    return comm::iall_gather_parts<T, Space>(backend, parts);
+    return counted(comm::iall_gather_parts<T, Space>(backend, parts));
   }
   template <comm::element T, class Space>
   [[nodiscard]] comm::request ireduce_scatter_sum(std::type_identity_t<comm::span_in<const T, Space>> send,
                                                   comm::span_in<T, Space> recv) {
     ++reduce_scatters;
-    return backend.ireduce_scatter_sum<T, Space>(send, recv);
+    return counted(backend.ireduce_scatter_sum<T, Space>(send, recv));
   }
   template <comm::element T, class Space>
   [[nodiscard]] comm::request ireduce_scatter_sum(std::type_identity_t<comm::span_in<const T, Space>> send,
                                                   comm::span_in<T, Space> recv,
                                                   std::type_identity_t<comm::scale_type<T>> factor) {
     ++reduce_scatters;
-    return backend.ireduce_scatter_sum<T, Space>(send, recv, factor);
+    return counted(backend.ireduce_scatter_sum<T, Space>(send, recv, factor));
   }
   template <comm::element T, class Space>
   [[nodiscard]] comm::request ireduce_scatter_sum_parts(std::span<const comm::reduce_scatter_part<T, Space>> parts,
                                                         std::type_identity_t<comm::scale_type<T>> factor) {
     ++reduce_scatters;
-    return comm::ireduce_scatter_sum_parts<T, Space>(backend, parts, factor);
+    return counted(comm::ireduce_scatter_sum_parts<T, Space>(backend, parts, factor));
   }
   template <comm::element T, class Space>
   [[nodiscard]] comm::request ibroadcast(comm::span_in<T, Space> data, int root) {
     ++broadcasts;
-    return backend.ibroadcast<T, Space>(data, root);
+    return counted(backend.ibroadcast<T, Space>(data, root));
   }
   template <comm::element T, class Space>
   [[nodiscard]] comm::request iall_reduce_sum(comm::span_in<T, Space> data) {
     ++all_reduces;
-    return backend.iall_reduce_sum<T, Space>(data);
+    return counted(backend.iall_reduce_sum<T, Space>(data));
   }
   // Host memory.
   template <comm::element T>
@@ -178,6 +205,16 @@ TEST_CASE("collectives per step: per bucket 1 all-gather (+1 in backward under Z
           const bool replicated = hsdp && replicas.size() > 1;
           CHECK(replicas.all_reduces - before_replicas.all_reduces == (replicated ? buckets : 0) + (hsdp ? own_sums : 0));
           CHECK(replicas.total() - before_replicas.total() == replicas.all_reduces - before_replicas.all_reduces);
+          // Stream order: every bucket collective follows the compute instance's work (order_after)
+          // and the instance's later work follows it (complete_before), never a host wait: on a GPU
+          // neither blocks the host. The host waits only for the step's own sums, which it reads.
+          const std::size_t bucket_collectives = buckets + regathered + buckets;
+          CHECK(shards.orderings - before_shards.orderings == bucket_collectives);
+          CHECK(shards.ends.ordered - before_shards.ends.ordered == bucket_collectives);
+          CHECK(shards.ends.host_waits - before_shards.ends.host_waits == own_sums);
+          const std::size_t replica_sums = replicated ? buckets : 0;
+          CHECK(replicas.orderings - before_replicas.orderings == replica_sums);
+          CHECK(replicas.ends.ordered - before_replicas.ends.ordered == replica_sums);
         });
       }
 }

@@ -98,6 +98,9 @@ KFSDP_EXPORT class any_communicator {
     return iall_reduce_sum<T, Kokkos::HostSpace>(host_span<T>(data));
   }
 
+  // Collectives issued after this call read what `compute` has written so far (comm::order_after).
+  void order_after(const Kokkos::DefaultExecutionSpace& compute) { table_->order_after(backend_, compute); }
+
   // The agreement primitive over the wrapped backend, so that comm::check_agreement, any_rank and
   // first_rank_with take an any_communicator too.
   [[nodiscard]] value_range range_over_ranks(std::uint64_t value) { return table_->range(backend_, value); }
@@ -130,6 +133,7 @@ KFSDP_EXPORT class any_communicator {
     int (*size)(const void*);
     void (*barrier)(void*);
     value_range (*range)(void*, std::uint64_t);
+    void (*order_after)(void*, const Kokkos::DefaultExecutionSpace&);
     carried_calls collectives;
   };
 
@@ -182,6 +186,7 @@ KFSDP_EXPORT class any_communicator {
       [](const void* c) { return static_cast<const C*>(c)->size(); },
       [](void* c) { static_cast<C*>(c)->barrier(); },
       [](void* c, std::uint64_t value) { return kfsdp::comm::range_over_ranks(*static_cast<C*>(c), value); },
+      [](void* c, const Kokkos::DefaultExecutionSpace& compute) { comm::order_after(*static_cast<C*>(c), compute); },
       all_calls_for<C>(carried_spaces{}),
   };
 

@@ -122,6 +122,19 @@ concept request_state = std::move_constructible<State> && requires(State& state)
   state.wait();
 };
 
+// A compute queue to order work against: the native handle of an execution-space instance's stream
+// (a cudaStream_t for Kokkos::Cuda, a hipStream_t for Kokkos::HIP), or null for a host instance,
+// whose kernels are complete when they return. comm::stream_of(instance) (memory.hpp) makes one.
+KFSDP_EXPORT struct native_stream {
+  void* handle = nullptr;
+};
+
+// What a backend that orders streams adds to its request state: complete_before(stream) makes work
+// issued on the stream afterwards wait for the operation, without blocking the host where it can
+// (a null stream: it waits as wait() does).
+template <class State>
+concept orders_streams = requires(State& state, native_stream stream) { state.complete_before(stream); };
+
 // A type-erased handle on one non-blocking collective.
 //
 // Move-only. An empty request (default-constructed, waited on, or moved from) counts as complete:
@@ -177,6 +190,18 @@ class request {
     return complete;
   }
 
+  // Work issued on `stream` after this call starts only once the operation is complete; afterwards
+  // the request is empty. A backend that orders streams (nccl) makes the stream wait on the
+  // operation's event and the host does not block; for any other (and a null stream) this is wait().
+  //
+  //   pending.complete_before(kfsdp::comm::stream_of(compute));   // compute: an execution-space instance
+  //   Kokkos::parallel_for(Kokkos::RangePolicy(compute, 0, n), reads_recv);   // runs after the collective
+  void complete_before(native_stream stream) {
+    if (state_ == nullptr) return;
+    const detached finishing = detach();  // destroyed however it ends, as in wait()
+    finishing.table->complete_before(finishing.state, stream);
+  }
+
   // True while an operation is attached and has not been seen to complete.
   [[nodiscard]] bool in_flight() const noexcept { return state_ != nullptr; }
 
@@ -187,12 +212,17 @@ class request {
     bool (*test)(void* state);
     void (*wait)(void* state);
     void (*destroy)(void* state) noexcept;
+    void (*complete_before)(void* state, native_stream stream);  // wait() where State orders no stream
   };
   template <class State>
   static constexpr operation_table table_for = {
       [](void* state) -> bool { return static_cast<State*>(state)->test(); },
       [](void* state) { static_cast<State*>(state)->wait(); },
       [](void* state) noexcept { delete static_cast<State*>(state); },
+      [](void* state, native_stream stream) {
+        if constexpr (orders_streams<State>) static_cast<State*>(state)->complete_before(stream);
+        else static_cast<State*>(state)->wait();
+      },
   };
 
   // An operation taken out of the request; its state is destroyed with it.
@@ -246,6 +276,9 @@ inline void wait_all(std::span<request> requests) {
       return complete;
     }
     void wait() { wait_all(parts); }
+    void complete_before(native_stream stream) {
+      for (request& part : parts) part.complete_before(stream);
+    }
   };
   return request(all_of{std::move(parts)});
 }

@@ -43,6 +43,32 @@ using staging_space = Kokkos::HostSpace;
 template <class T>
 using scale_type = std::conditional_t<half_element<T>, float, T>;
 
+// The native stream of an execution-space instance: its cudaStream_t or hipStream_t, null for a
+// host instance (Serial, OpenMP, Threads), whose kernels are complete when they return.
+KFSDP_EXPORT template <class ExecutionSpace>
+[[nodiscard]] native_stream stream_of(const ExecutionSpace& instance) {
+  if constexpr (requires { instance.cuda_stream(); }) return {static_cast<void*>(instance.cuda_stream())};
+  else if constexpr (requires { instance.hip_stream(); }) return {static_cast<void*>(instance.hip_stream())};
+  else return {};
+}
+
+// Collectives that c issues after this call read what `compute` (an execution-space instance) has
+// written so far. A backend that orders streams (nccl: c.order_after(native_stream)) makes its
+// communication stream wait for the instance's stream, and the host does not block; otherwise the
+// instance is fenced (that instance alone, never the whole device). A host instance is fenced, and a
+// backend with order_after is told of it too (a null stream).
+//
+//   kfsdp::comm::order_after(gpus, compute);               // compute wrote `shard`
+//   auto pending = gpus.iall_gather(shard, full);          // runs behind it, on the comm stream
+//   pending.complete_before(kfsdp::comm::stream_of(compute));  // compute's next kernels read `full`
+KFSDP_EXPORT template <class C, class ExecutionSpace>
+void order_after(C& c, const ExecutionSpace& compute) {
+  const native_stream stream = stream_of(compute);
+  if (stream.handle == nullptr) compute.fence();  // a host instance: complete already, or nearly
+  if constexpr (requires { c.order_after(stream); }) c.order_after(stream);
+  else if (stream.handle != nullptr) compute.fence();
+}
+
 namespace detail {
 
 template <class Space>
@@ -99,6 +125,13 @@ void for_each_index(const char* label, std::size_t n, const Body& body) {
   execution_space().fence();  // the caller sends or hands out the result next
 }
 
+// Whether `stream` is where Space's kernels run (its execution space's default instance): work
+// enqueued there without a fence is ordered before the stream's later work.
+template <class Space>
+[[nodiscard]] bool runs_on(native_stream stream) {
+  return stream.handle != nullptr && stream.handle == stream_of(typename Space::execution_space()).handle;
+}
+
 // sum[i] = (partial[i] + own[i]) · factor (sum may be own or partial): the ring's step, whose last
 // round folds in a scaled reduce-scatter's factor.
 template <class T, class Space>
@@ -118,6 +151,16 @@ void multiply(span_in<T, Space> data, scale_type<T> factor) {
   T* out = data.data();
   for_each_index<Space>("kfsdp::comm::multiply", data.size(),
                         KOKKOS_LAMBDA(std::size_t i) { out[i] = product_of(out[i], factor); });
+}
+// The same, enqueued on Space's default instance and not waited for (runs_on<Space>(stream)).
+template <class T, class Space>
+void multiply_in_stream_order(span_in<T, Space> data, scale_type<T> factor) {
+  if (factor == scale_type<T>(1)) return;
+  T* out = data.data();
+  using execution_space = typename Space::execution_space;
+  Kokkos::parallel_for("kfsdp::comm::multiply",
+                       Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::size_t>>(0, data.size()),
+                       KOKKOS_LAMBDA(std::size_t i) { out[i] = product_of(out[i], factor); });
 }
 
 // Elements owned in Space, e.g. a ring's receive segments: a Kokkos view, or (host memory without
@@ -169,6 +212,12 @@ struct multiplied_on_completion {
     sums.wait();
     multiply(recv, factor);
   }
+  // On the stream the multiply runs on, nothing blocks the host; on any other, it waits.
+  void complete_before(native_stream stream) {
+    if (!runs_on<Space>(stream)) return wait();
+    sums.complete_before(stream);
+    multiply_in_stream_order(recv, factor);
+  }
 };
 template <class T, class Space>
 [[nodiscard]] request multiplied_once_complete(request sums, span_in<T, Space> recv, scale_type<T> factor) {
@@ -191,6 +240,11 @@ struct parts_multiplied_on_completion {
   void wait() {
     sums.wait();
     for (const span_in<T, Space>& recv : recvs) multiply(recv, factor);
+  }
+  void complete_before(native_stream stream) {
+    if (!runs_on<Space>(stream)) return wait();
+    sums.complete_before(stream);
+    for (const span_in<T, Space>& recv : recvs) multiply_in_stream_order(recv, factor);
   }
 };
 

@@ -20,6 +20,11 @@
 //   ...                                               // no host blocking needed; or:
 //   pending.wait();                                   // the host waits (cudaEventSynchronize)
 //
+// With Kokkos execution-space instances, as the engine does it (comm::order_after, memory.hpp):
+//   kfsdp::comm::order_after(gpus, compute);                   // gpus.order_after(stream_of(compute))
+//   auto pending = gpus.iall_gather(shard, full);
+//   pending.complete_before(kfsdp::comm::stream_of(compute));  // cudaStreamWaitEvent on compute's stream
+//
 // Without a visible CUDA device the constructor throws std::runtime_error:
 //   "kfsdp::comm::nccl: no CUDA device is visible (cudaGetDeviceCount: ...); the NCCL backend needs
 //    one GPU per rank — use kfsdp::comm::mpi on CPU machines"
@@ -76,6 +81,9 @@ KFSDP_EXPORT class nccl {
   // Work issued on `consumer` after this call starts only once every collective issued so far is
   // complete; the host does not block.
   void make_stream_wait(cuda_stream consumer);
+  // Collectives issued after this call start once the work issued so far on `compute` (a native
+  // stream, comm::stream_of(instance)) is complete: comm::order_after(gpus, instance) calls it.
+  void order_after(native_stream compute);
 
   // Memory that NCCL reads: a Kokkos space the CUDA execution space can access (CudaSpace,
   // CudaUVMSpace, CudaHostPinnedSpace), or device_memory, the tag for a buffer from cudaMalloc

@@ -64,6 +64,9 @@ struct unit_context {
   comm::any_communicator* replicas = nullptr;             // HSDP: the shard's replicas in other groups
   std::vector<std::uint8_t> frozen{};                     // per parameter: 1 = its gradient is never reduced
   bool norm_with_reductions = false;  // finish_reduce takes the shard's Σ g² (someone will ask for it)
+  // Where the engine's kernels run (the compute stream on a GPU): collectives are ordered after its
+  // work and its later work after them, by events where the backend has streams, never a global fence.
+  Kokkos::DefaultExecutionSpace compute{};
   [[nodiscard]] bool is_frozen(std::size_t p) const { return p < frozen.size() && frozen[p] != 0; }
   // Whether a reduced shard is summed over replicas next (HSDP with more than one group).
   [[nodiscard]] bool replicated() const { return replicas != nullptr && replicas->size() > 1; }
