@@ -26,7 +26,9 @@ namespace {
 struct counting {
   comm::mpi& backend;
   std::size_t all_gathers = 0, reduce_scatters = 0, all_reduces = 0, broadcasts = 0;
+  std::size_t all_to_alls = 0;
   std::size_t all_gather_bytes = 0;  // what the all-gathers receive
+  std::size_t reduce_bytes = 0;      // what the reduce-scatters and all-to-alls send
 
   [[nodiscard]] int rank() const { return backend.rank(); }
   [[nodiscard]] int size() const { return backend.size(); }
@@ -49,6 +51,7 @@ struct counting {
   [[nodiscard]] comm::request ireduce_scatter_sum(std::type_identity_t<comm::span_in<const T, Space>> send,
                                                   comm::span_in<T, Space> recv) {
     ++reduce_scatters;
+    reduce_bytes += send.size_bytes();
     return backend.ireduce_scatter_sum<T, Space>(send, recv);
   }
   template <comm::element T, class Space>
@@ -56,13 +59,22 @@ struct counting {
                                                   comm::span_in<T, Space> recv,
                                                   std::type_identity_t<comm::scale_type<T>> factor) {
     ++reduce_scatters;
+    reduce_bytes += send.size_bytes();
     return backend.ireduce_scatter_sum<T, Space>(send, recv, factor);
   }
   template <comm::element T, class Space>
   [[nodiscard]] comm::request ireduce_scatter_sum_parts(std::span<const comm::reduce_scatter_part<T, Space>> parts,
                                                         std::type_identity_t<comm::scale_type<T>> factor) {
     ++reduce_scatters;
+    for (const auto& part : parts) reduce_bytes += part.send.size_bytes();
     return comm::ireduce_scatter_sum_parts<T, Space>(backend, parts, factor);
+  }
+  template <comm::element T, class Space>
+  [[nodiscard]] comm::request iall_to_all(std::type_identity_t<comm::span_in<const T, Space>> send,
+                                          comm::span_in<T, Space> recv) {
+    ++all_to_alls;
+    reduce_bytes += send.size_bytes();
+    return backend.iall_to_all<T, Space>(send, recv);
   }
   template <comm::element T, class Space>
   [[nodiscard]] comm::request ibroadcast(comm::span_in<T, Space> data, int root) {
@@ -91,6 +103,10 @@ struct counting {
   [[nodiscard]] comm::request iall_reduce_sum(std::span<T> data) {
     return iall_reduce_sum<T, Kokkos::HostSpace>(comm::host_span<T>(data));
   }
+  template <comm::element T>
+  [[nodiscard]] comm::request iall_to_all(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    return iall_to_all<T, Kokkos::HostSpace>(comm::host_span<const T>(send), comm::host_span<T>(recv));
+  }
   template <comm::ordered_element T>
   void all_reduce_max(std::span<T> data) {
     backend.all_reduce_max(data);
@@ -100,7 +116,7 @@ struct counting {
     backend.all_reduce_min(data);
   }
 
-  [[nodiscard]] std::size_t total() const { return all_gathers + reduce_scatters + all_reduces + broadcasts; }
+  [[nodiscard]] std::size_t total() const { return all_gathers + reduce_scatters + all_reduces + broadcasts + all_to_alls; }
 };
 static_assert(comm::communicator<counting>);
 static_assert(comm::reduces_parts<counting, double, Kokkos::HostSpace>);
