@@ -207,7 +207,7 @@ inline cli& add_fsdp_flags(cli& c, const char* sharding, const char* bucketing) 
                                 .flag("checkpointing", "off", "on: activation checkpointing per unit (recomputed in backward) | off")
                                 .flag("broadcast-from", "", "rank whose initial weights everyone starts from")
                                 .flag("param-dtype", "scalar", "what the all-gathered parameters travel in: scalar (--dtype) | bf16 | f16 | int8 (block-quantized)")
-                                .flag("reduce-dtype", "scalar", "what the gradient reduce-scatters travel in: scalar (--dtype) | bf16 | f16")
+                                .flag("reduce-dtype", "scalar", "what the gradient reduce-scatters travel in: scalar (--dtype) | bf16 | f16 | int8 (block-quantized, one all-to-all a bucket)")
                                 .flag("gradient-division", "after",
                                       "where gradients are divided by the ranks around the SUM: after | before | split (FSDP1)"),
                             "off");

@@ -1,4 +1,4 @@
-// int8 block quantization for the all-gather (include/kfsdp/fsdp/quantize.hpp).
+// int8 block quantization for the all-gather and the gradient reduction (include/kfsdp/fsdp/quantize.hpp).
 // Build: part of the kfsdp library; checked by test/fsdp/test_pack.cpp.
 #include <kfsdp/fsdp/quantize.hpp>
 
@@ -44,11 +44,32 @@ void dequantize_int8(Kokkos::View<const std::int8_t*> values, Kokkos::View<const
   });
 }
 
+// One thread an element: its contributions read from every source's buffer, summed in rank order.
+template <class Scalar>
+void sum_dequantized_int8(Kokkos::View<const char*> wires, std::size_t sources, const int8_blocks& layout,
+                          const int8_chunk& chunk, Scalar factor, Kokkos::View<Scalar*> out) {
+  const std::size_t block = int8_blocks::block, stride = layout.bytes(), scales_at = layout.scales_offset();
+  const std::size_t first_value = chunk.values.first, first_scale = chunk.scales.first;
+  const char* const base = wires.data();
+  Kokkos::parallel_for("kfsdp::sum_dequantized_int8", range(0, out.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
+    Scalar sum = 0;
+    for (std::size_t s = 0; s < sources; ++s) {
+      const char* wire = base + s * stride;
+      const auto value = static_cast<std::int8_t>(wire[first_value + i]);
+      const float scale = reinterpret_cast<const float*>(wire + scales_at)[first_scale + i / block];
+      sum += Scalar(value) * Scalar(scale);
+    }
+    out(i) = sum * factor;
+  });
+}
+
 #define KFSDP_QUANTIZE_INSTANTIATE(Scalar)                                                                \
   template void quantize_int8<Scalar>(Kokkos::View<const Scalar*>, Kokkos::View<std::int8_t*>,             \
                                       Kokkos::View<float*>);                                              \
   template void dequantize_int8<Scalar>(Kokkos::View<const std::int8_t*>, Kokkos::View<const float*>,      \
-                                        std::size_t, Kokkos::View<Scalar*>);
+                                        std::size_t, Kokkos::View<Scalar*>);                      \
+  template void sum_dequantized_int8<Scalar>(Kokkos::View<const char*>, std::size_t, const int8_blocks&,   \
+                                             const int8_chunk&, Scalar, Kokkos::View<Scalar*>);
 KFSDP_QUANTIZE_INSTANTIATE(float)
 KFSDP_QUANTIZE_INSTANTIATE(double)
 

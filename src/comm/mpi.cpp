@@ -78,7 +78,7 @@ bool mpi_reads_device_memory() {
 std::string describe(const collective_call& call) {
   constexpr std::string_view names[] = {"all_gather", "reduce_scatter_sum", "broadcast",
                                         "all_reduce_sum", "all_reduce_max", "all_reduce_min",
-                                        "barrier", "all_gather_parts", "reduce_scatter_parts"};
+                                        "barrier", "all_gather_parts", "reduce_scatter_parts", "all_to_all"};
   const std::string_view name = names[static_cast<std::size_t>(call.kind)];
   if (call.kind == collective_kind::barrier) return fmt::format("{}()", name);
   const std::uint64_t tag = call.element_bytes & (half_tag_bf16 | half_tag_f16);
@@ -89,7 +89,7 @@ std::string describe(const collective_call& call) {
   if (call.kind == collective_kind::all_gather_parts || call.kind == collective_kind::reduce_scatter_parts)
     return fmt::format("{}({} per rank in {} parts)", name, elements, call.root);
   const bool per_rank = call.kind == collective_kind::all_gather ||
-                        call.kind == collective_kind::reduce_scatter_sum;
+                        call.kind == collective_kind::reduce_scatter_sum || call.kind == collective_kind::all_to_all;
   return fmt::format("{}({}{})", name, elements, per_rank ? " per rank" : "");
 }
 

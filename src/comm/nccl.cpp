@@ -265,6 +265,26 @@ void nccl::issue_group(collective what, std::span<const part_call> calls, elemen
   check_nccl(ended, function, "ncclGroupEnd", state_->communicator);
 }
 
+void nccl::issue_all_to_all(const void* send, void* recv, std::size_t block_count, std::size_t element_bytes,
+                            element_kind kind, std::string_view function) {
+  const ncclDataType_t type = nccl_type_of(static_cast<int>(kind));
+  const std::size_t block_bytes = block_count * element_bytes;
+  check_nccl(ncclGroupStart(), function, "ncclGroupStart", state_->communicator);
+  // Every call is made and the group always ended, so a failure leaves NCCL outside a group.
+  ncclResult_t failed = ncclSuccess;
+  for (int peer = 0; peer < size(); ++peer) {
+    const std::size_t offset = static_cast<std::size_t>(peer) * block_bytes;
+    const ncclResult_t sent = ncclSend(static_cast<const char*>(send) + offset, block_count, type, peer,
+                                       state_->communicator, state_->stream);
+    const ncclResult_t received = ncclRecv(static_cast<char*>(recv) + offset, block_count, type, peer,
+                                           state_->communicator, state_->stream);
+    if (failed == ncclSuccess) failed = sent != ncclSuccess ? sent : received;
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  check_nccl(failed, function, "ncclSend/ncclRecv", state_->communicator);
+  check_nccl(ended, function, "ncclGroupEnd", state_->communicator);
+}
+
 void nccl::issue_broadcast(void* data, std::size_t count, element_kind kind, int root,
                            std::string_view function) {
   check_nccl(ncclBroadcast(data, data, count, nccl_type_of(static_cast<int>(kind)), root,

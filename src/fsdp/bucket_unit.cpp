@@ -3,9 +3,12 @@
 // Mixed precision: a collective in bf16 or f16 (the "wire" type) sends a converted copy of the
 // shard and receives into a buffer of the wire type. Those buffers come from the same pool as
 // the Scalar ones, as Scalar views big enough for the wire elements, seen through wire_view.
-// int8 (all-gathers only) quantizes the shard into one wire buffer of bytes (fsdp/quantize.hpp),
-// each parameter's chunk in blocks of its own, all-gathered as f32 words rank after rank, and
-// dequantizes each rank's chunk of each parameter straight into its place in the unpacked buffer.
+// int8 all-gathers quantize the shard into one wire buffer of bytes (fsdp/quantize.hpp), each
+// parameter's chunk in blocks of its own, all-gathered as f32 words rank after rank, and dequantize
+// each rank's chunk of each parameter straight into its place in the unpacked buffer. int8 gradient
+// reductions (qgZ) quantize every rank's chunk of every unfrozen gradient into one wire buffer a
+// rank, exchange them with one all-to-all of f32 words, and sum the dequantized contributions to
+// this rank's chunks in Scalar; the replicas' all-reduce (HSDP) and the add run in Scalar.
 #include <stdexcept>
 #include <vector>
 
@@ -23,6 +26,9 @@ namespace {
 std::size_t wire_bytes(wire_precision wire, std::size_t scalar_bytes) {
   return wire == wire_precision::scalar ? scalar_bytes : 2;
 }
+
+// What a reduction's sums are held in: int8 gradients are summed in Scalar once dequantized.
+wire_precision summed_as(wire_precision wire) { return wire == wire_precision::int8 ? wire_precision::scalar : wire; }
 
 // Calls f with a value of the wire type (bf16 or f16).
 template <class F>
@@ -106,14 +112,10 @@ void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
     gathered_ = acquire_bytes(ctx, "kfsdp::gathered", world * blocks.bytes());
     const auto values = blocks.values(send_.data());
     const auto scales = blocks.scales(send_.data());
-    std::size_t first_block = 0;  // each chunk in blocks of its own
-    for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p) {
-      const index_range chunk = ctx.map.bucket_chunk(p);
-      const std::size_t chunk_blocks = int8_blocks::blocks_of(chunk.count);
-      kernels::quantize_int8<Scalar>(Kokkos::subview(local, chunk.pair()), Kokkos::subview(values, chunk.pair()),
-                                     Kokkos::subview(scales, std::make_pair(first_block, first_block + chunk_blocks)));
-      first_block += chunk_blocks;
-    }
+    walk_int8_chunks(ctx.map, bucket_, every_param{}, [&](const int8_chunk& c) {
+      kernels::quantize_int8<Scalar>(Kokkos::subview(local, c.shard.pair()), Kokkos::subview(values, c.values.pair()),
+                                     Kokkos::subview(scales, c.scales.pair()));
+    });
     ctx.comm.order_after(ctx.compute);
     if (ctx.trace) gather_issued_at_ = ctx.trace->now();
     using space = typename view::memory_space;
@@ -168,17 +170,13 @@ void bucket_unit<Scalar>::finish_gather(unit_context<Scalar>& ctx) {
       char* wire = reinterpret_cast<char*>(gathered_.data()) + rank * blocks.bytes();
       const auto values = blocks.values(wire);
       const auto scales = blocks.scales(wire);
-      std::size_t first_block = 0;
-      for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p) {
-        const index_range chunk = ctx.map.bucket_chunk(p), to = ctx.map.unpacked(p, rank);
-        const std::size_t chunk_blocks = int8_blocks::blocks_of(chunk.count);
+      walk_int8_chunks(ctx.map, bucket_, every_param{}, [&](const int8_chunk& c) {
+        const index_range to = ctx.map.unpacked(c.param, rank);
         if (to.count > 0)
-          kernels::dequantize_int8<Scalar>(
-              Kokkos::subview(values, chunk.pair()),
-              Kokkos::subview(scales, std::make_pair(first_block, first_block + chunk_blocks)), 0,
-              Kokkos::subview(unpacked_, to.pair()));
-        first_block += chunk_blocks;
-      }
+          kernels::dequantize_int8<Scalar>(Kokkos::subview(values, c.values.pair()),
+                                           Kokkos::subview(scales, c.scales.pair()), 0,
+                                           Kokkos::subview(unpacked_, to.pair()));
+      });
     }
   } else {
     with_wire(gathered_as_, [&]<class Wire>(Wire) {
@@ -244,10 +242,39 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
   after_ = after;
   // A zero gradient shard receives the sums itself: the add would only copy them. Without replicas
   // to sum over next, the reduce-scatters multiply by `after` too (mpi's ring in its last addition).
-  reduces_in_place_ = shard_grads_zero_ && reduced_as_ == wire_precision::scalar;
+  reduces_in_place_ = shard_grads_zero_ && summed_as(reduced_as_) == wire_precision::scalar;
   const bool folds_after = reduces_in_place_ && !ctx.replicated();
-  reduced_grads_ = reduces_in_place_ ? ctx.grads.bucket(bucket_) : acquire_wire(ctx, "kfsdp::reduced_grads", shard, reduced_as_, reduced_fill);
-  if (reduced_as_ == wire_precision::scalar) {
+  reduced_grads_ = reduces_in_place_ ? ctx.grads.bucket(bucket_)
+                                     : acquire_wire(ctx, "kfsdp::reduced_grads", shard, summed_as(reduced_as_), reduced_fill);
+  std::size_t int8_bytes = 0;  // int8: every rank's wire buffer
+  if (reduced_as_ == wire_precision::int8) {
+    // qgZ: rank r's chunk of every unfrozen gradient, divided in Scalar, quantized for rank r (blocks
+    // of its own), one wire buffer a rank; one all-to-all; finish_reduce sums what arrives.
+    if (before != Scalar(1)) KokkosBlas::scal(full_grads_, before, full_grads_);
+    const std::size_t world = ctx.map.world_size();
+    const auto unfrozen = [&](std::size_t p) { return !ctx.is_frozen(p); };
+    const int8_blocks layout = walk_int8_chunks(ctx.map, bucket_, unfrozen, ignore_chunks{});
+    packed_grads_ = acquire_bytes(ctx, "kfsdp::packed_grads_int8", world * layout.bytes());
+    received_grads_ = acquire_bytes(ctx, "kfsdp::received_grads_int8", world * layout.bytes());
+    int8_bytes = world * layout.bytes();
+    for (std::size_t rank = 0; rank < world; ++rank) {
+      char* wire = reinterpret_cast<char*>(packed_grads_.data()) + rank * layout.bytes();
+      const auto values = layout.values(wire);
+      const auto scales = layout.scales(wire);
+      walk_int8_chunks(ctx.map, bucket_, unfrozen, [&](const int8_chunk& c) {
+        const index_range from{ctx.map.padded(c.param).first + rank * c.shard.count, c.shard.count};
+        kernels::quantize_int8<Scalar>(Kokkos::subview(full_grads_, from.pair()),
+                                       Kokkos::subview(values, c.values.pair()), Kokkos::subview(scales, c.scales.pair()));
+      });
+    }
+    ctx.comm.order_after(ctx.compute);
+    ctx.pool.release(full_grads_);
+    if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
+    using space = typename view::memory_space;
+    reduce_pending_ = ctx.comm.template iall_to_all<float, space>(
+        comm::span_in<const float, space>(reinterpret_cast<const float*>(packed_grads_.data()), world * layout.words()),
+        comm::span_in<float, space>(reinterpret_cast<float*>(received_grads_.data()), world * layout.words()));
+  } else if (reduced_as_ == wire_precision::scalar) {
     if (before != Scalar(1)) KokkosBlas::scal(full_grads_, before, full_grads_);
     ctx.comm.order_after(ctx.compute);
     if (ctx.trace) reduce_issued_at_ = ctx.trace->now();
@@ -264,7 +291,8 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
           reduce_params(ctx, wire_view<Wire>(packed_grads_, numel), wire_view<Wire>(reduced_grads_, shard), 1.0f);
     });
   }
-  reduce_bytes_ = reduced_numel * wire_bytes(reduced_as_, sizeof(Scalar));
+  // int8: the all-to-all's send buffer, as the others count theirs (the own block included).
+  reduce_bytes_ = reduced_as_ == wire_precision::int8 ? int8_bytes : reduced_numel * wire_bytes(reduced_as_, sizeof(Scalar));
   ctx.bytes_communicated += reduce_bytes_;
   grads_ = grad_phase::reducing;
 }
@@ -279,23 +307,38 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx) {
     ctx.trace->complete("reduce_scatter", "comm", trace_recorder::comm_lane, reduce_issued_at_, std::int64_t(bucket_),
                         reduce_bytes_);
   const view shard = ctx.grads.bucket(bucket_);
+  if (reduced_as_ == wire_precision::int8) {
+    // Every rank's quantization of this rank's chunks, summed in Scalar (times `after` where the
+    // reduce-scatters would have folded it in).
+    const std::size_t world = ctx.map.world_size();
+    const auto unfrozen = [&](std::size_t p) { return !ctx.is_frozen(p); };
+    const int8_blocks layout = walk_int8_chunks(ctx.map, bucket_, unfrozen, ignore_chunks{});
+    const Kokkos::View<const char*> received(reinterpret_cast<const char*>(received_grads_.data()),
+                                             world * layout.bytes());
+    const Scalar factor = reduces_in_place_ && !ctx.replicated() ? after_ : Scalar(1);
+    walk_int8_chunks(ctx.map, bucket_, unfrozen, [&](const int8_chunk& c) {
+      kernels::sum_dequantized_int8<Scalar>(received, world, layout, c, factor,
+                                            Kokkos::subview(reduced_grads_, c.shard.pair()));
+    });
+  }
+  const wire_precision summed = summed_as(reduced_as_);
   if (ctx.replicated()) {
     // HSDP: the group's sums, summed over the replicas on the shard (Ψ / group bytes a rank).
     ctx.replicas->order_after(ctx.compute);  // the group's sums are in
-    if (reduced_as_ == wire_precision::scalar) {
+    if (summed == wire_precision::scalar) {
       ctx.replicas->iall_reduce_sum(span_of(reduced_grads_)).complete_before(compute);
     } else {
       with_wire(reduced_as_, [&]<class Wire>(Wire) {
         ctx.replicas->iall_reduce_sum(span_of(wire_view<Wire>(reduced_grads_, shard.extent(0)))).complete_before(compute);
       });
     }
-    ctx.bytes_communicated += shard.extent(0) * wire_bytes(reduced_as_, sizeof(Scalar));
+    ctx.bytes_communicated += shard.extent(0) * wire_bytes(summed, sizeof(Scalar));
   }
   if (reduces_in_place_) {
     // Replicated, the factor waits for the replicas' sum; otherwise the reduce-scatters applied it.
     if (ctx.replicated() && after_ != Scalar(1)) KokkosBlas::scal(shard, after_, shard);
     reduced_grads_ = view();  // the storage's, not the pool's
-  } else if (reduced_as_ == wire_precision::scalar) {
+  } else if (summed == wire_precision::scalar) {
     kernels::accumulate_scaled<Scalar>(shard, reduced_grads_, after_);
   } else {
     with_wire(reduced_as_, [&]<class Wire>(Wire) {
@@ -308,6 +351,7 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx) {
   shard_grads_zero_ = false;
   ctx.pool.release(reduced_grads_);
   ctx.pool.release(packed_grads_);
+  ctx.pool.release(received_grads_);
   ctx.pool.release(full_grads_);
 }
 

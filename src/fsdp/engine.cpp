@@ -34,10 +34,6 @@ fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_commun
   if (options_.broadcast_from && (*options_.broadcast_from < 0 || *options_.broadcast_from >= world_size_))
     throw std::invalid_argument(fmt::format("kfsdp::fsdp: broadcast_from is {}, expected a rank in [0, {})",
                                             *options_.broadcast_from, world_size_));
-  if (options_.reduce_dtype == wire_precision::int8)
-    throw std::invalid_argument(
-        "kfsdp::fsdp: reduce_dtype is int8, expected scalar, bf16 or f16 (int8 is for param_dtype: an int8 "
-        "gradient reduction would need an all-to-all of quantized gradients, ZeRO++'s qgZ, which kfsdp does not have)");
   using memory_space = Kokkos::DefaultExecutionSpace::memory_space;
   if (options_.device) {
     if constexpr (std::is_same_v<memory_space, Kokkos::HostSpace>) {

@@ -969,3 +969,63 @@ TEST_CASE("mpi::environment: a second guard finds MPI running and leaves it runn
   CHECK(initialised == 1);
   CHECK(finalised == 0);
 }
+
+namespace {
+// Rank `from`'s block for rank `to` in an all-to-all: small integers, exact in bf16 and f16.
+template <class T>
+std::vector<T> all_to_all_send(int from, int ranks, std::size_t block) {
+  std::vector<T> send;
+  for (int to = 0; to < ranks; ++to)
+    for (std::size_t i = 0; i < block; ++i) send.push_back(T(float(16 * from + 4 * to + int(i % 4))));
+  return send;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("mpi: iall_to_all gives rank r block r of every rank's send, in rank order", T, float, double,
+                   kfsdp::bf16, kfsdp::f16) {
+  comm::mpi world;
+  const int n = world.size(), r = world.rank();
+  constexpr std::size_t block = 3;
+  const std::vector<T> send = all_to_all_send<T>(r, n, block);
+  std::vector<T> expected;
+  for (int from = 0; from < n; ++from) {
+    const std::vector<T> theirs = all_to_all_send<T>(from, n, block);
+    expected.insert(expected.end(), theirs.begin() + std::ptrdiff_t(std::size_t(r) * block),
+                    theirs.begin() + std::ptrdiff_t(std::size_t(r + 1) * block));
+  }
+  std::vector<T> recv(send.size(), T(-1));
+  comm::all_to_all(world, send, std::span(recv));
+  CHECK(values_of(recv) == values_of(expected));
+  // Non-blocking, and through any_communicator (the engine's type).
+  comm::any_communicator any(world);
+  std::fill(recv.begin(), recv.end(), T(-1));
+  comm::request pending = any.iall_to_all(std::span<const T>(send), std::span(recv));
+  while (!pending.test()) {
+  }
+  CHECK(values_of(recv) == values_of(expected));
+  // Empty blocks are fine.
+  std::vector<T> none;
+  comm::all_to_all(world, none, std::span(none));
+}
+
+TEST_CASE("mpi: bad all_to_all arguments throw std::invalid_argument on every rank, before communicating") {
+  comm::mpi world;
+  const int n = world.size();
+  std::vector<float> send(static_cast<std::size_t>(2 * n)), short_recv(static_cast<std::size_t>(2 * n - 1));
+  CHECK_THROWS_WITH_AS(comm::all_to_all(world, send, std::span(short_recv)),
+                       fmt::format("kfsdp::comm::mpi::iall_to_all: recv has {} elements, expected send.size() = {}",
+                                   2 * n - 1, 2 * n)
+                           .c_str(),
+                       std::invalid_argument);
+  if (n > 1) {
+    std::vector<float> odd(static_cast<std::size_t>(2 * n + 1)), odd_recv(odd.size());
+    CHECK_THROWS_WITH_AS((void)world.iall_to_all(odd, std::span(odd_recv)),
+                         fmt::format("kfsdp::comm::mpi::iall_to_all: send has {} elements, expected a multiple of "
+                                     "size() = {} (one block a rank)",
+                                     2 * n + 1, n)
+                             .c_str(),
+                         std::invalid_argument);
+  }
+  CHECK_THROWS_AS((void)world.iall_to_all(std::span<const float>(send), std::span(send)), std::invalid_argument);
+  world.barrier();  // nothing was sent: the next collective matches
+}

@@ -291,3 +291,28 @@ TEST_CASE("check_agreement: one rank always agrees") {
   CHECK_NOTHROW(comm::check_agreement(one, 0, "zero"));
   CHECK_NOTHROW(comm::check_agreement(one, ~0ULL, "all ones"));
 }
+
+TEST_CASE_TEMPLATE("self: iall_to_all sends the only block to itself; bad sizes and overlap throw", T, float, double,
+                   kfsdp::bf16, kfsdp::f16) {
+  comm::self one;
+  const std::vector<T> send = {T(1), T(2), T(3)};
+  std::vector<T> recv(3, T(0));
+  comm::all_to_all(one, send, std::span(recv));
+  CHECK(values_of(recv) == values_of(send));
+  std::vector<T> two(2);
+  CHECK_THROWS_WITH_AS((void)one.iall_to_all(send, std::span(two)),
+                       "kfsdp::comm::self::iall_to_all: recv has 2 elements, expected send.size() = 3",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      (void)one.iall_to_all(std::span<const T>(recv), std::span(recv)),
+      "kfsdp::comm::self::iall_to_all: send and recv overlap; all_to_all needs separate buffers",
+      std::invalid_argument);
+}
+
+TEST_CASE("argument checks: all_to_all at a pretended size() = 3") {
+  std::vector<float> seven(7), six(6), other(6);
+  CHECK_THROWS_WITH_AS(comm::detail::check_all_to_all<float>("f", 3, seven, std::span(other).first(6)),
+                       "f: send has 7 elements, expected a multiple of size() = 3 (one block a rank)",
+                       std::invalid_argument);
+  CHECK_NOTHROW(comm::detail::check_all_to_all<float>("f", 3, six, std::span(other)));
+}

@@ -138,3 +138,18 @@ TEST_CASE_TEMPLATE("a gather batch runs on the worker as the backend's batch", T
   CHECK_THROWS_WITH_AS((void)gather(),
                        doctest::Contains("kfsdp::comm::threaded::iall_gather_parts: parts["), std::invalid_argument);
 }
+
+TEST_CASE("all_to_all through the worker: rank r gets block r of every rank's send; bad sizes throw at the call") {
+  mpi world;
+  threaded overlapped(world);
+  const int n = overlapped.size(), r = overlapped.rank();
+  std::vector<double> send, recv(2 * std::size_t(n), -1.0);
+  for (int to = 0; to < n; ++to) send.insert(send.end(), {100.0 * r + to, 100.0 * r + to + 0.5});
+  overlapped.iall_to_all<double>(send, std::span(recv)).wait();
+  for (int from = 0; from < n; ++from) {
+    CHECK(recv[2 * std::size_t(from)] == 100.0 * from + r);
+    CHECK(recv[2 * std::size_t(from) + 1] == 100.0 * from + r + 0.5);
+  }
+  std::vector<double> wrong(recv.size() + 1);
+  CHECK_THROWS_AS((void)overlapped.iall_to_all<double>(send, std::span(wrong)), std::invalid_argument);
+}

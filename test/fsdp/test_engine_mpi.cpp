@@ -175,15 +175,97 @@ TEST_CASE("int8 all-gather: parameters within half a block's scale of the shards
     for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reshard(k);
     CHECK(e.memory().unsharded_now == 0);
   }
-  // Gradients are not reduced in int8 (ZeRO++'s qgZ would need an all-to-all): refused, by name.
-  try {
-    fsdp_engine<double> e(make_param_table(thunder_padding{}), world, {.reduce_dtype = wire_precision::int8});
-    FAIL("reduce_dtype = int8 was accepted");
-  } catch (const std::invalid_argument& error) {
-    const std::string what = error.what();
-    CHECK(what.find("reduce_dtype is int8") != std::string::npos);
-    CHECK(what.find("expected scalar, bf16 or f16") != std::string::npos);
-  }
+}
+
+namespace {
+// World rank R's gradient of parameter p at full element j: magnitudes varying within a block.
+double int8_test_grad(double world_rank, std::size_t p, std::size_t j) {
+  return std::sin(0.1 * double(j) + world_rank + double(p)) * (1.0 + 0.5 * double(j % 7));
+}
+}  // namespace
+
+TEST_CASE("int8 gradient reduction (qgZ): the average within the quantization bound; frozen chunks stay zero; "
+          "accumulation; HSDP; one byte a value plus the scales") {
+  comm::mpi world;
+  const int n = world.size();
+  // HSDP at an even world size: shard groups of half the ranks, the replicas across them.
+  const int group = n % 2 == 0 ? n / 2 : n;
+  comm::mpi shard_group = world.split(world.rank() / group, world.rank());
+  comm::mpi replica_group = world.split(world.rank() % group, world.rank());
+  comm::any_communicator replicas(replica_group);
+  for (const bool hsdp : {false, true})
+    for (gradient_division division : {gradient_division::after, gradient_division::before})
+      for (bucketing b : every_bucketing) {
+        if (hsdp && group == n) continue;  // no replicas at an odd world size
+        CAPTURE(hsdp);
+        CAPTURE(to_string(division));
+        CAPTURE(to_string(b));
+        comm::mpi& shards = hsdp ? shard_group : world;
+        fsdp_options options{.bucketing_strategy = b, .gradient_division = division, .reduce_dtype = wire_precision::int8};
+        if (hsdp) options.replica_group = replicas;
+        fsdp_engine<double> e(make_param_table(thunder_padding{}), shards, options);
+        const std::size_t frozen = 1;  // a parameter of the first bucket, beside unfrozen ones
+        REQUIRE(e.params().size() > 2);
+        e.set_frozen(frozen);
+        const shard_mapping map(e.plan());
+        const std::size_t gs = std::size_t(shards.size()), r = std::size_t(shards.rank());
+        const double world_rank = world.rank();
+        const auto fill = [&] {
+          for (std::size_t p = 0; p < e.params().size(); ++p) {
+            auto g = e.full_grad(p);
+            auto on_host = Kokkos::create_mirror_view(g);
+            for (std::size_t j = 0; j < g.extent(0); ++j) on_host(j) = int8_test_grad(world_rank, p, j);
+            Kokkos::deep_copy(g, on_host);
+          }
+        };
+        fill();
+        const std::size_t bytes_before = e.bytes_communicated();
+        for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reduce_gradients(k);
+        // What crosses the wire: every shard-group rank's wire buffer of the unfrozen chunks; the
+        // replicas' all-reduce in Scalar.
+        std::size_t theory = 0;
+        for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) {
+          const int8_blocks layout = walk_int8_chunks(map, k, [&](std::size_t p) { return p != frozen; }, ignore_chunks{});
+          theory += gs * layout.bytes();
+          if (hsdp && layout.numel > 0) theory += map.bucket(k).count * sizeof(double);  // a frozen bucket sends nothing
+        }
+        CHECK(e.bytes_communicated() - bytes_before == theory);
+        std::vector<std::vector<double>> first(e.params().size());
+        for (std::size_t p = 0; p < e.params().size(); ++p) {
+          const auto& s = e.plan().params[p];
+          first[p] = to_host(e.grads().chunk(p));
+          const std::size_t base = r * s.chunk_numel();  // this rank's chunk: full elements from here
+          if (p == frozen) {
+            CHECK(first[p] == std::vector<double>(s.chunk_numel(), 0.0));
+            continue;
+          }
+          // Each world rank's quantization of this chunk is off by at most half its block's scale.
+          std::vector<double> bound(first[p].size(), 0.0);
+          for (int q = 0; q < n; ++q) {
+            std::vector<double> scale(int8_blocks::blocks_of(s.chunk_numel()), 0.0);
+            for (std::size_t i = 0; i < s.chunk_numel() && base + i < s.full_numel(); ++i)
+              scale[i / 256] = std::max(scale[i / 256], std::abs(int8_test_grad(q, p, base + i)));
+            for (std::size_t i = 0; i < bound.size(); ++i) bound[i] += scale[i / 256] / 127 / 2 / n;
+          }
+          std::size_t outside = 0;
+          for (std::size_t i = 0; i < first[p].size(); ++i) {
+            double exact = 0;
+            if (base + i < s.full_numel())
+              for (int q = 0; q < n; ++q) exact += int8_test_grad(q, p, base + i) / n;
+            outside += std::abs(first[p][i] - exact) > bound[i] * (1 + 1e-6) + 1e-15;
+          }
+          CHECK_MESSAGE(outside == 0, "parameter " << p);
+        }
+        // Without zero_grad the next reduction adds: the same gradients give twice the shard.
+        fill();
+        for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reduce_gradients(k);
+        for (std::size_t p = 0; p < e.params().size(); ++p) {
+          const auto again = to_host(e.grads().chunk(p));
+          std::size_t off = 0;
+          for (std::size_t i = 0; i < again.size(); ++i) off += std::abs(again[i] - 2 * first[p][i]) > 1e-14 * (1 + std::abs(first[p][i]));
+          CHECK_MESSAGE(off == 0, "parameter " << p);
+        }
+      }
 }
 
 TEST_CASE("the division factors: their product is 1 / world size; FSDP1's pre-divide factor") {

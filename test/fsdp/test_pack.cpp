@@ -133,3 +133,31 @@ TEST_CASE("int8 blocks: the wire layout, and a round trip off by at most half a 
   const auto p = testing::to_host(part);
   for (std::size_t k = 0; k < 100; ++k) CHECK(float(p[k]) == back[500 + k]);
 }
+
+TEST_CASE("int8 gradient sums: a chunk summed over the senders' wire buffers is the sum of its dequantized copies") {
+  // Two chunks (300 and 5 values) in one layout, three senders; the second chunk is summed.
+  const int8_blocks layout{305, int8_blocks::blocks_of(300) + int8_blocks::blocks_of(5)};
+  const int8_chunk second{1, {300, 5}, {300, 5}, {2, 1}};
+  constexpr std::size_t senders = 3;
+  Kokkos::View<float*> wires("wires", senders * layout.words());
+  std::vector<std::vector<double>> dequantized(senders);
+  for (std::size_t s = 0; s < senders; ++s) {
+    char* wire = reinterpret_cast<char*>(wires.data()) + s * layout.bytes();
+    Kokkos::View<double*> chunk("chunk", 5);
+    auto host = Kokkos::create_mirror_view(chunk);
+    for (std::size_t i = 0; i < 5; ++i) host(i) = std::cos(double(s + 3 * i)) * double(s + 1);
+    Kokkos::deep_copy(chunk, host);
+    kernels::quantize_int8<double>(chunk, Kokkos::subview(layout.values(wire), std::make_pair(300, 305)),
+                                   Kokkos::subview(layout.scales(wire), std::make_pair(2, 3)));
+    Kokkos::View<double*> back("back", 5);
+    kernels::dequantize_int8<double>(Kokkos::subview(layout.values(wire), std::make_pair(300, 305)),
+                                     Kokkos::subview(layout.scales(wire), std::make_pair(2, 3)), 0, back);
+    dequantized[s] = testing::to_host(back);
+  }
+  Kokkos::View<double*> sum("sum", 5);
+  const Kokkos::View<const char*> received(reinterpret_cast<const char*>(wires.data()), senders * layout.bytes());
+  kernels::sum_dequantized_int8<double>(received, senders, layout, second, 0.5, sum);
+  const auto got = testing::to_host(sum);
+  for (std::size_t i = 0; i < 5; ++i)
+    CHECK(got[i] == (dequantized[0][i] + dequantized[1][i] + dequantized[2][i]) * 0.5);  // rank order, then the factor
+}

@@ -1,7 +1,8 @@
 // The collectives of one training step, counted: per bucket one all-gather in forward (one more in
 // backward under ZeRO3, but for the root unit's, which stay gathered), one reduce-scatter, and under HSDP one all-reduce over the replicas, for
-// every sharding x bucketing, each ordered against the compute instance without a host wait; and the
-// bytes an int8 all-gather carries against the theory. Run with 1, 2, 3 and 4 ranks.
+// every sharding x bucketing (int8 gradients: one all-to-all a bucket instead of the reduce-scatter),
+// each ordered against the compute instance without a host wait; and the bytes an int8 all-gather and
+// an int8 gradient reduction carry against the theory. Run with 1, 2, 3 and 4 ranks.
 #include <doctest/doctest.h>
 
 #include <cstddef>
@@ -46,7 +47,9 @@ struct counted_request {
 struct counting {
   comm::mpi& backend;
   std::size_t all_gathers = 0, reduce_scatters = 0, all_reduces = 0, broadcasts = 0;
+  std::size_t all_to_alls = 0;
   std::size_t all_gather_bytes = 0;  // what the all-gathers receive
+  std::size_t reduce_bytes = 0;      // what the reduce-scatters and all-to-alls send
   std::size_t orderings = 0;         // order_after calls: collectives to follow the compute instance
   completions ends{};
 
@@ -76,6 +79,7 @@ struct counting {
   [[nodiscard]] comm::request ireduce_scatter_sum(std::type_identity_t<comm::span_in<const T, Space>> send,
                                                   comm::span_in<T, Space> recv) {
     ++reduce_scatters;
+    reduce_bytes += send.size_bytes();
     return counted(backend.ireduce_scatter_sum<T, Space>(send, recv));
   }
   template <comm::element T, class Space>
@@ -83,13 +87,22 @@ struct counting {
                                                   comm::span_in<T, Space> recv,
                                                   std::type_identity_t<comm::scale_type<T>> factor) {
     ++reduce_scatters;
+    reduce_bytes += send.size_bytes();
     return counted(backend.ireduce_scatter_sum<T, Space>(send, recv, factor));
   }
   template <comm::element T, class Space>
   [[nodiscard]] comm::request ireduce_scatter_sum_parts(std::span<const comm::reduce_scatter_part<T, Space>> parts,
                                                         std::type_identity_t<comm::scale_type<T>> factor) {
     ++reduce_scatters;
+    for (const auto& part : parts) reduce_bytes += part.send.size_bytes();
     return counted(comm::ireduce_scatter_sum_parts<T, Space>(backend, parts, factor));
+  }
+  template <comm::element T, class Space>
+  [[nodiscard]] comm::request iall_to_all(std::type_identity_t<comm::span_in<const T, Space>> send,
+                                          comm::span_in<T, Space> recv) {
+    ++all_to_alls;
+    reduce_bytes += send.size_bytes();
+    return counted(backend.iall_to_all<T, Space>(send, recv));
   }
   template <comm::element T, class Space>
   [[nodiscard]] comm::request ibroadcast(comm::span_in<T, Space> data, int root) {
@@ -118,6 +131,10 @@ struct counting {
   [[nodiscard]] comm::request iall_reduce_sum(std::span<T> data) {
     return iall_reduce_sum<T, Kokkos::HostSpace>(comm::host_span<T>(data));
   }
+  template <comm::element T>
+  [[nodiscard]] comm::request iall_to_all(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    return iall_to_all<T, Kokkos::HostSpace>(comm::host_span<const T>(send), comm::host_span<T>(recv));
+  }
   template <comm::ordered_element T>
   void all_reduce_max(std::span<T> data) {
     backend.all_reduce_max(data);
@@ -127,7 +144,7 @@ struct counting {
     backend.all_reduce_min(data);
   }
 
-  [[nodiscard]] std::size_t total() const { return all_gathers + reduce_scatters + all_reduces + broadcasts; }
+  [[nodiscard]] std::size_t total() const { return all_gathers + reduce_scatters + all_reduces + broadcasts + all_to_alls; }
 };
 static_assert(comm::communicator<counting>);
 static_assert(comm::reduces_parts<counting, double, Kokkos::HostSpace>);
@@ -158,8 +175,8 @@ kfsdp::io::array_dataset samples() {
 
 }  // namespace
 
-TEST_CASE("collectives per step: per bucket 1 all-gather (+1 in backward under ZeRO3), 1 reduce-scatter, +1 "
-          "all-reduce under HSDP") {
+TEST_CASE("collectives per step: per bucket 1 all-gather (+1 in backward under ZeRO3), 1 reduce-scatter (int8: 1 "
+          "all-to-all), +1 all-reduce under HSDP") {
   comm::mpi world;
   const int n = world.size();
   // HSDP: shard groups of half the ranks at an even world size, else of one rank; every group a replica.
@@ -167,56 +184,61 @@ TEST_CASE("collectives per step: per bucket 1 all-gather (+1 in backward under Z
   comm::mpi shard_group = world.split(world.rank() / group, world.rank());
   comm::mpi replica_group = world.split(world.rank() % group, world.rank());
   const auto data = samples();
-  for (const bool hsdp : {false, true})
-    for (const auto sharding : {kfsdp::sharding_strategy::zero2, kfsdp::sharding_strategy::zero3})
-      for (const auto bucketing : {kfsdp::bucketing::none, kfsdp::bucketing::layer, kfsdp::bucketing::block}) {
-        CAPTURE(hsdp);
-        CAPTURE(kfsdp::to_string(sharding));
-        CAPTURE(kfsdp::to_string(bucketing));
-        counting shards{hsdp ? shard_group : world}, replicas{replica_group};
-        kfsdp::fsdp_options options{.sharding_strategy = sharding, .bucketing_strategy = bucketing};
-        if (hsdp) options.replica_group = comm::any_communicator(replicas);
-        kfsdp::with_trainer<double>(model{}, shards, options, {}, [&](auto& t) {
-          t.initialize(5);
-          kfsdp::optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.01});
-          const auto ranks = std::size_t(shards.size()), rank = std::size_t(shards.rank());
-          const auto step = [&](std::size_t s) {
-            auto [x, y] = data.rank_slice<double>(data.micro_batch(1, s, 24 / std::size_t(n) * ranks), rank, ranks);
-            (void)t.step({{x, y}}, sgd);
-          };
-          step(0);  // the first step may set up what later steps reuse
-          const counting before_shards = shards, before_replicas = replicas;
-          step(1);
-          const std::size_t buckets = t.engine().plan().buckets.size();
-          CAPTURE(buckets);
-          if (bucketing != kfsdp::bucketing::none) CHECK(buckets < t.engine().params().size());
-          // ZeRO3 frees a unit's buckets after its forward and gathers them again for its backward;
-          // the root unit (0) stays gathered, as FSDP2's root does.
-          const std::size_t regathered = sharding == kfsdp::sharding_strategy::zero3
-                                             ? buckets - t.units().front().buckets.size() : 0;
-          if (sharding == kfsdp::sharding_strategy::zero3) CHECK(regathered > 0);  // the blocks' units
-          CHECK(shards.all_gathers - before_shards.all_gathers == buckets + regathered);
-          CHECK(shards.reduce_scatters - before_shards.reduce_scatters == buckets);
-          CHECK(shards.broadcasts - before_shards.broadcasts == 0);
-          // The step's own sums (the loss, the gradient norm): over the shard group and the replicas,
-          // the same number whatever the buckets.
-          const std::size_t own_sums = shards.all_reduces - before_shards.all_reduces;
-          CHECK(own_sums <= 2);
-          const bool replicated = hsdp && replicas.size() > 1;
-          CHECK(replicas.all_reduces - before_replicas.all_reduces == (replicated ? buckets : 0) + (hsdp ? own_sums : 0));
-          CHECK(replicas.total() - before_replicas.total() == replicas.all_reduces - before_replicas.all_reduces);
-          // Stream order: every bucket collective follows the compute instance's work (order_after)
-          // and the instance's later work follows it (complete_before), never a host wait: on a GPU
-          // neither blocks the host. The host waits only for the step's own sums, which it reads.
-          const std::size_t bucket_collectives = buckets + regathered + buckets;
-          CHECK(shards.orderings - before_shards.orderings == bucket_collectives);
-          CHECK(shards.ends.ordered - before_shards.ends.ordered == bucket_collectives);
-          CHECK(shards.ends.host_waits - before_shards.ends.host_waits == own_sums);
-          const std::size_t replica_sums = replicated ? buckets : 0;
-          CHECK(replicas.orderings - before_replicas.orderings == replica_sums);
-          CHECK(replicas.ends.ordered - before_replicas.ends.ordered == replica_sums);
-        });
-      }
+  for (const auto reduce_dtype : {kfsdp::wire_precision::scalar, kfsdp::wire_precision::int8})
+    for (const bool hsdp : {false, true})
+      for (const auto sharding : {kfsdp::sharding_strategy::zero2, kfsdp::sharding_strategy::zero3})
+        for (const auto bucketing : {kfsdp::bucketing::none, kfsdp::bucketing::layer, kfsdp::bucketing::block}) {
+          CAPTURE(kfsdp::to_string(reduce_dtype));
+          CAPTURE(hsdp);
+          CAPTURE(kfsdp::to_string(sharding));
+          CAPTURE(kfsdp::to_string(bucketing));
+          counting shards{hsdp ? shard_group : world}, replicas{replica_group};
+          kfsdp::fsdp_options options{.sharding_strategy = sharding, .bucketing_strategy = bucketing,
+                                      .reduce_dtype = reduce_dtype};
+          if (hsdp) options.replica_group = comm::any_communicator(replicas);
+          kfsdp::with_trainer<double>(model{}, shards, options, {}, [&](auto& t) {
+            t.initialize(5);
+            kfsdp::optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.01});
+            const auto ranks = std::size_t(shards.size()), rank = std::size_t(shards.rank());
+            const auto step = [&](std::size_t s) {
+              auto [x, y] = data.rank_slice<double>(data.micro_batch(1, s, 24 / std::size_t(n) * ranks), rank, ranks);
+              (void)t.step({{x, y}}, sgd);
+            };
+            step(0);  // the first step may set up what later steps reuse
+            const counting before_shards = shards, before_replicas = replicas;
+            step(1);
+            const std::size_t buckets = t.engine().plan().buckets.size();
+            CAPTURE(buckets);
+            if (bucketing != kfsdp::bucketing::none) CHECK(buckets < t.engine().params().size());
+            // ZeRO3 frees a unit's buckets after its forward and gathers them again for its backward;
+            // the root unit (0) stays gathered, as FSDP2's root does.
+            const std::size_t regathered = sharding == kfsdp::sharding_strategy::zero3
+                                               ? buckets - t.units().front().buckets.size() : 0;
+            if (sharding == kfsdp::sharding_strategy::zero3) CHECK(regathered > 0);  // the blocks' units
+            CHECK(shards.all_gathers - before_shards.all_gathers == buckets + regathered);
+            const bool int8 = reduce_dtype == kfsdp::wire_precision::int8;
+            CHECK(shards.reduce_scatters - before_shards.reduce_scatters == (int8 ? 0 : buckets));
+            CHECK(shards.all_to_alls - before_shards.all_to_alls == (int8 ? buckets : 0));
+            CHECK(shards.broadcasts - before_shards.broadcasts == 0);
+            // The step's own sums (the loss, the gradient norm): over the shard group and the replicas,
+            // the same number whatever the buckets.
+            const std::size_t own_sums = shards.all_reduces - before_shards.all_reduces;
+            CHECK(own_sums <= 2);
+            const bool replicated = hsdp && replicas.size() > 1;
+            CHECK(replicas.all_reduces - before_replicas.all_reduces == (replicated ? buckets : 0) + (hsdp ? own_sums : 0));
+            CHECK(replicas.total() - before_replicas.total() == replicas.all_reduces - before_replicas.all_reduces);
+            // Stream order: every bucket collective follows the compute instance's work (order_after)
+            // and the instance's later work follows it (complete_before), never a host wait: on a GPU
+            // neither blocks the host. The host waits only for the step's own sums, which it reads.
+            const std::size_t bucket_collectives = buckets + regathered + buckets;
+            CHECK(shards.orderings - before_shards.orderings == bucket_collectives);
+            CHECK(shards.ends.ordered - before_shards.ends.ordered == bucket_collectives);
+            CHECK(shards.ends.host_waits - before_shards.ends.host_waits == own_sums);
+            const std::size_t replica_sums = replicated ? buckets : 0;
+            CHECK(replicas.orderings - before_replicas.orderings == replica_sums);
+            CHECK(replicas.ends.ordered - before_replicas.ends.ordered == replica_sums);
+          });
+        }
 }
 
 TEST_CASE("int8 all-gather bytes per step: the theory (1 byte a value, 4 a block of 256), within 1 % of 0.2539 of f32") {
@@ -253,6 +275,50 @@ TEST_CASE("int8 all-gather bytes per step: the theory (1 byte a value, 4 a block
             " (theory for full blocks: ", (1 + 4.0 / 256) / 4, ")");
     CHECK(gathered[0] == theory[0]);
     CHECK(gathered[1] == theory[1]);  // to the byte: the wire buffers' layout (int8_blocks)
+    CHECK(ratio == doctest::Approx((1 + 4.0 / 256) / 4).epsilon(0.01));
+  }
+}
+
+TEST_CASE("int8 gradient reduction bytes per step: the theory (1 byte a value, 4 a block of 256), within 1 % of 0.2539 "
+          "of f32") {
+  comm::mpi world;
+  const int n = world.size();
+  const auto data = samples();
+  for (const auto bucketing : {kfsdp::bucketing::none, kfsdp::bucketing::layer, kfsdp::bucketing::block}) {
+    CAPTURE(kfsdp::to_string(bucketing));
+    std::size_t sent[2] = {};  // bytes of one step's gradient reductions: f32, int8
+    std::size_t theory[2] = {};
+    for (const auto wire : {kfsdp::wire_precision::scalar, kfsdp::wire_precision::int8}) {
+      counting shards{world};
+      kfsdp::with_trainer<float>(wide_model{}, shards, {.bucketing_strategy = bucketing, .reduce_dtype = wire}, {},
+                                 [&](auto& t) {
+        t.initialize(5);
+        kfsdp::optim::sgd<float> sgd(t.engine().plan().shard_numel, {.lr = 0.01f});
+        const auto ranks = std::size_t(shards.size()), rank = std::size_t(shards.rank());
+        const auto step = [&](std::size_t s) {
+          auto [x, y] = data.rank_slice<float>(data.micro_batch(1, s, 24 / std::size_t(n) * ranks), rank, ranks);
+          (void)t.step({{x, y}}, sgd);
+        };
+        step(0);
+        const std::size_t before = shards.reduce_bytes, counted_before = t.engine().bytes_communicated();
+        step(1);
+        const bool int8 = wire == kfsdp::wire_precision::int8;
+        sent[int8] = shards.reduce_bytes - before;
+        const kfsdp::shard_mapping map(t.engine().plan());
+        std::size_t gathered = 0;  // the step's all-gathers (ZeRO2: each bucket once), to read the engine's count
+        for (std::size_t b = 0; b < t.engine().plan().buckets.size(); ++b) {
+          theory[int8] += ranks * (int8 ? kfsdp::int8_bucket_blocks(map, b).bytes() : map.bucket(b).count * sizeof(float));
+          gathered += ranks * map.bucket(b).count * sizeof(float);
+        }
+        // The engine counts what the communicator was given.
+        CHECK(t.engine().bytes_communicated() - counted_before == gathered + sent[int8]);
+      });
+    }
+    const double ratio = double(sent[1]) / double(sent[0]);
+    MESSAGE("int8 / f32 gradient reduction bytes at ", n, " ranks, ", kfsdp::to_string(bucketing), ": ", ratio,
+            " (theory for full blocks: ", (1 + 4.0 / 256) / 4, ")");
+    CHECK(sent[0] == theory[0]);
+    CHECK(sent[1] == theory[1]);  // to the byte: the wire buffers' layout (int8_blocks)
     CHECK(ratio == doctest::Approx((1 + 4.0 / 256) / 4).epsilon(0.01));
   }
 }

@@ -79,6 +79,10 @@ KFSDP_EXPORT class any_communicator {
   [[nodiscard]] request iall_reduce_sum(span_in<T, Space> data) {
     return calls<T, Space>().all_reduce_sum(backend_, data);
   }
+  template <class T, class Space>
+  [[nodiscard]] request iall_to_all(std::type_identity_t<span_in<const T, Space>> send, span_in<T, Space> recv) {
+    return calls<T, Space>().all_to_all(backend_, send, recv);
+  }
 
   // Host memory.
   template <class T>
@@ -96,6 +100,10 @@ KFSDP_EXPORT class any_communicator {
   template <class T>
   [[nodiscard]] request iall_reduce_sum(std::span<T> data) {
     return iall_reduce_sum<T, Kokkos::HostSpace>(host_span<T>(data));
+  }
+  template <class T>
+  [[nodiscard]] request iall_to_all(std::span<const T> send, std::span<T> recv) {
+    return iall_to_all<T, Kokkos::HostSpace>(host_span<const T>(send), host_span<T>(recv));
   }
 
   // Collectives issued after this call read what `compute` has written so far (comm::order_after).
@@ -116,6 +124,7 @@ KFSDP_EXPORT class any_communicator {
     request (*reduce_scatter_parts)(void*, std::span<const reduce_scatter_part<T, Space>>, scale_type<T>);
     request (*broadcast)(void*, span_in<T, Space>, int);
     request (*all_reduce_sum)(void*, span_in<T, Space>);
+    request (*all_to_all)(void*, span_in<const T, Space>, span_in<T, Space>);
   };
   template <class... Spaces>
   struct space_list {};
@@ -172,6 +181,9 @@ KFSDP_EXPORT class any_communicator {
         },
         [](void* c, span_in<T, Space> d) {
           return mover<T, Space>(*static_cast<C*>(c)).template iall_reduce_sum<T, Space>(d);
+        },
+        [](void* c, span_in<const T, Space> s, span_in<T, Space> r) {
+          return mover<T, Space>(*static_cast<C*>(c)).template iall_to_all<T, Space>(s, r);
         },
     };
   }

@@ -142,6 +142,32 @@ void check_reduce_scatter_parts(std::string_view function, int size, const Parts
   check_parts_disjoint(function, parts);
 }
 
+// all_to_all(send, recv): equal sizes, a whole block a rank (requirement 11 of the communicator
+// concept), and separate buffers.
+inline void check_all_to_all_arguments(std::string_view function, int size, std::size_t send_count,
+                                       byte_range send, std::size_t recv_count, byte_range recv) {
+  const auto ranks = static_cast<std::size_t>(size);
+  if (send_count % ranks != 0) {
+    throw std::invalid_argument(fmt::format(
+        "{}: send has {} elements, expected a multiple of size() = {} (one block a rank)", function,
+        send_count, size));
+  }
+  if (recv_count != send_count) {
+    throw std::invalid_argument(fmt::format("{}: recv has {} elements, expected send.size() = {}",
+                                            function, recv_count, send_count));
+  }
+  if (send.overlaps(recv)) {
+    throw std::invalid_argument(fmt::format(
+        "{}: send and recv overlap; all_to_all needs separate buffers", function));
+  }
+}
+template <class T>
+void check_all_to_all(std::string_view function, int size, std::span<const T> send,
+                      std::span<T> recv) {
+  check_all_to_all_arguments(function, size, send.size(), byte_range::of(send), recv.size(),
+                             byte_range::of(recv));
+}
+
 // broadcast(data, root): 0 <= root < size() (requirement 4).
 inline void check_root(std::string_view function, int root, int size) {
   if (root < 0 || root >= size) {

@@ -15,8 +15,8 @@
 //
 // The blocking collectives are free functions over a backend's non-blocking ones, written once
 // here for every backend: kfsdp::comm::all_gather(comm, shard, full) is
-// comm.iall_gather(shard, full).wait(), and so are reduce_scatter_sum, broadcast and
-// all_reduce_sum.
+// comm.iall_gather(shard, full).wait(), and so are reduce_scatter_sum, broadcast,
+// all_reduce_sum and all_to_all.
 
 #include <concepts>
 #include <cstddef>
@@ -314,10 +314,15 @@ inline void wait_all(std::span<request> requests) {
 //     i-prefixed one, also when reached through a blocking free function), the parameter, the
 //     size seen and the size expected. Communication errors throw std::runtime_error (or a type
 //     derived from it).
-// 2-6 hold for T = float, double, bf16 and f16; 7 for T = std::int64_t and std::uint64_t
-// (agreement checks). A backend may offer more element types (every backend here offers 2-6 for
-// all of element<T>, and 7 for all of ordered_element<T>). The std::span forms are host
-// memory; 2-6 on span_in<T, Space> are communicator_in<C, Space> below. For device memory
+// 11. c.iall_to_all(send, recv) needs send.size() == recv.size(), a multiple of size(); with
+//     n = send.size() / size(), once its request completes rank r's recv[s*n + i] = rank s's
+//     send[r*n + i] (block r of every rank's send goes to rank r). send and recv must not
+//     overlap. It returns a request as 2-5 do (6). (int8 gradient reduction: every rank sends each
+//     rank its quantized chunk.)
+// 2-6 and 11 hold for T = float, double, bf16 and f16; 7 for T = std::int64_t and std::uint64_t
+// (agreement checks). A backend may offer more element types (every backend here offers 2-6 and
+// 11 for all of element<T>, and 7 for all of ordered_element<T>). The std::span forms are host
+// memory; 2-6 and 11 on span_in<T, Space> are communicator_in<C, Space> below. For device memory
 // "completes" means the request's wait() or test() has returned it complete.
 
 // 1.
@@ -362,10 +367,16 @@ concept reduces_extrema = requires(C& c, std::span<T> data) {
 template <class C>
 concept synchronises = requires(C& c) { c.barrier(); };
 
-// 2-6 for one element type.
+// 11.
+template <class C, class T>
+concept exchanges = requires(C& c, std::span<const T> send, std::span<T> recv) {
+  { c.iall_to_all(send, recv) } -> std::same_as<request>;
+};
+
+// 2-6 and 11 for one element type.
 template <class C, class T>
 concept moves_elements = gathers<C, T> && reduce_scatters<C, T> && broadcasts<C, T> &&
-                         all_reduces<C, T>;
+                         all_reduces<C, T> && exchanges<C, T>;
 
 KFSDP_EXPORT template <class C>
 concept communicator = ranked<C> && synchronises<C> && moves_elements<C, float> &&
@@ -384,6 +395,7 @@ concept moves_elements_in =
       { c.ireduce_scatter_sum(send, recv) } -> std::same_as<request>;
       { c.ibroadcast(recv, root) } -> std::same_as<request>;
       { c.iall_reduce_sum(recv) } -> std::same_as<request>;
+      { c.iall_to_all(send, recv) } -> std::same_as<request>;
     };
 
 template <class C, class Space>
@@ -426,6 +438,13 @@ void all_reduce_sum(C& comm, std::span<T> data) {
   comm.template iall_reduce_sum<T>(data).wait();
 }
 
+// Requirement 11: rank r's recv block s = rank s's send block r.
+template <class C, element T>
+  requires exchanges<C, T>
+void all_to_all(C& comm, std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+  comm.template iall_to_all<T>(send, recv).wait();
+}
+
 // The same on buffers of a memory space.
 KFSDP_EXPORT template <class C, element T, class Space>
   requires moves_elements_in<C, T, Space>
@@ -447,6 +466,11 @@ KFSDP_EXPORT template <class C, element T, class Space>
   requires moves_elements_in<C, T, Space>
 void all_reduce_sum(C& comm, span_in<T, Space> data) {
   comm.iall_reduce_sum(data).wait();
+}
+template <class C, element T, class Space>
+  requires moves_elements_in<C, T, Space>
+void all_to_all(C& comm, std::type_identity_t<span_in<const T, Space>> send, span_in<T, Space> recv) {
+  comm.iall_to_all(send, recv).wait();
 }
 
 // A device backend (NCCL) whose collectives move device memory also offers host(): a communicator over

@@ -178,6 +178,18 @@ KFSDP_EXPORT class nccl {
     return record(function);
   }
 
+  // A block a rank: one ncclSend and one ncclRecv a peer, issued between ncclGroupStart and
+  // ncclGroupEnd (NCCL has no all-to-all of its own); one event.
+  template <element T, class Space>
+    requires(reads<Space>())
+  [[nodiscard]] request iall_to_all(std::type_identity_t<span_in<const T, Space>> send, span_in<T, Space> recv) {
+    constexpr std::string_view function = "kfsdp::comm::nccl::iall_to_all";
+    detail::check_all_to_all(function, size(), send.span(), recv.span());
+    issue_all_to_all(send.data(), recv.data(), send.size() / static_cast<std::size_t>(size()), sizeof(T), kind_of<T>(),
+                     function);
+    return record(function);
+  }
+
   // Blocking: the host waits for the communication stream.
   template <ordered_element T, class Space>
     requires(reads<Space>())
@@ -229,6 +241,9 @@ KFSDP_EXPORT class nccl {
   };
   enum class collective { all_gather, reduce_scatter_sum };
   void issue_group(collective what, std::span<const part_call> calls, element_kind kind, std::string_view function);
+  // block_count elements of element_bytes each a peer, from send + peer's block to recv + peer's block.
+  void issue_all_to_all(const void* send, void* recv, std::size_t block_count, std::size_t element_bytes,
+                        element_kind kind, std::string_view function);
   void issue_broadcast(void* data, std::size_t count, element_kind kind, int root,
                        std::string_view function);
   void issue_all_reduce(void* data, std::size_t count, element_kind kind, reduction operation,

@@ -44,6 +44,13 @@ KFSDP_EXPORT class self {
     detail::check_root("kfsdp::comm::self::ibroadcast", root, size());
     return {};
   }
+  // One rank sends its only block to itself.
+  template <element T, class Space>
+  [[nodiscard]] request iall_to_all(std::type_identity_t<span_in<const T, Space>> send, span_in<T, Space> recv) {
+    detail::check_all_to_all("kfsdp::comm::self::iall_to_all", size(), send.span(), recv.span());
+    detail::copy(send, recv);
+    return {};
+  }
   // Over one rank a sum, max or min leaves the data as it is.
   template <element T, class Space>
   [[nodiscard]] request iall_reduce_sum(span_in<T, Space> /*data*/) {
@@ -68,6 +75,10 @@ KFSDP_EXPORT class self {
   template <element T>
   [[nodiscard]] request iall_reduce_sum(std::span<T> /*data*/) {
     return {};
+  }
+  template <element T>
+  [[nodiscard]] request iall_to_all(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    return iall_to_all<T, Kokkos::HostSpace>(host_span<const T>(send), host_span<T>(recv));
   }
   template <ordered_element T>
   void all_reduce_max(std::span<T> /*data*/) {}

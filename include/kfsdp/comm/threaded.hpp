@@ -114,6 +114,13 @@ class threaded {
     return submit([this, data] { comm::all_reduce_sum<C, T, Space>(backend_, data); });
   }
 
+  template <element T, class Space>
+    requires moves_elements_in<C, T, Space>
+  [[nodiscard]] request iall_to_all(std::type_identity_t<span_in<const T, Space>> send, span_in<T, Space> recv) {
+    detail::check_all_to_all<T>("kfsdp::comm::threaded::iall_to_all", size(), send.span(), recv.span());
+    return submit([this, send, recv] { comm::all_to_all<C, T, Space>(backend_, send, recv); });
+  }
+
   // Host memory (std::span), as the backend takes it (a backend may have only these forms).
   template <element T>
   [[nodiscard]] request iall_gather(std::span<const std::type_identity_t<T>> send,
@@ -135,6 +142,11 @@ class threaded {
   template <element T>
   [[nodiscard]] request iall_reduce_sum(std::span<T> data) {
     return submit([this, data] { comm::all_reduce_sum<C, T>(backend_, data); });
+  }
+  template <element T>
+  [[nodiscard]] request iall_to_all(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    detail::check_all_to_all<T>("kfsdp::comm::threaded::iall_to_all", size(), send, recv);
+    return submit([this, send, recv] { comm::all_to_all<C, T>(backend_, send, recv); });
   }
 
   template <ordered_element T>

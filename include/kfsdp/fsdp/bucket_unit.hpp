@@ -20,7 +20,8 @@
 // from there straight into its chunk of the reduced shard, the bucket's reduce-scatters issued
 // together and complete as one request (comm::when_all). With a wire type
 // (mixed precision) the shard is converted before and the gathered buffer after, flat; with int8
-// the shard is quantized into one wire buffer and the bucket's all-gather is one collective.
+// the shard is quantized into one wire buffer and the bucket's all-gather is one collective, and
+// the gradients are quantized per destination rank and exchanged by one all-to-all (qgZ).
 
 #include <optional>
 #include <cstddef>
@@ -148,7 +149,8 @@ class bucket_unit {
   view gathered_;       // the parameters after the all-gathers, in the unpacked layout
   view unpacked_;       // gathered_ converted to Scalar (mixed precision only)
   view full_grads_;     // the bucket's full gradients, in the unpacked layout
-  view packed_grads_;   // full_grads_ converted to the wire type (mixed precision only)
+  view packed_grads_;   // full_grads_ converted to the wire type (mixed precision; int8: every rank's wire buffer)
+  view received_grads_; // int8: every rank's wire buffer for this rank, as the all-to-all delivered them
   view reduced_grads_;  // the reduce-scatters' output: this rank's summed shard
   comm::request gather_pending_;
   comm::request reduce_pending_;

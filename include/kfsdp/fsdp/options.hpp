@@ -40,7 +40,9 @@ KFSDP_EXPORT struct fsdp_options {
   // the CPU no BLAS has a bf16 GEMM), so compute sees the parameters rounded to param_dtype; the
   // gradients are reduce-scattered in reduce_dtype (divided `before` in Scalar, then rounded).
   // param_dtype = int8 all-gathers the shards block-quantized (fsdp/quantize.hpp: about a quarter of
-  // f32's bytes); reduce_dtype = int8 is refused (std::invalid_argument).
+  // f32's bytes); reduce_dtype = int8 sends every rank its chunks of the gradients block-quantized
+  // by one all-to-all a bucket, and sums them in Scalar (the same quarter; HSDP's replicas then
+  // all-reduce in Scalar).
   wire_precision param_dtype = wire_precision::scalar;
   wire_precision reduce_dtype = wire_precision::scalar;
   // Hybrid sharding (HSDP): the engine's communicator is one shard group, and this one joins the

@@ -73,8 +73,8 @@ constexpr division_factors division_of(gradient_division d, std::size_t world_si
 }
 
 // The element type a collective carries (mixed precision): `scalar` is the engine's own (no
-// conversion); bf16 and f16 halve the bytes; int8 (all-gathers only: fsdp/quantize.hpp) sends one
-// byte a value plus an f32 scale a block of 256. The master shards and the optimizer stay in Scalar.
+// conversion); bf16 and f16 halve the bytes; int8 (fsdp/quantize.hpp) sends one byte a value plus
+// an f32 scale a block of 256 (gradients: by an all-to-all, summed in Scalar on arrival). The master shards and the optimizer stay in Scalar.
 KFSDP_EXPORT enum class wire_precision { scalar, bf16, f16, int8 };
 
 inline constexpr enum_names<wire_precision, 4> wire_precision_names = {{wire_precision::scalar, "scalar"},

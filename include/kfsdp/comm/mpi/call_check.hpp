@@ -66,10 +66,10 @@ void wait_polling(Operation& operation, std::string_view function, std::chrono::
 // What the ranks compare before a checked collective: the same on every rank, or a user's bug.
 enum class collective_kind : std::uint64_t {
   all_gather, reduce_scatter_sum, broadcast, all_reduce_sum, all_reduce_max, all_reduce_min, barrier,
-  all_gather_parts, reduce_scatter_parts
+  all_gather_parts, reduce_scatter_parts, all_to_all
 };
 // The last kind: a larger value read from another rank (another kfsdp version) reads as this one.
-constexpr collective_kind collective_kind_last = collective_kind::reduce_scatter_parts;
+constexpr collective_kind collective_kind_last = collective_kind::all_to_all;
 // What the ranks compare of an element type: its bytes, and for the two 2-byte floating-point
 // formats a tag, so that bf16 on one rank against f16 on another is a mismatch too.
 constexpr std::uint64_t half_tag_bf16 = 0x100, half_tag_f16 = 0x200;
@@ -82,7 +82,7 @@ constexpr std::uint64_t element_code() {
 struct collective_call {
   collective_kind kind;
   std::uint64_t element_bytes;  // element_code<T>(); 0 for a barrier
-  std::uint64_t count;          // per rank for all_gather (send) and reduce_scatter_sum (recv)
+  std::uint64_t count;          // per rank for all_gather (send), reduce_scatter_sum (recv) and all_to_all (a block)
   std::uint64_t root;           // broadcast: the root; *_parts: the number of parts
   friend bool operator==(const collective_call&, const collective_call&) = default;
 };

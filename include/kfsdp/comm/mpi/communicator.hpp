@@ -307,6 +307,24 @@ KFSDP_EXPORT class mpi {
   [[nodiscard]] request iall_reduce_sum(std::span<T> data) {
     return iall_reduce_sum<T, Kokkos::HostSpace>(host_span<T>(data));
   }
+  // Rank r's recv block s = rank s's send block r; send.size() == recv.size(), a multiple of
+  // size() (MPI_Ialltoall, a block a rank). Device memory MPI cannot read goes through host copies.
+  template <element T, class Space>
+  [[nodiscard]] request iall_to_all(std::type_identity_t<span_in<const T, Space>> send, span_in<T, Space> recv) {
+    constexpr std::string_view function = "kfsdp::comm::mpi::iall_to_all";
+    if (reads_directly<Space>()) return start_all_to_all<T>(function, send.span(), recv.span());
+    detail::check_all_to_all(function, size_, send.span(), recv.span());
+    staged<T, Space> copy(recv.size(), recv);
+    copy.input = detail::owned_elements<T, staging_space>(send.size());
+    detail::transfer(copy.input.span(), send);
+    copy.on_host = start_all_to_all<T>(function, copy.input.span().span(), copy.host().span());
+    return request(std::move(copy));
+  }
+  template <element T>
+  [[nodiscard]] request iall_to_all(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    return iall_to_all<T, Kokkos::HostSpace>(host_span<const T>(send), host_span<T>(recv));
+  }
+
   // Blocking (MPI_Allreduce): agreement checks make these, and wait for them at once.
   template <ordered_element T>
   void all_reduce_max(std::span<T> data) {
@@ -526,6 +544,18 @@ KFSDP_EXPORT class mpi {
                                     detail::sum_operation<T>(), comm_, &handle),
           function, "MPI_Ireduce_scatter_block");
     return detail::multiplied_once_complete<T, Space>(pending(handle, function), span_in<T, Space>(recv), factor);
+  }
+  template <class T>
+  request start_all_to_all(std::string_view function, std::span<const T> send, std::span<T> recv) {
+    detail::check_all_to_all(function, size_, send, recv);
+    const std::size_t block = send.size() / static_cast<std::size_t>(size_);
+    const int count = detail::checked_int_count(function, "a block of send", block);
+    verify_call(function, {detail::collective_kind::all_to_all, detail::element_code<T>(), block, 0});
+    MPI_Request handle = MPI_REQUEST_NULL;
+    check(MPI_Ialltoall(send.data(), count, detail::mpi_datatype<T>(), recv.data(), count, detail::mpi_datatype<T>(),
+                        comm_, &handle),
+          function, "MPI_Ialltoall");
+    return pending(handle, function);
   }
   template <class T>
   request start_broadcast(std::string_view function, std::span<T> data, int root) {
