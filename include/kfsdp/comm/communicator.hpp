@@ -125,7 +125,7 @@ concept request_state = std::move_constructible<State> && requires(State& state)
 // A compute queue to order work against: the native handle of an execution-space instance's stream
 // (a cudaStream_t for Kokkos::Cuda, a hipStream_t for Kokkos::HIP), or null for a host instance,
 // whose kernels are complete when they return. comm::stream_of(instance) (memory.hpp) makes one.
-KFSDP_EXPORT struct native_stream {
+struct native_stream {
   void* handle = nullptr;
 };
 

@@ -45,7 +45,7 @@ using scale_type = std::conditional_t<half_element<T>, float, T>;
 
 // The native stream of an execution-space instance: its cudaStream_t or hipStream_t, null for a
 // host instance (Serial, OpenMP, Threads), whose kernels are complete when they return.
-KFSDP_EXPORT template <class ExecutionSpace>
+template <class ExecutionSpace>
 [[nodiscard]] native_stream stream_of(const ExecutionSpace& instance) {
   if constexpr (requires { instance.cuda_stream(); }) return {static_cast<void*>(instance.cuda_stream())};
   else if constexpr (requires { instance.hip_stream(); }) return {static_cast<void*>(instance.hip_stream())};
@@ -61,7 +61,7 @@ KFSDP_EXPORT template <class ExecutionSpace>
 //   kfsdp::comm::order_after(gpus, compute);               // compute wrote `shard`
 //   auto pending = gpus.iall_gather(shard, full);          // runs behind it, on the comm stream
 //   pending.complete_before(kfsdp::comm::stream_of(compute));  // compute's next kernels read `full`
-KFSDP_EXPORT template <class C, class ExecutionSpace>
+template <class C, class ExecutionSpace>
 void order_after(C& c, const ExecutionSpace& compute) {
   const native_stream stream = stream_of(compute);
   if (stream.handle == nullptr) compute.fence();  // a host instance: complete already, or nearly
