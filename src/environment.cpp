@@ -18,7 +18,7 @@ bool program_help(const char* arg) {
 // Kokkos::ScopeGuard refuses to start a Kokkos that is already up (Kokkos 4); so the guard is made
 // only where this environment is the first. Kokkos sees every argument but the program's help
 // flags, and takes out its own (--kokkos-*); argv keeps the rest, help flags in place.
-//   argv {prog, --kokkos-threads=2, --help, --steps, 5} -> {prog, --help, --steps, 5}
+//   argv {prog, --kokkos-disable-warnings, --help, --steps, 5} -> {prog, --help, --steps, 5}
 environment::environment(int& argc, char** argv) {
   if (Kokkos::is_initialized()) return;
   std::vector<char*> for_kokkos;

@@ -46,21 +46,15 @@ rotary_embedding<Scalar>::rotary_embedding(std::size_t heads, std::size_t kv_hea
   Kokkos::deep_copy(sin_, sin_host);
 }
 
-// One thread per (row, head): the q and k heads turn (backward: turn back), the v heads are copied.
+namespace detail {
+// One thread per (row, head): the q and k heads turn by sign · angle, the v heads are copied. A free
+// function, not in rotary_embedding::apply: nvcc takes no device lambda in a private member function.
 template <class Scalar>
-void rotary_embedding<Scalar>::apply(const char* where, const_matrix<Scalar> in, matrix<Scalar> out, bool inverse) const {
-  const std::size_t rows = in.extent(0);
-  detail::check_matrix(where, "input", in, rows, in_features());
-  detail::check_matrix(where, "output", out, rows, in_features());
-  if (rows % seq_len_ != 0)
-    throw std::invalid_argument(std::string(where) + ": rows = " + std::to_string(rows) +
-                                " is not a multiple of seq_len = " + std::to_string(seq_len_));
-  const int rotated = int(heads_ + kv_heads_), all_heads = int(heads_ + 2 * kv_heads_);
-  const int head_dim = int(head_dim_), half = head_dim / 2, seq = int(seq_len_);
-  const Scalar sign = inverse ? Scalar(-1) : Scalar(1);  // the inverse turns by −angle
-  const const_matrix<Scalar> cos_table = cos_, sin_table = sin_;
+void rotary_turn(const_matrix<Scalar> in, matrix<Scalar> out, const_matrix<Scalar> cos_table,
+                 const_matrix<Scalar> sin_table, int rotated, int all_heads, int head_dim, int seq, Scalar sign) {
+  const int rows = int(in.extent(0)), half = head_dim / 2;
   Kokkos::parallel_for(
-      "kfsdp::nn::rotary_embedding", Kokkos::RangePolicy<execution_space>(0, int(rows) * all_heads), KOKKOS_LAMBDA(int index) {
+      "kfsdp::nn::rotary_embedding", Kokkos::RangePolicy<execution_space>(0, rows * all_heads), KOKKOS_LAMBDA(int index) {
         const int row = index / all_heads, head = index % all_heads, t = row % seq, first = head * head_dim;
         if (head >= rotated) {
           for (int c = 0; c < head_dim; ++c) out(row, first + c) = in(row, first + c);
@@ -73,6 +67,20 @@ void rotary_embedding<Scalar>::apply(const char* where, const_matrix<Scalar> in,
           out(row, first + half + i) = b * c + a * s;
         }
       });
+}
+}  // namespace detail
+
+template <class Scalar>
+void rotary_embedding<Scalar>::apply(const char* where, const_matrix<Scalar> in, matrix<Scalar> out, bool inverse) const {
+  const std::size_t rows = in.extent(0);
+  detail::check_matrix(where, "input", in, rows, in_features());
+  detail::check_matrix(where, "output", out, rows, in_features());
+  if (rows % seq_len_ != 0)
+    throw std::invalid_argument(std::string(where) + ": rows = " + std::to_string(rows) +
+                                " is not a multiple of seq_len = " + std::to_string(seq_len_));
+  const Scalar sign = inverse ? Scalar(-1) : Scalar(1);  // the inverse turns by −angle
+  detail::rotary_turn<Scalar>(in, out, cos_, sin_, int(heads_ + kv_heads_), int(heads_ + 2 * kv_heads_),
+                              int(head_dim_), int(seq_len_), sign);
 }
 
 template <class Scalar>
