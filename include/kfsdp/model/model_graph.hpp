@@ -7,7 +7,7 @@
 // it; nothing walks the descriptor again.
 //
 //   sequential<"", embedding<"wte", 256, 64>, block<"h", linear<"fc", 64, 64>>,
-//              tied<"wte.weight", "weight", linear<"head", 64, 256, false>>, cross_entropy<"">>
+//              tied<"wte.weight", "weight", linear<"head", 64, 256, false>>, cross_entropy<"", 256>>
 //   params: 0 wte.weight (layer 0), 1 h.fc.weight (layer 1, block 0), 2 h.fc.bias (layer 1, block 0)
 //   nodes:  0 ""        container  rows 0..3
 //           1 "wte"     layer 0    rows 0..1
@@ -56,7 +56,7 @@ struct param_info {
 inline constexpr std::size_t no_node = std::numeric_limits<std::size_t>::max();
 
 // One descriptor node: a layer, a block, a container, or one copy of a repeat's element.
-KFSDP_EXPORT struct model_node {
+struct model_node {
   static constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
 
   inline_string<max_param_name> name;  // the dotted prefix of its parameters ("" for an unnamed root)
@@ -86,7 +86,7 @@ KFSDP_EXPORT struct model_node {
   }
 };
 
-KFSDP_EXPORT struct model_graph {
+struct model_graph {
   std::vector<param_info> params;  // the parameter table
   std::vector<model_node> nodes;   // walk order: a node, then its children's subtrees in order
 };
