@@ -84,21 +84,6 @@ struct unit_assignment {
   }
 };
 
-namespace detail {
-// A tied layer reads its owner's parameter, so the owner must be gathered whenever the layer runs.
-inline void check_tie_units(const model_graph& graph, const unit_assignment& units) {
-  for (std::size_t n = 0; n < graph.nodes.size(); ++n) {
-    const model_node& node = graph.nodes[n];
-    if (!node.ties()) continue;
-    const std::size_t runs_in = units.runs_in[n], owner_unit = units.of_param[node.tie_owner];
-    if (owner_unit != 0 && owner_unit != runs_in)
-      throw std::invalid_argument("kfsdp: '" + layer_label(node) + "' (unit " + std::to_string(runs_in) + ") ties to '" +
-                                  std::string(graph.params[node.tie_owner].name.view()) + "' of unit " +
-                                  std::to_string(owner_unit) + "; tie only to a parameter of the root or of the same unit");
-  }
-}
-}  // namespace detail
-
 inline unit_assignment assign_units(const model_graph& graph, const wrap_options& wrap) {
   if (wrap.blocks_per_unit == 0) throw std::invalid_argument("kfsdp: blocks_per_unit is 0, expected at least 1");
   unit_assignment units;
@@ -116,7 +101,6 @@ inline unit_assignment assign_units(const model_graph& graph, const wrap_options
     units.runs_in[n] = units.of_node[n];
     for (std::size_t p = node.first_param; p < node.end_param; ++p) units.of_param[p] = units.of_node[n];
   }
-  detail::check_tie_units(graph, units);
   return units;
 }
 

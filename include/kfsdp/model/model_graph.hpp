@@ -70,9 +70,10 @@ struct model_node {
   std::size_t tied_slot = none;
   inline_string<max_param_name> tied_name;  // the parameter's name in the layer ("weight")
   inline_string<max_param_name> tie_owner_name;
-  std::size_t tie_owner = none;
+  std::size_t tie_owner = none;  // none: the model has no parameter of that name
   std::array<std::size_t, max_param_rank> tied_shape{};
   std::size_t tied_rank = 0;
+  bool tie_shape_matches = false;  // the owner's shape is the one the layer declares
 
   [[nodiscard]] constexpr bool owns_params() const noexcept { return end_param > first_param; }
   [[nodiscard]] constexpr bool ties() const noexcept { return tied_slot != none; }
@@ -107,6 +108,7 @@ constexpr inline_string<max_param_name> join_name(const inline_string<max_param_
   return out;
 }
 
+// How messages name a layer.
 constexpr std::string layer_label(const model_node& n) {
   return n.name.empty() ? std::string("(unnamed layer)") : std::string(n.name.view());
 }
@@ -185,22 +187,18 @@ constexpr void walk_model(const D& d, const inline_string<max_param_name>& name,
   graph.nodes[self] = node;
 }
 
-// Each tied layer's owner: found by name, with the shape the layer declares.
+// Each tied layer's owner, found by name, and whether its shape is the one the layer declares. A
+// broken tie is recorded, not thrown: the table and the units do not read ties, the network
+// (which binds the owner's row) refuses one.
 constexpr void resolve_ties(model_graph& graph) {
   for (model_node& n : graph.nodes) {
     if (!n.ties()) continue;
-    const std::string_view owner = n.tie_owner_name.view();
     for (std::size_t p = 0; p < graph.params.size() && n.tie_owner == model_node::none; ++p)
-      if (graph.params[p].name.view() == owner) n.tie_owner = p;
-    if (n.tie_owner == model_node::none)
-      throw std::invalid_argument("kfsdp: '" + layer_label(n) + "' ties '" + std::string(n.tied_name.view()) + "' to '" +
-                                  std::string(owner) + "', which the model does not have");
+      if (graph.params[p].name.view() == n.tie_owner_name.view()) n.tie_owner = p;
+    if (n.tie_owner == model_node::none) continue;
     const param_info& o = graph.params[n.tie_owner];
-    bool same_shape = o.rank == n.tied_rank;
-    for (std::size_t i = 0; same_shape && i < o.rank; ++i) same_shape = o.shape[i] == n.tied_shape[i];
-    if (!same_shape)
-      throw std::invalid_argument("kfsdp: '" + layer_label(n) + "' ties '" + std::string(n.tied_name.view()) + "' to '" +
-                                  std::string(owner) + "' of another shape");
+    n.tie_shape_matches = o.rank == n.tied_rank;
+    for (std::size_t i = 0; n.tie_shape_matches && i < o.rank; ++i) n.tie_shape_matches = o.shape[i] == n.tied_shape[i];
   }
 }
 

@@ -180,6 +180,24 @@ inline void check_table(const model_graph& graph, std::span<const param_info> ta
   }
 }
 
+// Every tie the graph records must bind: an owner the model has, of the shape the layer declares,
+// gathered whenever the layer runs (in the root or in the layer's own unit).
+inline void check_ties(const model_graph& graph, const unit_assignment& units) {
+  for (std::size_t n = 0; n < graph.nodes.size(); ++n) {
+    const model_node& node = graph.nodes[n];
+    if (!node.ties()) continue;
+    const std::string ties = "kfsdp::network: '" + layer_label(node) + "' ties '" + std::string(node.tied_name.view()) +
+                             "' to '" + std::string(node.tie_owner_name.view()) + "'";
+    if (node.tie_owner == model_node::none) throw std::invalid_argument(ties + ", which the model does not have");
+    if (!node.tie_shape_matches) throw std::invalid_argument(ties + " of another shape");
+    const std::size_t runs_in = units.runs_in[n], owner_unit = units.of_param[node.tie_owner];
+    if (owner_unit != 0 && owner_unit != runs_in)
+      throw std::invalid_argument("kfsdp::network: '" + layer_label(node) + "' (unit " + std::to_string(runs_in) +
+                                  ") ties to '" + std::string(node.tie_owner_name.view()) + "' of unit " +
+                                  std::to_string(owner_unit) + "; tie only to a parameter of the root or of the same unit");
+  }
+}
+
 }  // namespace detail
 
 template <class D, class S>
@@ -641,6 +659,7 @@ node_t<Model, S> network<Model, S>::build(const Model& model, std::span<const pa
   detail::network_builder b;
   b.graph = &graph;
   b.units = assign_units(graph, wrap);
+  detail::check_ties(graph, b.units);
   node_t<Model, S> root(model, b, false, false);
   if (b.next_node != graph.nodes.size())
     throw std::logic_error("kfsdp::network: the model built " + std::to_string(b.next_node) + " nodes, its graph has " +
