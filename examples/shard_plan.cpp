@@ -34,7 +34,8 @@ int main(int argc, char** argv) try {
   const auto model = kfsdp::make_gpt({.layers = cli.size("layers"), .dim = cli.size("dim"),
                                       .heads = 1, .seq = cli.size("seq"),
                                       .tie_weights = cli.choice("tie-weights", {"on", "off"}) == "on"});
-  const auto table = kfsdp::make_param_table(model);
+  const auto graph = kfsdp::make_model_graph(model);
+  const auto& table = graph.params;
   const auto plan = kfsdp::make_shard_plan(table, cli.size("world-size"),
                                            kfsdp::parse_bucketing(cli.str("bucketing")));
   const std::string dtype = cli.str("dtype");
@@ -44,7 +45,7 @@ int main(int argc, char** argv) try {
   fmt::print("example GPT (layers={}, dim={}, seq={}, vocab=256), {}\n", cli.size("layers"),
              cli.size("dim"), cli.size("seq"), dtype);
   fmt::print("{}", kfsdp::plan_table(plan, table, dtype == "f32" ? 4 : 8));
-  const auto units = kfsdp::make_units(table, plan, {.policy = kfsdp::parse_wrap_policy(cli.str("wrap"))});
+  const auto units = kfsdp::make_units(graph, plan, {.policy = kfsdp::parse_wrap_policy(cli.str("wrap"))});
   fmt::print("{}", kfsdp::units_table(units, plan, dtype == "f32" ? 4 : 8));
   return 0;
 } catch (const std::exception& e) {

@@ -72,6 +72,7 @@ module;
 #include <kfsdp/model/layers.hpp>
 #include <kfsdp/model/llama.hpp>
 #include <kfsdp/model/llama_config.hpp>
+#include <kfsdp/model/model_graph.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/model/rowwise.hpp>
 #include <kfsdp/nn/attention.hpp>
@@ -331,6 +332,10 @@ using kfsdp::make_llama;
 // <kfsdp/model/llama_config.hpp>
 export namespace kfsdp {
 using kfsdp::llama_config;
+}
+// <kfsdp/model/model_graph.hpp>
+export namespace kfsdp {
+using kfsdp::make_model_graph;
 }
 // <kfsdp/model/param_table.hpp>
 export namespace kfsdp {

@@ -128,3 +128,20 @@ TEST_CASE("a user layer narrower than its input is refused when the model is bui
   CHECK_THROWS_WITH_AS(build<gated>(world),
                        "kfsdp::network: layer 'down' takes 10 features, 'act' before it gives 5", std::invalid_argument);
 }
+
+TEST_CASE("a tie that cannot bind is refused when the model is built, naming the layer and the owner") {
+  kfsdp::comm::mpi world;
+  using missing = kfsdp::sequential<"", kfsdp::embedding<"wte", 8, 4>,
+                                    kfsdp::tied<"wpe.weight", "weight", kfsdp::linear<"head", 4, 8, false>>,
+                                    kfsdp::cross_entropy<"", 8>>;
+  CHECK_THROWS_WITH_AS(build<missing>(world), "kfsdp::network: 'head' ties 'weight' to 'wpe.weight', which the model does not have",
+                       std::invalid_argument);
+  // The owner in block b's unit, the tied layer in the root's: the owner would not be gathered when it runs.
+  using across = kfsdp::sequential<"", kfsdp::block<"b", kfsdp::embedding<"wte", 8, 4>>,
+                                   kfsdp::tied<"b.wte.weight", "weight", kfsdp::linear<"head", 4, 8, false>>,
+                                   kfsdp::cross_entropy<"", 8>>;
+  CHECK_THROWS_WITH_AS(build<across>(world),
+                       "kfsdp::network: 'head' (unit 0) ties to 'b.wte.weight' of unit 1; tie only to a parameter of the "
+                       "root or of the same unit",
+                       std::invalid_argument);
+}

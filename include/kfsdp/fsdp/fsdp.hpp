@@ -36,7 +36,7 @@
 #include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/meta/type_list.hpp>
 #include <kfsdp/model/descriptor.hpp>
-#include <kfsdp/model/param_table.hpp>
+#include <kfsdp/model/model_graph.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
 namespace kfsdp {
@@ -89,10 +89,7 @@ class fsdp : public fsdp_engine<Scalar>, private unit_hooks {
 
   // options' sharding and bucketing, where set, must be the policies' (std::invalid_argument if not).
   fsdp(const Model& model, comm::any_communicator comm, fsdp_options options = {})
-      : engine(make_param_table(model), std::move(comm), with_policies(options), planned()),
-        model_(model),
-        units_(make_units(this->params(), this->plan(), this->options().wrap)),
-        state_(units_.size(), unit_state::sharded) {}
+      : fsdp(make_model_graph(model), model, std::move(comm), std::move(options)) {}
 
   [[nodiscard]] const Model& model() const noexcept { return model_; }
   [[nodiscard]] const std::vector<fsdp_unit>& units() const noexcept override { return units_; }
@@ -158,6 +155,13 @@ class fsdp : public fsdp_engine<Scalar>, private unit_hooks {
       state_[u] = unit_state::sharded;
     }
   }
+
+  // The engine's table and the units both from one graph of the model.
+  fsdp(const model_graph& graph, const Model& model, comm::any_communicator comm, fsdp_options options)
+      : engine(graph.params, std::move(comm), with_policies(options), planned()),
+        model_(model),
+        units_(make_units(graph, this->plan(), this->options().wrap)),
+        state_(units_.size(), unit_state::sharded) {}
 
   // The engine's plan: the compile-time one with static_world_size<N> (checked against the communicator).
   static std::optional<shard_plan> planned() {

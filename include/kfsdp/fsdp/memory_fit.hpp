@@ -4,7 +4,7 @@
 // plan alone, against the memory this rank may use. A model that cannot fit stops with the figures
 // instead of a raw allocation failure (or the kernel's OOM killer) minutes into a run.
 //
-//   const auto need = kfsdp::estimate_memory(plan, kfsdp::make_units(table, plan, options.wrap), sizeof(float),
+//   const auto need = kfsdp::estimate_memory(plan, kfsdp::make_units(graph, plan, options.wrap), sizeof(float),
 //                                            2 /*AdamW*/, options, activation_bytes);
 //   if (need.total() > kfsdp::available_host_memory() / ranks_on_node) throw ... kfsdp::describe(need) ...
 //

@@ -1,7 +1,8 @@
 #pragma once
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // FSDP units: the groups of parameters that are gathered, used and freed together (FSDP2's
-// fully_shard modules), derived from the descriptor tree by a wrap policy.
+// fully_shard modules), decided once (assign_units) on the model's graph (model/model_graph.hpp)
+// by a wrap policy; the FSDP engine's units and the network's unit nodes both read that.
 //
 //   wrap_policy::automatic (default): blocks for a model with blocks (or repeats), layers for one
 //     without, so that ZeRO3 frees the parameters of any model between their uses.
@@ -18,6 +19,7 @@
 // with the blocks policy, none or layer bucketing with the layers policy).
 
 #include <cstddef>
+#include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -26,7 +28,7 @@
 #include <fmt/format.h>
 
 #include <kfsdp/meta/enum_names.hpp>
-#include <kfsdp/model/param_table.hpp>
+#include <kfsdp/model/model_graph.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
 namespace kfsdp {
@@ -46,7 +48,7 @@ struct wrap_options {
 };
 
 // The policy `policy` applies to a model's table: automatic is blocks where a parameter lies in a
-// block (or a copy of a repeat), else layers; the network's nodes decide their units by this too.
+// block (or a copy of a repeat), else layers.
 inline wrap_policy applied_policy(std::span<const param_info> table, wrap_policy policy) {
   if (policy != wrap_policy::automatic) return policy;
   for (const param_info& p : table)
@@ -54,24 +56,52 @@ inline wrap_policy applied_policy(std::span<const param_info> table, wrap_policy
   return wrap_policy::layers;
 }
 
+// A graph node that is no unit.
+inline constexpr std::size_t no_unit = std::numeric_limits<std::size_t>::max();
+
 struct fsdp_unit {
   std::string name;                  // "root", or the longest dotted prefix its parameters share
   std::vector<std::size_t> params;   // in model order
   std::vector<std::size_t> buckets;  // in order
 };
 
-// The unit of every parameter (0 is the root).
-inline std::vector<std::size_t> unit_of_params(std::span<const param_info> table, const wrap_options& wrap) {
-  if (wrap.blocks_per_unit == 0) throw std::invalid_argument("kfsdp: blocks_per_unit is 0, expected at least 1");
-  const wrap_policy policy = applied_policy(table, wrap.policy);
-  std::vector<std::size_t> unit(table.size());
-  for (std::size_t p = 0; p < table.size(); ++p) {
-    if (policy == wrap_policy::layers)
-      unit[p] = 1 + table[p].layer;
-    else
-      unit[p] = table[p].in_block() ? 1 + table[p].block / wrap.blocks_per_unit : 0;
+// Which graph nodes are units, and the unit of every parameter: the one place unit membership is decided.
+//   blocks: a node that opens a block (a block, or a repeat copy, outside every block) and owns
+//           parameters is unit 1 + block / blocks_per_unit; its parameters are that unit's, the rest the root's (0).
+//   layers: a layer that owns parameters is unit 1 + its layer index.
+// For the GPT above with blocks: node "transformer.h.0" is unit 1, "transformer.h.1" unit 2, and
+// every other node no_unit (runs_in: 0 outside the blocks, 1 or 2 within them).
+struct unit_assignment {
+  wrap_policy policy = wrap_policy::blocks;  // as applied: automatic resolved
+  std::vector<std::size_t> of_param;         // the unit of each table row (0: the root)
+  std::vector<std::size_t> of_node;          // the unit each graph node is, or no_unit
+  std::vector<std::size_t> runs_in;          // the unit each node's compute runs in: its own, its nearest unit ancestor's, or 0
+
+  [[nodiscard]] std::size_t count() const {
+    std::size_t n = 1;
+    for (std::size_t u : of_param) n = u + 1 > n ? u + 1 : n;
+    return n;
   }
-  return unit;
+};
+
+inline unit_assignment assign_units(const model_graph& graph, const wrap_options& wrap) {
+  if (wrap.blocks_per_unit == 0) throw std::invalid_argument("kfsdp: blocks_per_unit is 0, expected at least 1");
+  unit_assignment units;
+  units.policy = applied_policy(graph.params, wrap.policy);
+  units.of_param.assign(graph.params.size(), 0);
+  units.of_node.assign(graph.nodes.size(), no_unit);
+  units.runs_in.assign(graph.nodes.size(), 0);
+  for (std::size_t n = 0; n < graph.nodes.size(); ++n) {  // walk order: a parent before its children
+    const model_node& node = graph.nodes[n];
+    if (node.parent != no_node) units.runs_in[n] = units.runs_in[node.parent];
+    if (!node.owns_params()) continue;
+    if (units.policy == wrap_policy::layers && node.layer != model_node::none) units.of_node[n] = 1 + node.layer;
+    if (units.policy == wrap_policy::blocks && node.block != no_block) units.of_node[n] = 1 + node.block / wrap.blocks_per_unit;
+    if (units.of_node[n] == no_unit) continue;
+    units.runs_in[n] = units.of_node[n];
+    for (std::size_t p = node.first_param; p < node.end_param; ++p) units.of_param[p] = units.of_node[n];
+  }
+  return units;
 }
 
 namespace detail {
@@ -88,13 +118,13 @@ inline std::string common_prefix(std::string_view a, std::string_view b) {
 }
 }  // namespace detail
 
-// The units of a model's table and plan; throws naming the bucket whose parameters lie in two units.
+// The units of a model's graph and plan; throws naming the bucket whose parameters lie in two units.
 KFSDP_EXPORT template <class Plan>
-std::vector<fsdp_unit> make_units(std::span<const param_info> table, const Plan& plan, const wrap_options& wrap) {
-  const std::vector<std::size_t> unit = unit_of_params(table, wrap);
-  std::size_t count = 1;
-  for (std::size_t u : unit) count = u + 1 > count ? u + 1 : count;
-  std::vector<fsdp_unit> units(count);
+std::vector<fsdp_unit> make_units(const model_graph& graph, const Plan& plan, const wrap_options& wrap) {
+  const std::span<const param_info> table = graph.params;
+  const unit_assignment assigned = assign_units(graph, wrap);
+  const std::vector<std::size_t>& unit = assigned.of_param;
+  std::vector<fsdp_unit> units(assigned.count());
   for (std::size_t p = 0; p < table.size(); ++p) units[unit[p]].params.push_back(p);
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bucket = plan.buckets[b];
@@ -105,7 +135,7 @@ std::vector<fsdp_unit> make_units(std::span<const param_info> table, const Plan&
                                     std::string(table[first].name.view()) + "' (unit " + std::to_string(unit[first]) +
                                     ") and '" + std::string(table[p].name.view()) + "' (unit " +
                                     std::to_string(unit[p]) + "); with wrap policy " +
-                                    std::string(to_string(applied_policy(table, wrap.policy))) +
+                                    std::string(to_string(assigned.policy)) +
                                     " choose a bucketing whose buckets lie in one unit");
     units[unit[first]].buckets.push_back(b);
   }

@@ -74,12 +74,12 @@ KFSDP_EXPORT inline memory_need estimate_gpt_memory(const gpt_config& model, con
   memory_need need{.params = shard + table, .grads = shard, .optimizer = double(o.optimizer_states) * shard};
   if (need.total() > stop_above || !std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>)
     return need;
-  const auto params = make_param_table(make_gpt(model));
-  const auto plan = make_shard_plan(params, o.shard_ranks, o.fsdp.bucketing());
+  const model_graph graph = make_model_graph(make_gpt(model));
+  const auto plan = make_shard_plan(graph.params, o.shard_ranks, o.fsdp.bucketing());
   const bool blocked_attention = model.seq >= nn::blocked_from_seq_len;
   const double block = 22 * d + double(model.heads) * (blocked_attention ? 1.0 : double(model.seq));
   const double per_token = 2 * ((o.checkpointing ? block + layers * d : layers * block) + 2 * double(model.vocab));
-  return estimate_memory(plan, make_units(params, plan, o.fsdp.wrap), o.scalar_bytes, o.optimizer_states, o.fsdp,
+  return estimate_memory(plan, make_units(graph, plan, o.fsdp.wrap), o.scalar_bytes, o.optimizer_states, o.fsdp,
                          per_token * double(o.windows_per_rank * model.seq) * bytes);
 }
 

@@ -1,21 +1,22 @@
 #pragma once
 // kfsdp::network<Model, Scalar> — the compute of a model descriptor: one node per descriptor
 // node, each leaf running its layer's compute (train/ops.hpp) on views of the parameters the
-// descriptor declared. The nodes bind their parameters by the walk that builds param_table
-// (the same order, checked name by name), so nothing about the model is written twice.
+// descriptor declared. The nodes are built in the walk order of the model's graph
+// (model/model_graph.hpp) and read from it their parameter rows, ties and units (fsdp/units.hpp's
+// assign_units): the descriptor is walked once, and nothing here re-derives what the graph holds.
 //
 //   sequential<"", linear<"fc1", 4, 64>, gelu<>, linear<"fc2", 64, 1>, mse<>>
 //     -> sequence_node{ leaf(fc1: params 0..1), leaf(gelu), leaf(fc2: params 2..3), leaf(mse) }
 //   forward:  x [rows, 4] -> fc1 -> y1 [rows, 64] -> gelu -> y2 -> fc2 -> y3 [rows, 1] -> mse -> loss
 //   backward: loss -> dy3 -> dy2 -> dy1 -> (no gradient for the input: fc1 skips dx)
 //
-// Nodes that are FSDP units (blocks, copies of a repeat, or layers: fsdp/units.hpp) call the
+// Nodes that are FSDP units (blocks, copies of a repeat, or layers, as assign_units decides) call the
 // pass's enter_forward / enter_backward hooks; with checkpointing a unit keeps only its input in
 // forward and recomputes its forward at the start of its backward.
 
 #include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/model/containers.hpp>
-#include <kfsdp/model/param_table.hpp>
+#include <kfsdp/model/model_graph.hpp>
 #include <kfsdp/nn/detail/elementwise.hpp>
 #include <kfsdp/train/ops.hpp>
 
@@ -32,8 +33,6 @@
 #include <vector>
 
 namespace kfsdp {
-
-inline constexpr std::size_t no_unit = std::numeric_limits<std::size_t>::max();
 
 // What flows forward (value) and backward (gradient) for each kind of activation.
 struct no_gradient {};
@@ -84,34 +83,24 @@ class pass_context {
 
 namespace detail {
 
-// Construction state: where in the parameter table the walk is, and the features flowing in.
+// Construction state: the graph node being built (nodes are built in the graph's walk order, so a
+// node's graph record is the next one) and the features flowing in.
 struct network_builder {
-  std::span<const param_info> table;
-  std::vector<std::size_t> unit_of_param;
-  wrap_policy policy = wrap_policy::blocks;
-  std::size_t next_param = 0;
+  const model_graph* graph = nullptr;
+  unit_assignment units;
+  std::size_t next_node = 0;
   std::size_t width = 0;  // features given by the layer before (0: the model's input, not yet known)
   std::size_t input_width = 0;  // features the model takes (0: not known yet, or ids in)
   std::string previous = "the model's input";
-  bool inside_unit = false;
-  std::size_t current_unit = 0;  // the unit the layers being built run in (0: the root)
-  inline_string<max_param_name> prefix;
 
-  std::size_t index_of(std::string_view name) const {
-    for (std::size_t p = 0; p < table.size(); ++p)
-      if (table[p].name.view() == name) return p;
-    return table.size();
+  // The graph record of the node now built.
+  std::size_t take_node() {
+    if (next_node >= graph->nodes.size())
+      throw std::logic_error("kfsdp::network: the model has more nodes than its graph's " + std::to_string(graph->nodes.size()));
+    return next_node++;
   }
-  // A node that is a unit (unit != no_unit): the layers below run in it. Returns what to restore.
-  std::pair<bool, std::size_t> enter_unit(std::size_t unit) {
-    const std::pair<bool, std::size_t> saved{inside_unit, current_unit};
-    if (unit != no_unit) {
-      inside_unit = true;
-      current_unit = unit;
-    }
-    return saved;
-  }
-  void leave_unit(std::pair<bool, std::size_t> saved) { std::tie(inside_unit, current_unit) = saved; }
+  [[nodiscard]] const model_node& node(std::size_t n) const { return graph->nodes[n]; }
+  [[nodiscard]] std::size_t unit_of(std::size_t n) const { return units.of_node[n]; }
 };
 
 // Whether every element of m is finite (x - x is 0 for a finite x, NaN for an infinity or a NaN).
@@ -175,6 +164,40 @@ nn::matrix<S> ensure(nn::matrix<S>& m, const char* label, const std::string& lay
 template <class D, class S>
 struct node_of;
 
+// The table the caller gives (the trainer: its engine's) must be the model's, row by row.
+inline void check_table(const model_graph& graph, std::span<const param_info> table) {
+  if (table.size() != graph.params.size())
+    throw std::logic_error("kfsdp::network: the model has " + std::to_string(graph.params.size()) +
+                           " parameters, the table has " + std::to_string(table.size()));
+  for (std::size_t p = 0; p < table.size(); ++p) {
+    const param_info& want = graph.params[p];
+    if (table[p].name.view() != want.name.view() || table[p].rank != want.rank ||
+        !std::equal(want.shape.begin(), want.shape.begin() + want.rank, table[p].shape.begin()))
+      throw std::logic_error("kfsdp::network: row " + std::to_string(p) + " of the parameter table is '" +
+                             std::string(table[p].name.view()) + "' " + shape_string(std::span<const std::size_t>(table[p].shape.data(), table[p].rank)) +
+                             ", the model's is '" + std::string(want.name.view()) + "' " +
+                             shape_string(std::span<const std::size_t>(want.shape.data(), want.rank)));
+  }
+}
+
+// Every tie the graph records must bind: an owner the model has, of the shape the layer declares,
+// gathered whenever the layer runs (in the root or in the layer's own unit).
+inline void check_ties(const model_graph& graph, const unit_assignment& units) {
+  for (std::size_t n = 0; n < graph.nodes.size(); ++n) {
+    const model_node& node = graph.nodes[n];
+    if (!node.ties()) continue;
+    const std::string ties = "kfsdp::network: '" + layer_label(node) + "' ties '" + std::string(node.tied_name.view()) +
+                             "' to '" + std::string(node.tie_owner_name.view()) + "'";
+    if (node.tie_owner == model_node::none) throw std::invalid_argument(ties + ", which the model does not have");
+    if (!node.tie_shape_matches) throw std::invalid_argument(ties + " of another shape");
+    const std::size_t runs_in = units.runs_in[n], owner_unit = units.of_param[node.tie_owner];
+    if (owner_unit != 0 && owner_unit != runs_in)
+      throw std::invalid_argument("kfsdp::network: '" + layer_label(node) + "' (unit " + std::to_string(runs_in) +
+                                  ") ties to '" + std::string(node.tie_owner_name.view()) + "' of unit " +
+                                  std::to_string(owner_unit) + "; tie only to a parameter of the root or of the same unit");
+  }
+}
+
 }  // namespace detail
 
 template <class D, class S>
@@ -208,85 +231,15 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
   using out_tag = output_t<D>;
   using node_base<leaf_node, S, in_tag, out_tag>::unit;
 
-  leaf_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit)
+  leaf_node(const D& d, detail::network_builder& b, bool input_grad, bool /*wrapped*/)
       : desc_(d), op_(d), input_grad_(input_grad) {
-    name_ = std::string(b.prefix.view());
-    if (name_.empty()) name_ = "(unnamed layer)";
-    std::size_t own = 0, tied_index = b.table.size();  // the owner's row, when a parameter is tied
-    const auto decls = [&] {
-      if constexpr (requires { d.all_params(); }) return d.all_params();
-      else return d.params();
-    }();
-    for (const param_decl& decl : decls) {  // the same names, in the same order, as param_table
-      std::size_t index = b.next_param;
-      if constexpr (requires { D::tied_param; }) {
-        if (d.enabled && decl.name == D::tied_param.view()) {
-          index = tied_index = b.index_of(D::owner.view());
-          if (index == b.table.size())
-            throw std::invalid_argument("kfsdp::network: '" + name_ + "' ties '" + std::string(decl.name) + "' to '" +
-                                        std::string(D::owner.view()) + "', which the model does not have");
-          const param_info& owner = b.table[index];
-          if (owner.rank != decl.rank || !std::equal(decl.shape.begin(), decl.shape.begin() + decl.rank, owner.shape.begin()))
-            throw std::invalid_argument("kfsdp::network: '" + name_ + "' ties '" + std::string(decl.name) + "' to '" +
-                                        std::string(D::owner.view()) + "' of another shape");
-          push(index);
-          continue;
-        }
-      }
-      const auto expected = detail::join_name(b.prefix, decl.name);
-      if (index >= b.table.size() || b.table[index].name.view() != expected.view())
-        throw std::logic_error("kfsdp::network: layer '" + name_ + "' expected parameter '" + std::string(expected.view()) +
-                               "' at index " + std::to_string(index) + " of the parameter table");
-      push(index);
-      ++b.next_param;
-      ++own;
-    }
-    const std::size_t first_own = b.next_param - own;
-    if (own > 0 && !b.inside_unit && (as_unit || b.policy == wrap_policy::layers)) unit = b.unit_of_param[first_own];
-    if (tied_index != b.table.size()) {  // the owner must be gathered whenever this layer runs
-      const std::size_t runs_in = unit != no_unit ? unit : b.current_unit, owner_unit = b.unit_of_param[tied_index];
-      if (owner_unit != 0 && owner_unit != runs_in)
-        throw std::invalid_argument("kfsdp::network: '" + name_ + "' (unit " + std::to_string(runs_in) + ") ties to '" +
-                                    std::string(b.table[tied_index].name.view()) + "' of unit " + std::to_string(owner_unit) +
-                                    "; tie only to a parameter of the root or of the same unit");
-    }
-    if constexpr (std::is_same_v<in_tag, features>) {
-      if constexpr (requires { d.expected_in_features(); }) {
-        const std::size_t want = d.expected_in_features();
-        if (b.width == 0) b.input_width = want;  // the first layer's width is the model's
-        if (b.width != 0 && b.width != want)
-          throw std::invalid_argument("kfsdp::network: layer '" + name_ + "' takes " + std::to_string(want) +
-                                      " features, " + b.previous + " gives " + std::to_string(b.width));
-        b.width = want;
-      } else {
-        if (b.width == 0)
-          throw std::invalid_argument("kfsdp::network: layer '" + name_ +
-                                      "' comes first but does not say how many features it takes");
-        // A hand-written compute that reads per-feature parameters must say its width, or it could read past them.
-        if constexpr (!requires { op_.bind_width(std::size_t{}); })
-          for (const param_decl& decl : decls)
-            if (decl.rank != 1 || decl.shape[0] != 1)
-              throw std::invalid_argument("kfsdp::network: layer '" + name_ + "' has parameter '" + std::string(decl.name) +
-                                          "' " + shape_string(std::span<const std::size_t>(decl.shape.data(), decl.rank)) +
-                                          " but does not say how many features it takes: give it expected_in_features()"
-                                          " (or write it as a kfsdp::rowwise expression, whose widths are derived)");
-      }
-    }
-    in_ = b.width;
-    if constexpr (requires { op_.bind_width(in_); }) {  // a row-wise expression: its widths checked and derived
-      try {
-        out_ = op_.bind_width(in_);
-      } catch (const std::invalid_argument& e) {
-        throw std::invalid_argument("kfsdp::network: layer '" + name_ + "' cannot take the " + std::to_string(in_) +
-                                    " features " + b.previous + " gives: " + e.what());
-      }
-    } else if constexpr (requires { d.out_features_for(in_); }) {
-      out_ = d.out_features_for(in_);
-    } else {
-      out_ = in_;
-    }
-    b.width = out_;
-    b.previous = "'" + name_ + "' before it";
+    const std::size_t self = b.take_node();
+    const model_node& record = b.node(self);
+    name_ = record.name.empty() ? std::string("(unnamed layer)") : std::string(record.name.view());
+    unit = b.unit_of(self);
+    bind_params(record);
+    check_input_width(d, b);
+    derive_output_width(b);
   }
 
   value_t<out_tag, S> compute_forward(pass_context<S>& ctx, value_t<in_tag, S> x) {
@@ -333,10 +286,62 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
   [[nodiscard]] std::size_t out_features() const noexcept { return out_; }
 
  private:
-  void push(std::size_t index) {
-    if (count_ == index_.size())
+  // The table rows the compute reads, in its parameters' order (a tied slot reads the owner's row).
+  void bind_params(const model_node& record) {
+    if (record.bound_count() > index_.size())
       throw std::length_error("kfsdp::network: layer '" + name_ + "' has more than " + std::to_string(index_.size()) + " parameters");
-    index_[count_++] = index;
+    for (std::size_t slot = 0; slot < record.bound_count(); ++slot) index_[count_++] = record.bound_row(slot);
+  }
+
+  // The features this layer takes: what it says, checked against what the layer before gives.
+  void check_input_width(const D& d, detail::network_builder& b) {
+    if constexpr (std::is_same_v<in_tag, features>) {
+      if constexpr (requires { d.expected_in_features(); }) {
+        const std::size_t want = d.expected_in_features();
+        if (b.width == 0) b.input_width = want;  // the first layer's width is the model's
+        if (b.width != 0 && b.width != want)
+          throw std::invalid_argument("kfsdp::network: layer '" + name_ + "' takes " + std::to_string(want) +
+                                      " features, " + b.previous + " gives " + std::to_string(b.width));
+        b.width = want;
+      } else {
+        if (b.width == 0)
+          throw std::invalid_argument("kfsdp::network: layer '" + name_ +
+                                      "' comes first but does not say how many features it takes");
+        // A hand-written compute that reads per-feature parameters must say its width, or it could read past them.
+        if constexpr (!requires { op_.bind_width(std::size_t{}); })
+          for (const param_decl& decl : declared_params(d))
+            if (decl.rank != 1 || decl.shape[0] != 1)
+              throw std::invalid_argument("kfsdp::network: layer '" + name_ + "' has parameter '" + std::string(decl.name) +
+                                          "' " + shape_string(std::span<const std::size_t>(decl.shape.data(), decl.rank)) +
+                                          " but does not say how many features it takes: give it expected_in_features()"
+                                          " (or write it as a kfsdp::rowwise expression, whose widths are derived)");
+      }
+    }
+    in_ = b.width;
+  }
+
+  // The features it gives, from its input's.
+  void derive_output_width(detail::network_builder& b) {
+    if constexpr (requires { op_.bind_width(in_); }) {  // a row-wise expression: its widths checked and derived
+      try {
+        out_ = op_.bind_width(in_);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument("kfsdp::network: layer '" + name_ + "' cannot take the " + std::to_string(in_) +
+                                    " features " + b.previous + " gives: " + e.what());
+      }
+    } else if constexpr (requires { desc_.out_features_for(in_); }) {
+      out_ = desc_.out_features_for(in_);
+    } else {
+      out_ = in_;
+    }
+    b.width = out_;
+    b.previous = "'" + name_ + "' before it";
+  }
+
+  // Every parameter the compute reads, the tied one included.
+  static auto declared_params(const D& d) {
+    if constexpr (requires { d.all_params(); }) return d.all_params();
+    else return d.params();
   }
   std::span<const std::size_t> indices() const { return {index_.data(), count_}; }
 
@@ -358,8 +363,9 @@ class sequence_node : public node_base<sequence_node<D, S, C...>, S, input_t<D>,
   using out_tag = output_t<D>;
   using node_base<sequence_node, S, in_tag, out_tag>::unit;
 
-  sequence_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit)
-      : children_(make_children(d, b, input_grad, as_unit, std::index_sequence_for<C...>{})) {}
+  // wrapped: a residual around this node is the unit in its place.
+  sequence_node(const D& d, detail::network_builder& b, bool input_grad, bool wrapped)
+      : children_(make_children(d, b, input_grad, wrapped, std::index_sequence_for<C...>{})) {}
 
   value_t<out_tag, S> compute_forward(pass_context<S>& ctx, value_t<in_tag, S> x) { return forward_from<0>(ctx, x); }
   gradient_t<in_tag, S> compute_backward(pass_context<S>& ctx, gradient_t<out_tag, S> dy) {
@@ -372,21 +378,14 @@ class sequence_node : public node_base<sequence_node<D, S, C...>, S, input_t<D>,
 
  private:
   template <std::size_t... I>
-  std::tuple<node_t<C, S>...> make_children(const D& d, detail::network_builder& b, bool input_grad, bool as_unit,
+  std::tuple<node_t<C, S>...> make_children(const D& d, detail::network_builder& b, bool input_grad, bool wrapped,
                                             std::index_sequence<I...>) {
-    const bool is_unit = detail::count_params(d) > 0 && !b.inside_unit &&
-                         (as_unit || (D::kind == layer_kind::block && b.policy == wrap_policy::blocks));
-    if (is_unit) unit = b.unit_of_param[b.next_param];
-    const auto saved = b.enter_unit(unit);
-    const auto prefix = b.prefix;
+    const std::size_t self = b.take_node();
+    if (!wrapped) unit = b.unit_of(self);
     auto child = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) {
-      b.prefix = detail::join_name(prefix, std::tuple_element_t<J, std::tuple<C...>>::name.view());
       return node_t<std::tuple_element_t<J, std::tuple<C...>>, S>(std::get<J>(d.children), b, J == 0 ? input_grad : true, false);
     };
-    std::tuple<node_t<C, S>...> made{child(std::integral_constant<std::size_t, I>{})...};  // braces: in order
-    b.prefix = prefix;
-    b.leave_unit(saved);
-    return made;
+    return std::tuple<node_t<C, S>...>{child(std::integral_constant<std::size_t, I>{})...};  // braces: in order
   }
   template <std::size_t I, class X>
   auto forward_from(pass_context<S>& ctx, X x) {
@@ -408,10 +407,8 @@ class residual_node : public node_base<residual_node<D, S>, S, features, feature
  public:
   using node_base<residual_node, S, features, features>::unit;
 
-  residual_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit)
-      : input_grad_(input_grad), inner_(init(d, b, input_grad, as_unit)) {
-    b.leave_unit(saved_);
-  }
+  residual_node(const D& d, detail::network_builder& b, bool input_grad, bool /*wrapped*/)
+      : input_grad_(input_grad), inner_(init(d, b, input_grad)) {}
 
   value_t<features, S> compute_forward(pass_context<S>& ctx, value_t<features, S> x) {
     const nn::const_matrix<S> fx = inner_.compute_forward(ctx, x);
@@ -433,19 +430,19 @@ class residual_node : public node_base<residual_node<D, S>, S, features, feature
 
  private:
   using inner_type = node_t<typename D::base, S>;
-  inner_type init(const D& d, detail::network_builder& b, bool input_grad, bool as_unit) {
-    const bool is_unit = detail::count_params(d) > 0 && !b.inside_unit && as_unit;
-    if (is_unit) unit = b.unit_of_param[b.next_param];
-    saved_ = b.enter_unit(unit);
-    name_ = b.prefix.empty() ? std::string("(residual)") : "residual " + std::string(b.prefix.view());
+  inner_type init(const D& d, detail::network_builder& b, bool input_grad) {
+    // The residual and its branch are one graph node: the branch takes it, the residual is its unit.
+    const std::size_t self = b.next_node;
+    const auto& prefix = b.node(self).name;
+    unit = b.unit_of(self);
+    name_ = prefix.empty() ? std::string("(residual)") : "residual " + std::string(prefix.view());
     const std::size_t width = b.width;
-    inner_type inner(static_cast<const typename D::base&>(d), b, input_grad, false);
+    inner_type inner(static_cast<const typename D::base&>(d), b, input_grad, true);
     if (width != 0 && b.width != width)
-      throw std::invalid_argument("kfsdp::network: residual '" + std::string(b.prefix.view()) + "' takes " +
+      throw std::invalid_argument("kfsdp::network: residual '" + std::string(prefix.view()) + "' takes " +
                                   std::to_string(width) + " features but its branch gives " + std::to_string(b.width));
     return inner;
   }
-  std::pair<bool, std::size_t> saved_{};
   std::string name_;  // for the size checks' messages
   bool input_grad_;
   inner_type inner_;
@@ -459,8 +456,8 @@ class concat_node : public node_base<concat_node<D, S, C...>, S, features, featu
  public:
   using node_base<concat_node, S, features, features>::unit;
 
-  concat_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit)
-      : input_grad_(input_grad), children_(make_children(d, b, input_grad, as_unit, std::index_sequence_for<C...>{})) {}
+  concat_node(const D& d, detail::network_builder& b, bool input_grad, bool /*wrapped*/)
+      : input_grad_(input_grad), children_(make_children(d, b, input_grad, std::index_sequence_for<C...>{})) {}
 
   value_t<features, S> compute_forward(pass_context<S>& ctx, value_t<features, S> x) {
     const nn::matrix<S> out = detail::ensure(out_, "kfsdp::nn::activation", name_, x.extent(0), out_features());
@@ -494,19 +491,17 @@ class concat_node : public node_base<concat_node<D, S, C...>, S, features, featu
 
  private:
   template <std::size_t... I>
-  std::tuple<node_t<C, S>...> make_children(const D& d, detail::network_builder& b, bool input_grad, bool as_unit,
+  std::tuple<node_t<C, S>...> make_children(const D& d, detail::network_builder& b, bool input_grad,
                                             std::index_sequence<I...>) {
-    const bool is_unit = detail::count_params(d) > 0 && !b.inside_unit && as_unit;
-    if (is_unit) unit = b.unit_of_param[b.next_param];
-    const auto saved = b.enter_unit(unit);
-    const auto prefix = b.prefix;
+    const std::size_t self = b.take_node();
+    unit = b.unit_of(self);
+    const auto prefix = b.node(self).name;
     name_ = prefix.empty() ? std::string("(concat)") : "concat " + std::string(prefix.view());
     const std::size_t in = b.width;
     const std::string previous = b.previous;
     auto child = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) {
       b.width = in != 0 ? in : b.input_width;  // every child reads the concat's input
       b.previous = previous;
-      b.prefix = detail::join_name(prefix, std::tuple_element_t<J, std::tuple<C...>>::name.view());
       node_t<std::tuple_element_t<J, std::tuple<C...>>, S> made(std::get<J>(d.children), b, input_grad, false);
       first_column_[J + 1] = first_column_[J] + b.width;
       return made;
@@ -514,8 +509,6 @@ class concat_node : public node_base<concat_node<D, S, C...>, S, features, featu
     std::tuple<node_t<C, S>...> made{child(std::integral_constant<std::size_t, I>{})...};  // braces: in order
     b.width = first_column_.back();
     b.previous = "'" + std::string(prefix.view()) + "' before it";
-    b.prefix = prefix;
-    b.leave_unit(saved);
     return made;
   }
   template <class F>
@@ -542,7 +535,7 @@ class concat_node : public node_base<concat_node<D, S, C...>, S, features, featu
   nn::matrix<S> out_, dx_;
 };
 
-// N copies, each its own unit (wrap_policy::blocks).
+// N copies (with wrap_policy::blocks each its own unit, as assign_units decides).
 template <class D, class S>
 class repeat_node : public node_base<repeat_node<D, S>, S, input_t<D>, output_t<D>> {
  public:
@@ -551,19 +544,10 @@ class repeat_node : public node_base<repeat_node<D, S>, S, input_t<D>, output_t<
   using out_tag = output_t<D>;
   using node_base<repeat_node, S, in_tag, out_tag>::unit;
 
-  repeat_node(const D& d, detail::network_builder& b, bool input_grad, bool as_unit) {
-    const bool is_unit = detail::count_params(d) > 0 && !b.inside_unit && as_unit;
-    if (is_unit) unit = b.unit_of_param[b.next_param];
-    const auto saved = b.enter_unit(unit);
-    const bool copies_as_units = !b.inside_unit && b.policy == wrap_policy::blocks;
-    const auto prefix = b.prefix;
+  repeat_node(const D& d, detail::network_builder& b, bool input_grad, bool /*wrapped*/) {
+    unit = b.unit_of(b.take_node());
     copies_.reserve(d.count);
-    for (std::size_t i = 0; i < d.count; ++i) {
-      b.prefix = detail::join_name(prefix, inline_string<20>().append_number(i).view());
-      copies_.emplace_back(d.element, b, i == 0 ? input_grad : true, copies_as_units);
-    }
-    b.prefix = prefix;
-    b.leave_unit(saved);
+    for (std::size_t i = 0; i < d.count; ++i) copies_.emplace_back(d.element, b, i == 0 ? input_grad : true, false);
   }
 
   value_t<out_tag, S> compute_forward(pass_context<S>& ctx, value_t<in_tag, S> x) {
@@ -670,15 +654,16 @@ void network<Model, S>::release() {
 template <descriptor Model, class S>
 node_t<Model, S> network<Model, S>::build(const Model& model, std::span<const param_info> table, const wrap_options& wrap,
                                            std::size_t& in_features, std::size_t& out_features) {
+  const model_graph graph = make_model_graph(model);
+  detail::check_table(graph, table);
   detail::network_builder b;
-  b.table = table;
-  b.unit_of_param = unit_of_params(table, wrap);
-  b.policy = applied_policy(table, wrap.policy);  // as unit_of_params decides
-  b.prefix = inline_string<max_param_name>(Model::name.view());
+  b.graph = &graph;
+  b.units = assign_units(graph, wrap);
+  detail::check_ties(graph, b.units);
   node_t<Model, S> root(model, b, false, false);
-  if (b.next_param != table.size())
-    throw std::logic_error("kfsdp::network: the model binds " + std::to_string(b.next_param) + " parameters, the table has " +
-                           std::to_string(table.size()));
+  if (b.next_node != graph.nodes.size())
+    throw std::logic_error("kfsdp::network: the model built " + std::to_string(b.next_node) + " nodes, its graph has " +
+                           std::to_string(graph.nodes.size()));
   in_features = b.input_width;
   out_features = b.width;
   return root;
