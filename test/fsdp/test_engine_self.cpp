@@ -32,12 +32,12 @@ TEST_CASE("world size 1: the state dict is the initialised model, for every buck
 }
 
 namespace {
-// Drives a whole step through the unit hooks, as kfsdp::trainer does: the root first (kept),
+// Drives a whole step through the scheduler's transitions, as kfsdp::trainer's pass does: the root first (kept),
 // each block unit with the next one prefetched, backward in reverse. on_forward(u) runs inside
 // unit u's forward, on_backward(u) inside its backward (after its full gradients are set to 1).
 template <class E, class Forward, class Backward>
 void run_units(E& engine, Forward&& on_forward, Backward&& on_backward) {
-  unit_hooks& e = kfsdp::detail::unit_hook_access::of(engine);
+  auto& e = kfsdp::detail::scheduler_access::of(engine);
   const std::size_t n = e.units().size();
   auto next = [&](std::size_t u) { return u < n ? std::optional(u) : std::nullopt; };
   e.before_forward(0, next(1));
@@ -133,22 +133,25 @@ TEST_CASE("the schedule: zero3 holds the root and one unit in flight, zero2 keep
   for (float x : to_host(z3.grads().flat())) CHECK(x == 1.0f);
 }
 
-// What a user's code may call on an engine: never a unit hook, which only kfsdp::trainer drives.
+// What a user's code may call on an engine: never a unit transition, nor the scheduler that makes
+// them, which only kfsdp::trainer drives.
 template <class E>
 concept user_can_call_unit_hooks =
-    std::is_convertible_v<E&, unit_hooks&> || requires(E& e) { e.before_forward(0); } || requires(E& e) {
+    std::is_convertible_v<E&, unit_scheduler<float>&> || std::is_convertible_v<E&, unit_scheduler<double>&> ||
+    requires(E& e) { e.schedule_; } || requires(E& e) { e.begin_forward(); } || requires(E& e) { e.enter_forward(1); } ||
+    requires(E& e) { e.hold_full_model(); } || requires(E& e) { e.before_forward(0); } || requires(E& e) {
       e.after_forward(0);
     } || requires(E& e) { e.before_backward(0); } || requires(E& e) { e.after_backward(0); } || requires(E& e) {
       e.finish_backward();
     } || requires(E& e) { e.reshard_all(); };
 static_assert(!user_can_call_unit_hooks<fsdp<tiny_gpt, float, zero3, block_bucketing>>);
 static_assert(!user_can_call_unit_hooks<fsdp<tiny_gpt, double>>);
-static_assert(user_can_call_unit_hooks<unit_hooks>);  // the check itself sees a callable hook
+static_assert(user_can_call_unit_hooks<unit_scheduler<float>>);  // the check itself sees a callable hook
 
 TEST_CASE("a hook out of order names the unit and the state it was in") {
   comm::self one;
   fsdp<tiny_gpt, float, zero3, block_bucketing> engine(tiny_gpt{}, one);
-  unit_hooks& e = kfsdp::detail::unit_hook_access::of(engine);
+  auto& e = kfsdp::detail::scheduler_access::of(engine);
   CHECK_THROWS_WITH_AS(e.after_backward(1),
                        "kfsdp::fsdp: after_backward(unit 1 'transformer.h.0') while the unit is 'sharded', expected 'backward'",
                        std::logic_error);

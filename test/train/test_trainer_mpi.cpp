@@ -166,14 +166,14 @@ TEST_CASE("the units come from the tree; a hook out of order names the unit and 
   CHECK(engine.units()[1].name == "hidden.0.fc");  // the dotted prefix its parameters share
   CHECK(engine.units()[3].name == "hidden.2.fc");
   try {
-    kfsdp::detail::unit_hook_access::of(engine).after_backward(2);
+    kfsdp::detail::scheduler_access::of(engine).after_backward(2);
     FAIL("after_backward before before_backward must throw");
   } catch (const std::logic_error& e) {
     CHECK(std::string(e.what()) ==
           "kfsdp::fsdp: after_backward(unit 2 'hidden.1.fc') while the unit is 'sharded', expected 'backward'");
   }
-  kfsdp::detail::unit_hook_access::of(engine).before_forward(1, 2);
-  CHECK_THROWS_WITH_AS(kfsdp::detail::unit_hook_access::of(engine).before_backward(1), doctest::Contains("while the unit is 'forward', expected 'forward done'"),
+  kfsdp::detail::scheduler_access::of(engine).before_forward(1, 2);
+  CHECK_THROWS_WITH_AS(kfsdp::detail::scheduler_access::of(engine).before_backward(1), doctest::Contains("while the unit is 'forward', expected 'forward done'"),
                        std::logic_error);
   // Every layer its own unit: a block's bucket spanning two of them is refused, naming it.
   using two_layer_block = kfsdp::sequential<"", kfsdp::block<"b", kfsdp::linear<"l1", 2, 2>, kfsdp::linear<"l2", 2, 2>>, kfsdp::mse<>>;

@@ -121,8 +121,6 @@ class predictor {
   // The forward's view of the parameters; a predictor has no units to gather and no gradients.
   struct forward_only final : pass_context<Scalar> {
     explicit forward_only(predictor& p) : owner(p) {}
-    void enter_forward(std::size_t) override {}
-    void enter_backward(std::size_t) override {}
     layer_params<const Scalar> params(std::span<const std::size_t> indices) override {
       layer_params<const Scalar> p;
       for (const std::size_t i : indices) p.push(owner.params_[i], owner.table_[i]);

@@ -10,10 +10,11 @@
 //   forward:  x [rows, 4] -> fc1 -> y1 [rows, 64] -> gelu -> y2 -> fc2 -> y3 [rows, 1] -> mse -> loss
 //   backward: loss -> dy3 -> dy2 -> dy1 -> (no gradient for the input: fc1 skips dx)
 //
-// Nodes that are FSDP units (blocks, copies of a repeat, or layers, as assign_units decides) call the
-// pass's enter_forward / enter_backward hooks; with checkpointing a unit keeps only its input in
+// Nodes that are FSDP units (blocks, copies of a repeat, or layers, as assign_units decides) tell
+// the pass's scheduler (fsdp/scheduler.hpp) when they are entered; with checkpointing a unit keeps only its input in
 // forward and recomputes its forward at the start of its backward.
 
+#include <kfsdp/fsdp/scheduler.hpp>
 #include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/model/containers.hpp>
 #include <kfsdp/model/model_graph.hpp>
@@ -58,17 +59,29 @@ using value_t = typename flow<Tag, S>::value;
 template <class Tag, class S>
 using gradient_t = typename flow<Tag, S>::gradient;
 
-// The trainer's side of a pass: unit hooks, parameter views, targets and the loss scale.
+// The trainer's side of a pass: its unit scheduler, parameter views, targets and the loss scale.
+// Entering a unit is a plain call into the scheduler; the parameters' views, which a trainer and a
+// predictor hold differently, are the one virtual seam (a call a layer and pass).
 template <class S>
 class pass_context {
  public:
   virtual ~pass_context() = default;
-  virtual void enter_forward(std::size_t unit) = 0;
-  virtual void enter_backward(std::size_t unit) = 0;
   // The parameters (gradients) of these indices of the parameter table, in order.
   virtual layer_params<const S> params(std::span<const std::size_t> indices) = 0;
   virtual layer_params<S> grads(std::span<const std::size_t> indices) = 0;
 
+  void enter_forward(std::size_t unit) {
+    if (schedule) schedule->enter_forward(unit);
+  }
+  void enter_backward(std::size_t unit) {
+    if (schedule) schedule->enter_backward(unit);
+  }
+  // Under checking_outputs, each layer's: whether its output is finite, in forward order.
+  void output_checked(const std::string& layer, bool finite) {
+    checked.push_back({layer, schedule ? schedule->current().name : layer, finite});
+  }
+
+  unit_scheduler<S>* schedule = nullptr;  // null: nothing to gather (a predictor holds every parameter)
   nn::const_index_vector target_ids;  // for a loss over class ids
   nn::const_matrix<S> target_values;  // for a loss over values
   nn::const_matrix<S> predictions;    // set by forward: the loss layer's input
@@ -76,9 +89,13 @@ class pass_context {
   bool checkpointing = false;         // units keep only their input; backward recomputes
   bool recomputing = false;
   // Set while the trainer looks for where a loss went non-finite: each layer then reports, in
-  // forward order, whether its output is finite.
+  // forward order, whether its output is finite (with the unit it ran in).
   bool checking_outputs = false;
-  virtual void output_checked(const std::string& /*layer*/, bool /*finite*/) {}
+  struct checked_output {
+    std::string layer, unit;
+    bool finite;
+  };
+  std::vector<checked_output> checked;
 };
 
 namespace detail {

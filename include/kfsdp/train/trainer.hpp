@@ -122,7 +122,7 @@ class trainer_core {
 
   // The engine (its policy-independent part; trainer::engine() gives the fsdp<...> type itself).
   [[nodiscard]] fsdp_engine<Scalar>& engine() noexcept { return engine_; }
-  [[nodiscard]] const std::vector<fsdp_unit>& units() const noexcept { return hooks_.units(); }
+  [[nodiscard]] const std::vector<fsdp_unit>& units() const noexcept { return schedule_.units(); }
   [[nodiscard]] trainer_options& options() noexcept { return options_; }
 
   // Every parameter from its layer's default (param_info::init), or from choose(info).
@@ -146,14 +146,14 @@ class trainer_core {
     const double global_rows = rows[0];
     if (global_rows == 0) throw std::invalid_argument("kfsdp::trainer::step: the global batch has no rows");
     // Each rank's loss gradient is scaled so that the engine's average over ranks is the gradient of the global mean.
-    schedule_.grad_scale = Scalar(1) / Scalar(global_rows / double(engine_.data_parallel_size()));
+    pass_.grad_scale = Scalar(1) / Scalar(global_rows / double(engine_.data_parallel_size()));
     double loss_sum = 0;
     for (std::size_t k = 0; k < micro_batches.size(); ++k) {
       const batch& b = micro_batches[k];
       const bool sync = accumulation == grad_accumulation::sharded || k + 1 == micro_batches.size();
       const double mean = double(forward(b.inputs, b.targets));
       backward(sync);
-      hooks_.finish_backward();  // the next micro-batch accumulates into the buffers these reduce
+      schedule_.finish_backward();  // the next micro-batch accumulates into the buffers these reduce
       loss_sum += mean * double(rows_of(b.inputs));
     }
     step_result result;
@@ -213,8 +213,8 @@ class trainer_core {
   nn::matrix<Scalar> predict(input_type inputs) {
     forward(inputs, target_type{});
     nn::matrix<Scalar> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::predictions"),
-                           schedule_.predictions.extent(0), schedule_.predictions.extent(1));
-    Kokkos::deep_copy(out, schedule_.predictions);
+                           pass_.predictions.extent(0), pass_.predictions.extent(1));
+    Kokkos::deep_copy(out, pass_.predictions);
     end_evaluation();
     return out;
   }
@@ -222,16 +222,11 @@ class trainer_core {
   // Runs f() with every parameter gathered once (many predictions: sampling text), then reshards.
   template <class F>
   decltype(auto) with_full_model(F&& f) {
-    for (std::size_t b = 0; b < engine_.plan().buckets.size(); ++b) engine_.begin_unshard(b);
-    for (std::size_t b = 0; b < engine_.plan().buckets.size(); ++b) engine_.finish_unshard(b);
+    schedule_.hold_full_model();
     struct restore {
-      trainer_core& t;
-      ~restore() {
-        t.schedule_.full_model = false;
-        for (std::size_t b = 0; b < t.engine_.plan().buckets.size(); ++b) t.engine_.reshard(b);
-      }
-    } guard{*this};
-    schedule_.full_model = true;
+      unit_scheduler<Scalar>& schedule;
+      ~restore() { schedule.release_full_model(); }
+    } guard{schedule_};
     return f();
   }
 
@@ -240,8 +235,8 @@ class trainer_core {
   [[nodiscard]] std::size_t peak_activation_bytes() const noexcept { return peak_activations_; }
 
  protected:
-  trainer_core(fsdp_engine<Scalar>& engine, unit_hooks& hooks, const Model& model, trainer_options t)
-      : engine_(engine), hooks_(hooks), network_(model, engine.params(), engine.options().wrap), options_(t), schedule_(*this) {
+  trainer_core(fsdp_engine<Scalar>& engine, unit_scheduler<Scalar>& schedule, const Model& model, trainer_options t)
+      : engine_(engine), schedule_(schedule), network_(model, engine.params(), engine.options().wrap), options_(t), pass_(engine, schedule) {
     activation_meter::install();
     engine_.set_grad_norm_with_reductions(true);  // step() reads the norm every time
   }
@@ -258,18 +253,18 @@ class trainer_core {
     std::vector<std::string> places;
     std::vector<double> hit;  // per place: 1 where this rank saw a non-finite value, then summed over ranks
     if (!loss_finite) {
-      schedule_.checked.clear();
-      schedule_.checking_outputs = true;
+      pass_.checked.clear();
+      pass_.checking_outputs = true;
       for (const batch& b : micro_batches) {
         forward(b.inputs, b.targets);
         end_evaluation();
       }
-      schedule_.checking_outputs = false;
-      const std::size_t layers = schedule_.checked.size() / micro_batches.size();  // the same layers each time
+      pass_.checking_outputs = false;
+      const std::size_t layers = pass_.checked.size() / micro_batches.size();  // the same layers each time
       hit.assign(layers, 0.0);
-      for (std::size_t i = 0; i < schedule_.checked.size(); ++i)
-        if (!schedule_.checked[i].finite) hit[i % layers] = 1.0;
-      for (const auto& [layer, unit, finite] : std::span(schedule_.checked).first(layers))  // the unit where it is not the layer
+      for (std::size_t i = 0; i < pass_.checked.size(); ++i)
+        if (!pass_.checked[i].finite) hit[i % layers] = 1.0;
+      for (const auto& [layer, unit, finite] : std::span(pass_.checked).first(layers))  // the unit where it is not the layer
         places.push_back(fmt::format("the output of layer '{}'{}", layer, unit == layer ? "" : " (unit '" + unit + "')"));
       hit.push_back(1.0);  // every layer's output finite: the loss layer made it
       places.push_back("the loss layer (its input is finite)");
@@ -294,112 +289,51 @@ class trainer_core {
   }
 
   Scalar forward(input_type inputs, target_type targets) {
-    schedule_.set_targets(targets);
-    schedule_.checkpointing = options_.checkpointing;
+    pass_.set_targets(targets);
+    pass_.checkpointing = options_.checkpointing;
     schedule_.begin_forward();
-    const Scalar loss_value = network_.forward(schedule_, inputs);
+    const Scalar loss_value = network_.forward(pass_, inputs);
     schedule_.end_forward();
     return loss_value;
   }
   void backward(bool sync) {
-    schedule_.sync = sync;
-    schedule_.begin_backward();
-    network_.backward(schedule_);
+    schedule_.begin_backward(sync);
+    network_.backward(pass_);
     schedule_.end_backward();
     peak_activations_ = activation_meter::peak();
   }
   void end_evaluation() {
-    if (!schedule_.full_model) hooks_.reshard_all();
+    schedule_.end_evaluation();
   }
 
-  // The unit schedule the network's nodes drive (pass_context's hooks).
-  class unit_schedule final : public pass_context<Scalar> {
+  // A pass's view of the engine: the full parameters and gradients the layers read and write.
+  class training_pass final : public pass_context<Scalar> {
    public:
-    explicit unit_schedule(trainer_core& t) : t_(t) {}
-    bool sync = true;
-    bool full_model = false;
-
+    training_pass(fsdp_engine<Scalar>& engine, unit_scheduler<Scalar>& schedule) : engine_(engine) {
+      this->schedule = &schedule;
+    }
     void set_targets(nn::const_index_vector ids) { this->target_ids = ids; }
     void set_targets(nn::const_matrix<Scalar> v) { this->target_values = v; }
-
-    void begin_forward() {
-      if (full_model) return;
-      t_.hooks_.before_forward(0, next(0, +1));
-      current_ = 0;
-      region("forward root");
-    }
-    void end_forward() {
-      if (full_model) return;
-      region_.reset();
-      if (current_ != 0) t_.hooks_.after_forward(current_);
-      t_.hooks_.after_forward(0);
-    }
-    void begin_backward() {
-      t_.hooks_.before_backward(0, next(t_.units().size(), -1));
-      current_ = 0;
-      region("backward root");
-    }
-    void end_backward() {
-      region_.reset();
-      if (current_ != 0) t_.hooks_.after_backward(current_, sync);
-      t_.hooks_.after_backward(0, sync);
-    }
-    void enter_forward(std::size_t unit) override {
-      if (full_model || unit == current_) return;
-      region_.reset();
-      if (current_ != 0) t_.hooks_.after_forward(current_);
-      t_.hooks_.before_forward(unit, next(unit, +1));
-      current_ = unit;
-      region("forward " + t_.units()[unit].name);
-    }
-    void enter_backward(std::size_t unit) override {
-      if (unit == current_) return;
-      region_.reset();
-      if (current_ != 0) t_.hooks_.after_backward(current_, sync);
-      t_.hooks_.before_backward(unit, next(unit, -1));
-      current_ = unit;
-      region("backward " + t_.units()[unit].name);
-    }
-    struct checked_output {
-      std::string layer, unit;
-      bool finite;
-    };
-    std::vector<checked_output> checked;  // while checking_outputs: every layer's, in forward order
-    void output_checked(const std::string& layer, bool finite) override {
-      checked.push_back({layer, t_.units()[current_].name, finite});
-    }
     layer_params<const Scalar> params(std::span<const std::size_t> indices) override {
       layer_params<const Scalar> p;
-      for (std::size_t i : indices) p.push(t_.engine_.full_param(i), t_.engine_.params()[i]);
+      for (std::size_t i : indices) p.push(engine_.full_param(i), engine_.params()[i]);
       return p;
     }
     layer_params<Scalar> grads(std::span<const std::size_t> indices) override {
       layer_params<Scalar> g;  // a tied parameter's uses all accumulate into its one full gradient
-      for (std::size_t i : indices) g.push(t_.engine_.full_grad(i), t_.engine_.params()[i]);
+      for (std::size_t i : indices) g.push(engine_.full_grad(i), engine_.params()[i]);
       return g;
     }
 
    private:
-    // The unit to prefetch after `unit` in this direction (never the root: it is gathered first).
-    std::optional<std::size_t> next(std::size_t unit, int direction) const {
-      const std::size_t n = t_.units().size();
-      const std::size_t u = direction > 0 ? unit + 1 : unit - 1;
-      if (u == 0 || u >= n) return std::nullopt;
-      return u;
-    }
-    void region(std::string name) {
-      if (t_.engine_.trace()) region_.emplace(t_.engine_.trace(), std::move(name), "compute", trace_recorder::compute_lane, -1, 0);
-    }
-    trainer_core& t_;
-    std::size_t current_ = 0;
-    std::optional<trace_recorder::scope> region_;
+    fsdp_engine<Scalar>& engine_;
   };
 
   fsdp_engine<Scalar>& engine_;
-  unit_hooks& hooks_;
+  unit_scheduler<Scalar>& schedule_;
   network<Model, Scalar> network_;
   trainer_options options_;
-  unit_schedule schedule_;
+  training_pass pass_;
   std::size_t peak_activations_ = 0;
 };
 
@@ -419,7 +353,7 @@ class trainer : private detail::engine_holder<fsdp<Model, Scalar, Policies...>>,
   using engine_type = fsdp<Model, Scalar, Policies...>;
 
   trainer(const Model& model, comm::any_communicator comm, const fsdp_options& options = {}, trainer_options t = {})
-      : holder{engine_type(model, std::move(comm), options)}, trainer_core<Model, Scalar>(holder::held, holder::held, model, t) {}
+      : holder{engine_type(model, std::move(comm), options)}, trainer_core<Model, Scalar>(holder::held, holder::held.schedule_, model, t) {}
 
   [[nodiscard]] engine_type& engine() noexcept { return holder::held; }
 };
