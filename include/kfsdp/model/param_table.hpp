@@ -22,10 +22,14 @@
 namespace kfsdp {
 
 namespace detail {
+// Evaluated once on its own, so that the table's evaluation below does not count the walk twice
+// against the compiler's constexpr step limit (a 96-block GPT needs it).
+template <descriptor Model>
+inline constexpr std::size_t static_param_count = make_model_graph(Model{}).params.size();
+
 template <descriptor Model>
 constexpr auto make_static_param_table() {
-  constexpr std::size_t count = make_model_graph(Model{}).params.size();
-  std::array<param_info, count> table{};
+  std::array<param_info, static_param_count<Model>> table{};
   const model_graph graph = make_model_graph(Model{});
   std::copy(graph.params.begin(), graph.params.end(), table.begin());
   return table;
