@@ -42,6 +42,7 @@ module;
 #include <kfsdp/fsdp/pack.hpp>
 #include <kfsdp/fsdp/policies.hpp>
 #include <kfsdp/fsdp/quantize.hpp>
+#include <kfsdp/fsdp/scheduler.hpp>
 #include <kfsdp/fsdp/storage.hpp>
 #include <kfsdp/fsdp/trace.hpp>
 #include <kfsdp/fsdp/units.hpp>
