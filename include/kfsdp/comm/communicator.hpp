@@ -135,6 +135,31 @@ struct native_stream {
 template <class State>
 concept orders_streams = requires(State& state, native_stream stream) { state.complete_before(stream); };
 
+namespace detail {
+// test() and wait() of a request state that has one step more once the operation it holds
+// completes (copy a result out, multiply it, unpack it): Derived gives awaited(), that operation,
+// and finish(), the step, which runs once.
+//   struct staged : detail::finished_on_completion<staged> {
+//     request on_host;
+//     request& awaited() { return on_host; }
+//     void finish() { copy_out(); }
+//   };
+template <class Derived>
+struct finished_on_completion {
+  bool test() {
+    Derived& self = static_cast<Derived&>(*this);
+    if (!self.awaited().test()) return false;
+    self.finish();
+    return true;
+  }
+  void wait() {
+    Derived& self = static_cast<Derived&>(*this);
+    self.awaited().wait();
+    self.finish();
+  }
+};
+}  // namespace detail
+
 // A type-erased handle on one non-blocking collective.
 //
 // Move-only. An empty request (default-constructed, waited on, or moved from) counts as complete:

@@ -199,22 +199,15 @@ void transfer(span_in<T, ToSpace> to, span_in<const T, FromSpace> from) {
 // (or a path of one) that cannot fold the factor into its last addition. Same bits as the fold for
 // float and double.
 template <class T, class Space>
-struct multiplied_on_completion {
+struct multiplied_on_completion : finished_on_completion<multiplied_on_completion<T, Space>> {
   request sums;
   span_in<T, Space> recv;
   scale_type<T> factor;
-  bool test() {
-    if (!sums.test()) return false;
-    multiply(recv, factor);
-    return true;
-  }
-  void wait() {
-    sums.wait();
-    multiply(recv, factor);
-  }
+  request& awaited() { return sums; }
+  void finish() { multiply(recv, factor); }
   // On the stream the multiply runs on, nothing blocks the host; on any other, it waits.
   void complete_before(native_stream stream) {
-    if (!runs_on<Space>(stream)) return wait();
+    if (!runs_on<Space>(stream)) return this->wait();
     sums.complete_before(stream);
     multiply_in_stream_order(recv, factor);
   }
@@ -222,27 +215,22 @@ struct multiplied_on_completion {
 template <class T, class Space>
 [[nodiscard]] request multiplied_once_complete(request sums, span_in<T, Space> recv, scale_type<T> factor) {
   if (factor == scale_type<T>(1)) return sums;
-  return request(multiplied_on_completion<T, Space>{std::move(sums), recv, factor});
+  return request(multiplied_on_completion<T, Space>{{}, std::move(sums), recv, factor});
 }
 
 // The same for a batch whose sums complete together (nccl's group): every part's recv multiplied
 // once they are in.
 template <class T, class Space>
-struct parts_multiplied_on_completion {
+struct parts_multiplied_on_completion : finished_on_completion<parts_multiplied_on_completion<T, Space>> {
   request sums;
   std::vector<span_in<T, Space>> recvs;
   scale_type<T> factor;
-  bool test() {
-    if (!sums.test()) return false;
-    for (const span_in<T, Space>& recv : recvs) multiply(recv, factor);
-    return true;
-  }
-  void wait() {
-    sums.wait();
+  request& awaited() { return sums; }
+  void finish() {
     for (const span_in<T, Space>& recv : recvs) multiply(recv, factor);
   }
   void complete_before(native_stream stream) {
-    if (!runs_on<Space>(stream)) return wait();
+    if (!runs_on<Space>(stream)) return this->wait();
     sums.complete_before(stream);
     for (const span_in<T, Space>& recv : recvs) multiply_in_stream_order(recv, factor);
   }

@@ -159,7 +159,7 @@ KFSDP_EXPORT class nccl {
       return sums;
     } else {
       if (factor == scale_type<T>(1)) return sums;
-      return request(detail::parts_multiplied_on_completion<T, Space>{std::move(sums), std::move(recvs), factor});
+      return request(detail::parts_multiplied_on_completion<T, Space>{{}, std::move(sums), std::move(recvs), factor});
     }
   }
   template <element T, class Space>

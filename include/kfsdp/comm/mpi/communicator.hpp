@@ -141,7 +141,7 @@ KFSDP_EXPORT class mpi {
     // rank posts the typed message first, then the parts alone in the parts' order.
     const int tag = next_tag();
     const std::size_t messages = (batched.empty() ? 0 : 1) + alone.size();
-    gather_batch<T> batch{{{}, function, options_.timeout, rank_, size_}, {}};
+    gather_batch<T> batch{{}, {{}, function, options_.timeout, rank_, size_}, {}};
     std::vector<MPI_Request>& handles = batch.messages.handles;
     handles.reserve(2 * messages * static_cast<std::size_t>(size_ - 1));
     for (int peer = 0; peer < size_; ++peer) {
@@ -371,7 +371,7 @@ KFSDP_EXPORT class mpi {
   // while they travel it was slower (0.17-0.20 against 0.16-0.18 ms at 2 ranks, 4 parts of
   // 256 KiB), the peers' single-copy reads progressing only inside MPI calls.
   template <class T>
-  struct gather_batch {
+  struct gather_batch : detail::finished_on_completion<gather_batch<T>> {
     struct own_chunk {
       const T* from;
       T* to;
@@ -380,16 +380,8 @@ KFSDP_EXPORT class mpi {
     pending_mpi<std::vector<MPI_Request>> messages;
     std::vector<own_chunk> own;
 
-    bool test() {
-      if (!messages.test()) return false;
-      copy_own();
-      return true;
-    }
-    void wait() {
-      messages.wait();
-      copy_own();
-    }
-    void copy_own() {
+    pending_mpi<std::vector<MPI_Request>>& awaited() { return messages; }
+    void finish() {
       for (const own_chunk& chunk : own) std::copy_n(chunk.from, chunk.count, chunk.to);
     }
   };
@@ -422,20 +414,12 @@ KFSDP_EXPORT class mpi {
   // (empty: nothing to copy, e.g. a broadcast's root). The copies outlive on_host, which is
   // declared after them and so destroyed (waited on) first.
   template <class T, class Space>
-  struct staged {
+  struct staged : detail::finished_on_completion<staged<T, Space>> {
     staged(std::size_t count, span_in<T, Space> result) : output(count), target(result) {}
     [[nodiscard]] span_in<T, staging_space> host() const noexcept { return output.span(); }
 
-    bool test() {
-      if (!on_host.test()) return false;
-      copy_out();
-      return true;
-    }
-    void wait() {
-      on_host.wait();
-      copy_out();
-    }
-    void copy_out() {
+    request& awaited() { return on_host; }
+    void finish() {
       if (target.data() != nullptr) detail::transfer(target, span_in<const T, staging_space>(output.span()));
       target = {};
     }
@@ -455,7 +439,7 @@ KFSDP_EXPORT class mpi {
   // rank-major (FSDP2's chunk_cat), the sums unpacked into the recvs once they are in. E.g. parts
   // of 2 and 3 elements a rank at 2 ranks: packed = [p0 chunk 0 | p1 chunk 0 | p0 chunk 1 | p1 chunk 1].
   template <class T, class Space>
-  struct packed_parts {
+  struct packed_parts : detail::finished_on_completion<packed_parts<T, Space>> {
     packed_parts(int size, std::span<const reduce_scatter_part<T, Space>> batch, std::size_t total,
                  scale_type<T> scale)
         : parts(batch.begin(), batch.end()), packed(static_cast<std::size_t>(size) * total), sums(total), factor(scale) {
@@ -464,16 +448,8 @@ KFSDP_EXPORT class mpi {
         for (const reduce_scatter_part<T, Space>& part : parts)
           into = std::copy_n(part.send.data() + static_cast<std::size_t>(rank) * part.recv.size(), part.recv.size(), into);
     }
-    bool test() {
-      if (!sums_pending.test()) return false;
-      unpack();
-      return true;
-    }
-    void wait() {
-      sums_pending.wait();
-      unpack();
-    }
-    void unpack() {
+    request& awaited() { return sums_pending; }
+    void finish() {
       const T* from = sums.span().data();
       for (const reduce_scatter_part<T, Space>& part : parts) {
         T* to = part.recv.data();
