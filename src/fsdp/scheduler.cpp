@@ -12,7 +12,7 @@ unit_scheduler<Scalar>::unit_scheduler(fsdp_engine<Scalar>& engine, std::vector<
 
 template <class Scalar>
 auto unit_scheduler<Scalar>::state(std::size_t unit) const -> unit_state {
-  return state_.at(checked(unit, "state"));
+  return state_[checked(unit, "state")];
 }
 
 template <class Scalar>

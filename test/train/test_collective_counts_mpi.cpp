@@ -174,6 +174,39 @@ kfsdp::io::array_dataset samples() {
   return kfsdp::io::array_dataset(x, 3, y, 1);
 }
 
+// wide_model in f32 with these options over `shards`: one SGD step, then measure(t, second_step).
+template <class Measure>
+void after_one_step(counting& shards, const kfsdp::io::array_dataset& data, const kfsdp::fsdp_options& options,
+                    Measure&& measure) {
+  kfsdp::with_trainer<float>(wide_model{}, shards, options, {}, [&](auto& t) {
+    t.initialize(5);
+    kfsdp::optim::sgd<float> sgd(t.engine().plan().shard_numel, {.lr = 0.01f});
+    const auto ranks = std::size_t(shards.size()), rank = std::size_t(shards.rank());
+    const auto step = [&](std::size_t s) {
+      auto [x, y] = data.rank_slice<float>(data.micro_batch(1, s, 24 / ranks * ranks), rank, ranks);
+      (void)t.step({{x, y}}, sgd);
+    };
+    step(0);
+    measure(t, [&] { step(1); });
+  });
+}
+
+// Bytes one rank's bucket b puts on the wire a collective: int8 blocks, or f32 values.
+std::size_t bucket_wire_bytes(const kfsdp::shard_mapping& map, std::size_t b, bool int8) {
+  return int8 ? kfsdp::int8_bucket_blocks(map, b).bytes() : map.bucket(b).count * sizeof(float);
+}
+
+// One step's bytes in f32 and int8 against the theory: to the byte, and the ratio within 1 % of full blocks'.
+void check_int8_bytes(const std::string& what, int ranks, kfsdp::bucketing bucketing, const std::size_t (&measured)[2],
+                      const std::size_t (&theory)[2]) {
+  const double ratio = double(measured[1]) / double(measured[0]);
+  MESSAGE("int8 / f32 ", what, " bytes at ", ranks, " ranks, ", kfsdp::to_string(bucketing), ": ", ratio,
+          " (theory for full blocks: ", (1 + 4.0 / 256) / 4, ")");
+  CHECK(measured[0] == theory[0]);
+  CHECK(measured[1] == theory[1]);  // to the byte: the wire buffers' layout (int8_blocks)
+  CHECK(ratio == doctest::Approx((1 + 4.0 / 256) / 4).epsilon(0.01));
+}
+
 }  // namespace collective_counts
 using namespace collective_counts;
 
@@ -245,7 +278,6 @@ TEST_CASE("collectives per step: per bucket 1 all-gather (+1 in backward under Z
 
 TEST_CASE("int8 all-gather bytes per step: the theory (1 byte a value, 4 a block of 256), within 1 % of 0.2539 of f32") {
   comm::mpi world;
-  const int n = world.size();
   const auto data = samples();
   for (const auto bucketing : {kfsdp::bucketing::none, kfsdp::bucketing::layer, kfsdp::bucketing::block}) {
     CAPTURE(kfsdp::to_string(bucketing));
@@ -253,38 +285,23 @@ TEST_CASE("int8 all-gather bytes per step: the theory (1 byte a value, 4 a block
     std::size_t theory[2] = {};
     for (const auto wire : {kfsdp::wire_precision::scalar, kfsdp::wire_precision::int8}) {
       counting shards{world};
-      kfsdp::with_trainer<float>(wide_model{}, shards, {.bucketing_strategy = bucketing, .param_dtype = wire}, {},
-                                 [&](auto& t) {
-        t.initialize(5);
-        kfsdp::optim::sgd<float> sgd(t.engine().plan().shard_numel, {.lr = 0.01f});
-        const auto ranks = std::size_t(shards.size()), rank = std::size_t(shards.rank());
-        const auto step = [&](std::size_t s) {
-          auto [x, y] = data.rank_slice<float>(data.micro_batch(1, s, 24 / std::size_t(n) * ranks), rank, ranks);
-          (void)t.step({{x, y}}, sgd);
-        };
-        step(0);
+      const bool int8 = wire == kfsdp::wire_precision::int8;
+      after_one_step(shards, data, {.bucketing_strategy = bucketing, .param_dtype = wire}, [&](auto& t, auto second_step) {
         const std::size_t before = shards.all_gather_bytes;
-        step(1);
-        const bool int8 = wire == kfsdp::wire_precision::int8;
+        second_step();
         gathered[int8] = shards.all_gather_bytes - before;
         const kfsdp::shard_mapping map(t.engine().plan());
         for (std::size_t b = 0; b < t.engine().plan().buckets.size(); ++b)  // ZeRO2: each bucket gathered once a step
-          theory[int8] += ranks * (int8 ? kfsdp::int8_bucket_blocks(map, b).bytes() : map.bucket(b).count * sizeof(float));
+          theory[int8] += std::size_t(shards.size()) * bucket_wire_bytes(map, b, int8);
       });
     }
-    const double ratio = double(gathered[1]) / double(gathered[0]);
-    MESSAGE("int8 / f32 all-gather bytes at ", n, " ranks, ", kfsdp::to_string(bucketing), ": ", ratio,
-            " (theory for full blocks: ", (1 + 4.0 / 256) / 4, ")");
-    CHECK(gathered[0] == theory[0]);
-    CHECK(gathered[1] == theory[1]);  // to the byte: the wire buffers' layout (int8_blocks)
-    CHECK(ratio == doctest::Approx((1 + 4.0 / 256) / 4).epsilon(0.01));
+    check_int8_bytes("all-gather", world.size(), bucketing, gathered, theory);
   }
 }
 
 TEST_CASE("int8 gradient reduction bytes per step: the theory (1 byte a value, 4 a block of 256), within 1 % of 0.2539 "
           "of f32") {
   comm::mpi world;
-  const int n = world.size();
   const auto data = samples();
   for (const auto bucketing : {kfsdp::bucketing::none, kfsdp::bucketing::layer, kfsdp::bucketing::block}) {
     CAPTURE(kfsdp::to_string(bucketing));
@@ -292,35 +309,22 @@ TEST_CASE("int8 gradient reduction bytes per step: the theory (1 byte a value, 4
     std::size_t theory[2] = {};
     for (const auto wire : {kfsdp::wire_precision::scalar, kfsdp::wire_precision::int8}) {
       counting shards{world};
-      kfsdp::with_trainer<float>(wide_model{}, shards, {.bucketing_strategy = bucketing, .reduce_dtype = wire}, {},
-                                 [&](auto& t) {
-        t.initialize(5);
-        kfsdp::optim::sgd<float> sgd(t.engine().plan().shard_numel, {.lr = 0.01f});
-        const auto ranks = std::size_t(shards.size()), rank = std::size_t(shards.rank());
-        const auto step = [&](std::size_t s) {
-          auto [x, y] = data.rank_slice<float>(data.micro_batch(1, s, 24 / std::size_t(n) * ranks), rank, ranks);
-          (void)t.step({{x, y}}, sgd);
-        };
-        step(0);
+      const bool int8 = wire == kfsdp::wire_precision::int8;
+      after_one_step(shards, data, {.bucketing_strategy = bucketing, .reduce_dtype = wire}, [&](auto& t, auto second_step) {
         const std::size_t before = shards.reduce_bytes, counted_before = t.engine().bytes_communicated();
-        step(1);
-        const bool int8 = wire == kfsdp::wire_precision::int8;
+        second_step();
         sent[int8] = shards.reduce_bytes - before;
         const kfsdp::shard_mapping map(t.engine().plan());
+        const auto ranks = std::size_t(shards.size());
         std::size_t gathered = 0;  // the step's all-gathers (ZeRO2: each bucket once), to read the engine's count
         for (std::size_t b = 0; b < t.engine().plan().buckets.size(); ++b) {
-          theory[int8] += ranks * (int8 ? kfsdp::int8_bucket_blocks(map, b).bytes() : map.bucket(b).count * sizeof(float));
-          gathered += ranks * map.bucket(b).count * sizeof(float);
+          theory[int8] += ranks * bucket_wire_bytes(map, b, int8);
+          gathered += ranks * bucket_wire_bytes(map, b, false);
         }
         // The engine counts what the communicator was given.
         CHECK(t.engine().bytes_communicated() - counted_before == gathered + sent[int8]);
       });
     }
-    const double ratio = double(sent[1]) / double(sent[0]);
-    MESSAGE("int8 / f32 gradient reduction bytes at ", n, " ranks, ", kfsdp::to_string(bucketing), ": ", ratio,
-            " (theory for full blocks: ", (1 + 4.0 / 256) / 4, ")");
-    CHECK(sent[0] == theory[0]);
-    CHECK(sent[1] == theory[1]);  // to the byte: the wire buffers' layout (int8_blocks)
-    CHECK(ratio == doctest::Approx((1 + 4.0 / 256) / 4).epsilon(0.01));
+    check_int8_bytes("gradient reduction", world.size(), bucketing, sent, theory);
   }
 }
