@@ -12,8 +12,12 @@
 //                   alone (the ring above its threshold), raw MPI_Reduce_scatter_block and raw
 //                   MPI_Ireduce_scatter_block + MPI_Wait.
 // The two raw columns show what a blocking MPI call would save over kfsdp's non-blocking one.
-// Every form has buffers of its own, so that none reads what another just left in cache; every
-// reduction writes its input untimed first, as the engine's backward writes its gradients.
+// The all-gathers all run on the same memory, the engine's: its bucket's shard and the gathered
+// buffer its pool hands out again at each unshard. Which physical pages a buffer gets moves a
+// 1 MiB all-gather by up to 10 % from one run to the next (the same exchange on two buffer sets,
+// swapped between runs, swaps which is faster), so forms on buffers of their own would compare
+// their pages as much as their code. The reductions keep buffers of their own, each writing its
+// input untimed first, as the engine's backward writes its gradients.
 // Each repeat starts after a barrier and counts the slowest rank; the table shows medians. Within a
 // repeat the raw, comm and engine forms run in turn, so that load from elsewhere falls on them alike.
 // Bus bandwidth follows nccl-tests: busbw = (n-1)/n * (n*S) / time.
@@ -30,6 +34,8 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <numeric>
+#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -109,8 +115,9 @@ struct timed_operation {
 };
 
 // For each operation, the median over repeats of the slowest rank's time. Every repeat runs the
-// operations in turn, so that a burst of load on the machine falls on all of them alike and their
-// ratios compare like with like.
+// operations in turn, so that a burst of load on the machine falls on all of them alike, in a
+// fresh random order each repeat, so that none always runs after the same other one (whose
+// traffic it would find in or out of the cache): their ratios compare like with like.
 std::vector<double> interleaved_medians(kfsdp::comm::mpi& world, std::size_t repeats,
                                         const std::vector<timed_operation>& operations) {
   for (const timed_operation& operation : operations) {  // warm-up: first touch, MPI's connection setup
@@ -118,8 +125,12 @@ std::vector<double> interleaved_medians(kfsdp::comm::mpi& world, std::size_t rep
     operation.timed();
   }
   std::vector<std::vector<double>> slowest(operations.size(), std::vector<double>(repeats));
+  std::vector<std::size_t> order(operations.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::mt19937 shuffler(12345);  // the same orders on every rank
   for (std::size_t repeat = 0; repeat < repeats; ++repeat) {
-    for (std::size_t op = 0; op < operations.size(); ++op) {
+    std::shuffle(order.begin(), order.end(), shuffler);
+    for (const std::size_t op : order) {
       operations[op].prepare();
       world.barrier();
       const double start = MPI_Wtime();
@@ -218,19 +229,26 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
     for (std::size_t p = 0; p < options.bucket_params; ++p) Kokkos::deep_copy(engine.full_grad(p), 1.0F);
   };
 
+  // The engine's memory for every all-gather: bucket 0's shard, and the gathered buffer (no padding:
+  // parameter 0 starts it), which the pool hands back at each unshard after a reshard.
+  engine.unshard(0);
+  const std::span<const float> shard(engine.shards().bucket(0).data(), shard_numel);
+  const std::span<float> gathered(engine.full_param(0).data(), shard_numel * world_size);
   const timings gather = time_forms(world, repeats,
       {nothing, [&] {
-         MPI_Allgather(raw.shard.data(), count, MPI_FLOAT, raw.gathered.data(), count, MPI_FLOAT, world.native());
+         MPI_Allgather(shard.data(), count, MPI_FLOAT, gathered.data(), count, MPI_FLOAT, world.native());
        }},
       {nothing, [&] {
          MPI_Request pending = MPI_REQUEST_NULL;
-         MPI_Iallgather(raw_i.shard.data(), count, MPI_FLOAT, raw_i.gathered.data(), count, MPI_FLOAT, world.native(),
-                        &pending);
+         MPI_Iallgather(shard.data(), count, MPI_FLOAT, gathered.data(), count, MPI_FLOAT, world.native(), &pending);
          MPI_Wait(&pending, MPI_STATUS_IGNORE);
        }},
-      {nothing,
-       [&] { kfsdp::comm::all_gather(world, std::span<const float>(comm.shard), std::span(comm.gathered)); }},
+      {nothing, [&] { kfsdp::comm::all_gather(world, shard, gathered); }},
       {[&] { engine.reshard(0); }, [&] { engine.unshard(0); }});
+  engine.unshard(0);
+  if (engine.full_param(0).data() != gathered.data())
+    throw std::logic_error("bench_collectives: the engine's pool handed out another gathered buffer; the forms "
+                           "no longer share their memory");
 
   // Each reduction's input written first, as the engine's backward writes its gradients: all read warm.
   const auto write_input = [](buffers& b) {

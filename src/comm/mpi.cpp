@@ -6,12 +6,16 @@
 #include <kfsdp/comm/mpi.hpp>
 
 #include <mpi.h>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 #if __has_include(<mpi-ext.h>)
 #include <mpi-ext.h>  // Open MPI's MPIX_Query_cuda_support
 #endif
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -41,6 +45,38 @@ mpi_error::mpi_error(std::string_view function, std::string_view mpi_call, int c
     : std::runtime_error(fmt::format("{}: {} failed: {} (MPI error code {})", function, mpi_call,
                                      mpi_error_text(code), code)),
       code_(code) {}
+
+bool node_oversubscribed(MPI_Comm comm) {
+  constexpr std::string_view function = "kfsdp::comm::mpi (the node's ranks and CPUs)";
+#if defined(__linux__)
+  // The CPUs each rank may run on, as words of bits, OR-ed over the node's ranks.
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);
+  constexpr int cpu_words = CPU_SETSIZE / 64;
+  std::array<std::uint64_t, cpu_words> words{}, node_words{};
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &mine)) words[cpu / 64] |= std::uint64_t{1} << (cpu % 64);
+  MPI_Comm node = MPI_COMM_NULL;
+  int rank = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), function, "MPI_Comm_rank");
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), function,
+            "MPI_Comm_split_type");
+  int ranks = 1;
+  int code = MPI_Comm_size(node, &ranks);
+  if (code == MPI_SUCCESS)
+    code = MPI_Allreduce(words.data(), node_words.data(), cpu_words, MPI_UINT64_T, MPI_BOR, node);
+  MPI_Comm_free(&node);
+  check_mpi(code, function, "MPI_Allreduce");
+  int cpus = 0;
+  for (const std::uint64_t word : node_words) cpus += std::popcount(word);
+  return oversubscribed(ranks, cpus);
+#else
+  (void)comm;
+  (void)function;
+  return true;  // nothing to count the CPUs with: yield, the safe side
+#endif
+}
 
 void throw_timeout(std::string_view function, std::chrono::duration<double> limit, int rank, int size) {
   throw collective_timeout(fmt::format(
@@ -189,6 +225,7 @@ mpi::mpi(MPI_Comm user_comm, mpi_options options) : options_(options) {
     throw std::invalid_argument(fmt::format("{}: options.timeout is {} s, expected >= 0", function,
                                             options_.timeout.count()));
   }
+  yields_ = detail::node_oversubscribed(comm_);
 }
 
 mpi::mpi(mpi&& other) noexcept
@@ -198,7 +235,8 @@ mpi::mpi(mpi&& other) noexcept
       ring_min_bytes_(other.ring_min_bytes_),
       tagged_calls_(other.tagged_calls_),
       options_(other.options_),
-      checked_calls_(other.checked_calls_) {}
+      checked_calls_(other.checked_calls_),
+      yields_(other.yields_) {}
 mpi& mpi::operator=(mpi&& other) noexcept {
   if (this != &other) {
     free_communicator();
@@ -209,13 +247,14 @@ mpi& mpi::operator=(mpi&& other) noexcept {
     tagged_calls_ = other.tagged_calls_;
     options_ = other.options_;
     checked_calls_ = other.checked_calls_;
+    yields_ = other.yields_;
   }
   return *this;
 }
 mpi::~mpi() { free_communicator(); }
 
 mpi::mpi(adopt_t, MPI_Comm owned, const mpi& parent, std::string_view function)
-    : comm_(owned), ring_min_bytes_(parent.ring_min_bytes_), options_(parent.options_) {
+    : comm_(owned), ring_min_bytes_(parent.ring_min_bytes_), options_(parent.options_), yields_(parent.yields_) {
   try {
     check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), function, "MPI_Comm_set_errhandler");
     check(MPI_Comm_rank(comm_, &rank_), function, "MPI_Comm_rank");
@@ -266,7 +305,7 @@ void mpi::barrier() {
 }
 
 request mpi::pending(MPI_Request handle, std::string_view function) const {
-  return request(pending_mpi<std::array<MPI_Request, 1>>{{handle}, function, options_.timeout, rank_, size_});
+  return request(pending_mpi<std::array<MPI_Request, 1>>{{handle}, function, waits(), rank_, size_});
 }
 
 void mpi::verify_call(std::string_view function, detail::collective_call call) {

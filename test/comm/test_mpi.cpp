@@ -14,7 +14,10 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <thread>
 #include <vector>
+
+#include <sched.h>
 
 #include <fmt/format.h>
 
@@ -933,6 +936,30 @@ TEST_CASE("mpi: split_shared gives the ranks of this node") {
   std::vector<kfsdp::f16> one{kfsdp::f16(1.0F)};
   comm::all_reduce_sum(node, std::span(one));
   CHECK(one[0].to_float() == float(node.size()));
+}
+
+TEST_CASE("mpi: waits yield their CPU from the start only where the node runs more ranks than CPUs") {
+  CHECK(comm::detail::oversubscribed(3, 2));
+  CHECK(comm::detail::oversubscribed(1, 0));  // no CPUs counted: yield, the safe side
+  CHECK_FALSE(comm::detail::oversubscribed(2, 2));
+  CHECK_FALSE(comm::detail::oversubscribed(1, 16));
+  comm::mpi world;
+  const int ranks_here = world.ranks_on_node();
+  const auto cpus_here = static_cast<int>(std::thread::hardware_concurrency());
+  // More ranks than the machine's CPUs: oversubscribed whatever the masks say.
+  if (cpus_here > 0 && ranks_here > cpus_here) CHECK(world.yields_while_waiting());
+  // Every rank free to run anywhere (mpirun --bind-to none, or one rank): exactly the rule.
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  REQUIRE(sched_getaffinity(0, sizeof mine, &mine) == 0);
+  int unbound = CPU_COUNT(&mine) == cpus_here ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &unbound, 1, MPI_INT, MPI_MIN, world.native());
+  if (unbound == 1) CHECK(world.yields_while_waiting() == (ranks_here > cpus_here));
+  CHECK(world.split(0, world.rank()).yields_while_waiting() == world.yields_while_waiting());
+  // Either way a wait completes (the timeouts are tested below).
+  std::vector<double> sum{1.0};
+  comm::all_reduce_sum(world, std::span(sum));
+  CHECK(sum[0] == double(world.size()));
 }
 
 TEST_CASE("mpi_options: the defaults come from KFSDP_CHECK_COLLECTIVES and KFSDP_COLLECTIVE_TIMEOUT") {

@@ -141,7 +141,7 @@ KFSDP_EXPORT class mpi {
     // rank posts the typed message first, then the parts alone in the parts' order.
     const int tag = next_tag();
     const std::size_t messages = (batched.empty() ? 0 : 1) + alone.size();
-    gather_batch<T> batch{{}, {{}, function, options_.timeout, rank_, size_}, {}};
+    gather_batch<T> batch{{}, {{}, function, waits(), rank_, size_}, {}};
     std::vector<MPI_Request>& handles = batch.messages.handles;
     handles.reserve(2 * messages * static_cast<std::size_t>(size_ - 1));
     for (int peer = 0; peer < size_; ++peer) {
@@ -248,7 +248,7 @@ KFSDP_EXPORT class mpi {
     verify_call(function, {detail::collective_kind::reduce_scatter_parts, detail::element_code<T>(), total,
                            static_cast<std::uint64_t>(parts.size())});
     if (size_ == 1 || uses_ring(total * sizeof(T)))
-      return request(detail::ring_over_parts<T, Space>(comm_, rank_, size_, next_tag(), parts, factor, function, options_.timeout));
+      return request(detail::ring_over_parts<T, Space>(comm_, rank_, size_, next_tag(), parts, factor, function, waits()));
     packed_parts<T, Space> packed(size_, parts, total, factor);
     MPI_Request handle = MPI_REQUEST_NULL;
     check(MPI_Ireduce_scatter_block(packed.packed.span().data(), packed.sums.span().data(), count,
@@ -273,6 +273,11 @@ KFSDP_EXPORT class mpi {
     return ring_min_bytes_;
   }
   void set_reduce_scatter_ring_min_bytes(std::size_t bytes) noexcept { ring_min_bytes_ = bytes; }
+
+  // Whether a wait yields the CPU between its tests from the start: this node runs more of the
+  // communicator's ranks than the CPUs their affinity masks allow (decided when it is made; a
+  // split keeps it). Otherwise a wait polls, yielding only once it has lasted 1 ms.
+  [[nodiscard]] bool yields_while_waiting() const noexcept { return yields_; }
   // Measured with bench/collectives at 2 and 4 ranks (docs/performance.md).
   static constexpr std::size_t default_reduce_scatter_ring_min_bytes = 64 * 1024;
 
@@ -350,7 +355,7 @@ KFSDP_EXPORT class mpi {
   struct pending_mpi {
     Handles handles;  // std::array<MPI_Request, 1> or std::vector<MPI_Request>
     std::string_view function;
-    std::chrono::duration<double> limit;  // zero: no timeout
+    detail::wait_rule waits;
     int rank;
     int size;
 
@@ -361,7 +366,7 @@ KFSDP_EXPORT class mpi {
       return complete != 0;
     }
     void wait() {
-      if (limit.count() > 0) return detail::wait_polling(*this, function, limit, rank, size);
+      if (waits.timed()) return detail::wait_polling(*this, function, waits, rank, size);
       check(MPI_Waitall(static_cast<int>(handles.size()), handles.data(), MPI_STATUSES_IGNORE), function,
             "MPI_Waitall");
     }
@@ -431,6 +436,7 @@ KFSDP_EXPORT class mpi {
   };
 
   [[nodiscard]] bool timed() const noexcept { return options_.timeout.count() > 0; }
+  [[nodiscard]] detail::wait_rule waits() const noexcept { return {options_.timeout, yields_}; }
 
   // Throws collective_mismatch on every rank unless every rank is making the same call.
   void verify_call(std::string_view function, detail::collective_call call);
@@ -513,7 +519,7 @@ KFSDP_EXPORT class mpi {
     const int count = prepare_reduce_scatter<T>(function, send, recv);
     if (uses_ring(recv.size_bytes())) {
       return request(detail::ring_reduce_scatter<T, Space>(comm_, rank_, size_, next_tag(), send, recv, factor,
-                                                   function, options_.timeout));
+                                                   function, waits()));
     }
     MPI_Request handle = MPI_REQUEST_NULL;
     check(MPI_Ireduce_scatter_block(send.data(), recv.data(), count, detail::mpi_datatype<T>(),
@@ -586,6 +592,7 @@ KFSDP_EXPORT class mpi {
   std::uint64_t tagged_calls_ = 0;  // ring reduce-scatters and gather batches started: the next one's tag
   mpi_options options_;
   std::uint64_t checked_calls_ = 0;  // collectives compared across ranks, for the messages
+  bool yields_ = true;  // waits yield between tests: the node runs more ranks than CPUs (wait_rule)
 };
 
 static_assert(communicator<mpi>);

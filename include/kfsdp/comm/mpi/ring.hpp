@@ -49,7 +49,7 @@ class ring_steps {
     return true;
   }
   void wait() {
-    if (limit_.count() > 0) return wait_polling(*this, function_, limit_, rank_, size_);
+    if (waits_.timed()) return wait_polling(*this, function_, waits_, rank_, size_);
     while (finished_ < steps_) {
       check_mpi(MPI_Waitall(2, pending_[finished_ % 2], MPI_STATUSES_IGNORE), function_, "MPI_Waitall");
       finish_step();
@@ -64,8 +64,8 @@ class ring_steps {
   };
 
   ring_steps(MPI_Comm comm, int rank, int size, int tag, scale_type<T> factor, std::string_view function,
-             std::chrono::duration<double> limit)
-      : comm_(comm), rank_(rank), size_(size), tag_(tag), factor_(factor), function_(function), limit_(limit) {}
+             wait_rule waits)
+      : comm_(comm), rank_(rank), size_(size), tag_(tag), factor_(factor), function_(function), waits_(waits) {}
 
   // Blocks of `count` elements (count > 0, at most INT_MAX: checked by the caller; size > 1):
   // posts the first steps.
@@ -118,7 +118,7 @@ class ring_steps {
     post_ready_steps();
   }
 
-  std::chrono::duration<double> limit_;  // zero: no timeout
+  wait_rule waits_;
   std::size_t count_ = 0;                // elements a block
   std::size_t segment_ = 0;              // elements a message
   std::size_t segments_per_round_ = 0;
@@ -138,8 +138,8 @@ class ring_reduce_scatter : public ring_steps<T, Space, ring_reduce_scatter<T, S
 
  public:
   ring_reduce_scatter(MPI_Comm comm, int rank, int size, int tag, std::span<const T> send, std::span<T> recv,
-                      scale_type<T> factor, std::string_view function, std::chrono::duration<double> limit)
-      : base(comm, rank, size, tag, factor, function, limit), send_(send.data()), recv_(recv.data()),
+                      scale_type<T> factor, std::string_view function, wait_rule waits)
+      : base(comm, rank, size, tag, factor, function, waits), send_(send.data()), recv_(recv.data()),
         count_(recv.size()) {
     if (size == 1) {
       detail::copy(span_in<const T, Space>(send), span_in<T, Space>(recv));
@@ -183,8 +183,8 @@ class ring_over_parts : public ring_steps<T, Space, ring_over_parts<T, Space>> {
 
  public:
   ring_over_parts(MPI_Comm comm, int rank, int size, int tag, std::span<const reduce_scatter_part<T, Space>> parts,
-                  scale_type<T> factor, std::string_view function, std::chrono::duration<double> limit)
-      : base(comm, rank, size, tag, factor, function, limit), parts_(parts.begin(), parts.end()),
+                  scale_type<T> factor, std::string_view function, wait_rule waits)
+      : base(comm, rank, size, tag, factor, function, waits), parts_(parts.begin(), parts.end()),
         starts_(parts.size() + 1, 0) {
     for (std::size_t i = 0; i < parts_.size(); ++i) starts_[i + 1] = starts_[i] + parts_[i].recv.size();
     if (size == 1 || starts_.back() == 0) {
