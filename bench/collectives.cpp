@@ -10,8 +10,11 @@
 //                   from the gradients into the gradient shard, the division by the ranks folded
 //                   into its last addition), kfsdp::comm::reduce_scatter_sum over mpi
 //                   alone (the ring above its threshold), raw MPI_Reduce_scatter_block and raw
-//                   MPI_Ireduce_scatter_block + MPI_Wait.
-// The two raw columns show what a blocking MPI call would save over kfsdp's non-blocking one.
+//                   MPI_Ireduce_scatter_block + MPI_Wait;
+//   raw_p:          the bucket's parameters by hand: for the all-gather a message a parameter a
+//                   peer, straight into place (the fewest a parameter-major bucket can send), for
+//                   the reduction a MPI_Reduce_scatter_block a parameter.
+// The raw and raw_i columns show what a blocking MPI call would save over kfsdp's non-blocking one.
 // The all-gathers all run on the same memory, the engine's: its bucket's shard and the gathered
 // buffer its pool hands out again at each unshard. Which physical pages a buffer gets moves a
 // 1 MiB all-gather by up to 10 % from one run to the next (the same exchange on two buffer sets,
@@ -132,7 +135,7 @@ std::vector<double> interleaved_medians(kfsdp::comm::mpi& world, std::size_t rep
     std::shuffle(order.begin(), order.end(), shuffler);
     for (const std::size_t op : order) {
       operations[op].prepare();
-      world.barrier();
+      MPI_Barrier(world.native());
       const double start = MPI_Wtime();
       operations[op].timed();
       double mine = MPI_Wtime() - start;
@@ -164,11 +167,11 @@ std::vector<kfsdp::param_info> bucket_table(std::size_t shard_numel, std::size_t
   return table;
 }
 
-// Per-rank bytes alive at the worst moment: the three other forms' buffers (a shard and a gathered
+// Per-rank bytes alive at the worst moment: the four other forms' buffers (a shard and a gathered
 // buffer each) and the engine's shards and gradient shards plus its gathered and unpacked buffers
 // (k > 1), or full gradients and the reduced shard (k = 1).
 std::size_t peak_bytes_per_rank(std::size_t shard_bytes, std::size_t ranks, std::size_t params) {
-  const std::size_t others = 3 * (ranks + 1) * shard_bytes;
+  const std::size_t others = 4 * (ranks + 1) * shard_bytes;
   const std::size_t engine = params > 1 ? (2 * ranks + 2) * shard_bytes : (ranks + 3) * shard_bytes;
   return others + engine;
 }
@@ -183,22 +186,69 @@ struct timings {
   double comm = 0;    // kfsdp::comm collective over mpi alone
   double raw = 0;     // MPI_Allgather or MPI_Reduce_scatter_block
   double raw_nonblocking = 0;  // MPI_Iallgather or MPI_Ireduce_scatter_block, then MPI_Wait
+  double raw_parts = 0;        // the bucket's parameters by hand: a message each (all-gather) or a collective each
 };
 
-// The four forms of one collective (the columns of a row), timed interleaved.
+// The five forms of one collective (the columns of a row), timed interleaved.
 timings time_forms(kfsdp::comm::mpi& world, std::size_t repeats, timed_operation raw,
-                   timed_operation raw_nonblocking, timed_operation comm, timed_operation engine) {
-  const std::vector<double> medians = interleaved_medians(world, repeats, {raw, raw_nonblocking, comm, engine});
-  return {.engine = medians[3], .comm = medians[2], .raw = medians[0], .raw_nonblocking = medians[1]};
+                   timed_operation raw_nonblocking, timed_operation raw_parts, timed_operation comm,
+                   timed_operation engine) {
+  const std::vector<double> medians =
+      interleaved_medians(world, repeats, {raw, raw_nonblocking, raw_parts, comm, engine});
+  return {.engine = medians[4], .comm = medians[3], .raw = medians[0], .raw_nonblocking = medians[1],
+          .raw_parts = medians[2]};
 }
 
 void print_row(std::string_view operation, std::size_t shard_bytes, int ranks, const timings& t) {
-  fmt::print("{:<15} {:>11} {:>11.4f} {:>11.4f} {:>11.4f} {:>11.4f} {:>9.2f} {:>9.2f} {:>10.2f} "
+  fmt::print("{:<15} {:>11} {:>11.4f} {:>11.4f} {:>11.4f} {:>11.4f} {:>11.4f} {:>9.2f} {:>9.2f} {:>10.2f} "
              "{:>10.2f}\n",
              operation, shard_bytes, t.engine * 1e3, t.comm * 1e3, t.raw * 1e3,
-             t.raw_nonblocking * 1e3, t.engine / t.raw, t.comm / t.raw,
+             t.raw_nonblocking * 1e3, t.raw_parts * 1e3, t.engine / t.raw, t.comm / t.raw,
              bus_bandwidth_gbs(shard_bytes, ranks, t.engine),
              bus_bandwidth_gbs(shard_bytes, ranks, t.raw));
+}
+
+// The least a parameter-major bucket's all-gather sends: each parameter's chunk to each peer as a
+// message of its own, received straight into its place, and this rank's chunks copied in after.
+// E.g. chunks {2, 3} at 2 ranks: rank 1 sends shard[0..2) into gathered[2..4) and shard[2..5) into
+// gathered[7..10) on rank 0. (kfsdp sends parts under 8 KiB together, typed: not here.)
+void raw_gather_parts(kfsdp::comm::mpi& world, std::span<const std::size_t> chunks, std::span<const float> shard,
+                      std::span<float> gathered) {
+  const int ranks = world.size(), rank = world.rank();
+  std::vector<MPI_Request> pending;
+  for (int pass = 0; pass < 2; ++pass)  // the receives first, then the sends
+    for (int peer = 0; peer < ranks; ++peer) {
+      if (peer == rank) continue;
+      std::size_t from = 0, to = 0;
+      for (const std::size_t chunk : chunks) {
+        MPI_Request& r = pending.emplace_back();
+        if (pass == 0)
+          MPI_Irecv(gathered.data() + to + peer * chunk, static_cast<int>(chunk), MPI_FLOAT, peer, 7, world.native(), &r);
+        else
+          MPI_Isend(shard.data() + from, static_cast<int>(chunk), MPI_FLOAT, peer, 7, world.native(), &r);
+        from += chunk;
+        to += chunk * static_cast<std::size_t>(ranks);
+      }
+    }
+  MPI_Waitall(static_cast<int>(pending.size()), pending.data(), MPI_STATUSES_IGNORE);
+  std::size_t from = 0, to = 0;
+  for (const std::size_t chunk : chunks) {
+    std::copy_n(shard.data() + from, chunk, gathered.data() + to + static_cast<std::size_t>(rank) * chunk);
+    from += chunk;
+    to += chunk * static_cast<std::size_t>(ranks);
+  }
+}
+
+// The bucket's reduce-scatter one collective a parameter, as kfsdp made it before it batched them.
+void raw_reduce_scatter_parts(kfsdp::comm::mpi& world, std::span<const std::size_t> chunks,
+                              std::span<const float> gathered, std::span<float> shard) {
+  std::size_t from = 0, to = 0;
+  for (const std::size_t chunk : chunks) {
+    MPI_Reduce_scatter_block(gathered.data() + from, shard.data() + to, static_cast<int>(chunk), MPI_FLOAT, MPI_SUM,
+                             world.native());
+    from += chunk * static_cast<std::size_t>(world.size());
+    to += chunk;
+  }
 }
 
 void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size_t shard_bytes) {
@@ -217,7 +267,7 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
   const auto make_buffers = [&] {
     return buffers{std::vector<float>(shard_numel, 1.0F), std::vector<float>(shard_numel * world_size, 1.0F)};
   };
-  buffers raw = make_buffers(), raw_i = make_buffers(), comm = make_buffers();
+  buffers raw = make_buffers(), raw_i = make_buffers(), raw_p = make_buffers(), comm = make_buffers();
   const int count = static_cast<int>(shard_numel);
   const kfsdp::fsdp_options fsdp{.bucketing_strategy = kfsdp::bucketing::layer};
   kfsdp::fsdp_engine<float> engine(bucket_table(shard_numel, options.bucket_params, world_size), world,
@@ -229,6 +279,9 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
     for (std::size_t p = 0; p < options.bucket_params; ++p) Kokkos::deep_copy(engine.full_grad(p), 1.0F);
   };
 
+  std::vector<std::size_t> chunks;  // each parameter's elements a rank, as bucket_table splits them
+  for (const kfsdp::param_info& info : bucket_table(shard_numel, options.bucket_params, world_size))
+    chunks.push_back(info.numel / world_size);
   // The engine's memory for every all-gather: bucket 0's shard, and the gathered buffer (no padding:
   // parameter 0 starts it), which the pool hands back at each unshard after a reshard.
   engine.unshard(0);
@@ -243,6 +296,7 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
          MPI_Iallgather(shard.data(), count, MPI_FLOAT, gathered.data(), count, MPI_FLOAT, world.native(), &pending);
          MPI_Wait(&pending, MPI_STATUS_IGNORE);
        }},
+      {nothing, [&] { raw_gather_parts(world, chunks, shard, gathered); }},
       {nothing, [&] { kfsdp::comm::all_gather(world, shard, gathered); }},
       {[&] { engine.reshard(0); }, [&] { engine.unshard(0); }});
   engine.unshard(0);
@@ -264,6 +318,7 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
                                    world.native(), &pending);
          MPI_Wait(&pending, MPI_STATUS_IGNORE);
        }},
+      {write_input(raw_p), [&] { raw_reduce_scatter_parts(world, chunks, raw_p.gathered, raw_p.shard); }},
       {write_input(comm), [&] {
          kfsdp::comm::reduce_scatter_sum(world, std::span<const float>(comm.gathered), std::span(comm.shard));
        }},
@@ -291,9 +346,10 @@ int run(int argc, char** argv) {
                ranks, options.bucket_params, options.ring_min_bytes, options.repeats);
     fmt::print("# engine: fsdp_engine unshard / reduce_gradients; comm: kfsdp::comm over mpi "
                "alone; raw: MPI_Allgather / MPI_Reduce_scatter_block; raw_i: their MPI_I* forms "
-               "+ MPI_Wait; busbw = (n-1)/n * n*S / time\n");
-    fmt::print("{:<15} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9} {:>10} {:>10}\n",
-               "operation", "shard_B", "engine_ms", "comm_ms", "raw_ms", "raw_i_ms", "eng/raw",
+               "+ MPI_Wait; raw_p: the bucket's parameters by hand, MPI_Isend/MPI_Irecv a parameter "
+               "a peer / MPI_Reduce_scatter_block a parameter; busbw = (n-1)/n * n*S / time\n");
+    fmt::print("{:<15} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9} {:>10} {:>10}\n",
+               "operation", "shard_B", "engine_ms", "comm_ms", "raw_ms", "raw_i_ms", "raw_p_ms", "eng/raw",
                "comm/raw", "eng_GB/s", "raw_GB/s");
   }
   for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 4) {
