@@ -31,6 +31,16 @@ struct failing_sums {
   }
 };
 
+// A backend that notes whether the thread running its sum has its waits yield the CPU.
+struct yield_probe {
+  bool seen = false;
+  template <class T>
+  comm::request iall_reduce_sum(std::span<T> /*data*/) {
+    seen = comm::detail::waits_yield_on_this_thread;
+    return {};
+  }
+};
+
 // Values as double, so that vectors of bf16 and f16 compare.
 template <class T>
 std::vector<double> values_of(const std::vector<T>& elements) {
@@ -103,6 +113,15 @@ TEST_CASE("an exception on the worker comes back from the request's wait (and te
   }
   CHECK(threw);
   CHECK_FALSE(polled.in_flight());
+}
+
+TEST_CASE("the worker's waits yield its CPU (the caller computes meanwhile); the caller's do not") {
+  yield_probe backend;
+  threaded overlapped(backend);
+  std::vector<double> data(2);
+  overlapped.iall_reduce_sum(std::span(data)).wait();
+  CHECK(backend.seen);
+  CHECK_FALSE(comm::detail::waits_yield_on_this_thread);
 }
 
 TEST_CASE("bad arguments throw at the call, before anything is queued") {

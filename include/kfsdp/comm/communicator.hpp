@@ -136,6 +136,11 @@ template <class State>
 concept orders_streams = requires(State& state, native_stream stream) { state.complete_before(stream); };
 
 namespace detail {
+// Whether the waits made on this thread yield its CPU between their tests from the start: set by
+// a thread that shares its core with the caller's compute (threaded's worker), so that a backend
+// polling a collective does not hold the core the compute needs.
+inline thread_local bool waits_yield_on_this_thread = false;
+
 // test() and wait() of a request state that has one step more once the operation it holds
 // completes (copy a result out, multiply it, unpack it): Derived gives awaited(), that operation,
 // and finish(), the step, which runs once.

@@ -187,6 +187,7 @@ class threaded {
   }
 
   void serve() {
+    detail::waits_yield_on_this_thread = true;  // the caller computes on the same cores meanwhile
     for (;;) {
       queued_task task;
       {

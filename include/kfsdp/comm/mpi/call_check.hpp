@@ -18,6 +18,7 @@
 #include <thread>
 #include <type_traits>
 
+#include <kfsdp/comm/communicator.hpp>  // detail::waits_yield_on_this_thread
 #include <kfsdp/meta/half.hpp>
 
 namespace kfsdp::comm::detail {
@@ -53,9 +54,11 @@ inline void check_mpi(int code, std::string_view function, std::string_view mpi_
 
 // How a wait on a collective waits: it gives up after `limit` (zero: never, and MPI waits), and
 // between two tests yields its CPU from the start only where the node runs more of the ranks than
-// it has CPUs for (node_oversubscribed), as MPI's own waits do then; elsewhere only once the wait
-// has lasted spin_before_yield (a node shared with other work). A yield between tests cost a
-// 1 MiB all-gather of four messages 3-4 % at 2 ranks on 2 cores.
+// it has CPUs for (node_oversubscribed), as MPI's own waits do then, or where the waiting thread
+// shares its core with compute (waits_yield_on_this_thread: threaded's worker; polling there
+// slowed a 2-rank GPT step by 8-12 %); elsewhere only once the wait has lasted spin_before_yield
+// (a node shared with other work). A yield between tests cost a 1 MiB all-gather of four messages
+// 3-4 % at 2 ranks on 2 cores.
 struct wait_rule {
   std::chrono::duration<double> limit;
   bool yield = true;
@@ -71,7 +74,7 @@ void wait_polling(Operation& operation, std::string_view function, wait_rule rul
   while (!operation.test()) {
     const auto now = std::chrono::steady_clock::now();
     if (now > deadline) throw_timeout(function, rule.limit, rank, size);
-    if (rule.yield || now - start > spin_before_yield) std::this_thread::yield();
+    if (rule.yield || waits_yield_on_this_thread || now - start > spin_before_yield) std::this_thread::yield();
   }
 }
 
