@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -46,35 +45,19 @@ mpi_error::mpi_error(std::string_view function, std::string_view mpi_call, int c
                                      mpi_error_text(code), code)),
       code_(code) {}
 
-bool node_oversubscribed(MPI_Comm comm) {
+bool node_oversubscribed(MPI_Comm node) {
   constexpr std::string_view function = "kfsdp::comm::mpi (the node's ranks and CPUs)";
-#if defined(__linux__)
-  // The CPUs each rank may run on, as words of bits, OR-ed over the node's ranks.
-  cpu_set_t mine;
-  CPU_ZERO(&mine);
-  if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);
-  constexpr int cpu_words = CPU_SETSIZE / 64;
-  std::array<std::uint64_t, cpu_words> words{}, node_words{};
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-    if (CPU_ISSET(cpu, &mine)) words[cpu / 64] |= std::uint64_t{1} << (cpu % 64);
-  MPI_Comm node = MPI_COMM_NULL;
-  int rank = 0;
-  check_mpi(MPI_Comm_rank(comm, &rank), function, "MPI_Comm_rank");
-  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), function,
-            "MPI_Comm_split_type");
   int ranks = 1;
-  int code = MPI_Comm_size(node, &ranks);
-  if (code == MPI_SUCCESS)
-    code = MPI_Allreduce(words.data(), node_words.data(), cpu_words, MPI_UINT64_T, MPI_BOR, node);
-  MPI_Comm_free(&node);
-  check_mpi(code, function, "MPI_Allreduce");
-  int cpus = 0;
-  for (const std::uint64_t word : node_words) cpus += std::popcount(word);
-  return oversubscribed(ranks, cpus);
+  check_mpi(MPI_Comm_size(node, &ranks), function, "MPI_Comm_size");
+#if defined(__linux__)
+  cpu_set_t cpus;  // the CPUs this rank may run on, then those any of the node's ranks may
+  CPU_ZERO(&cpus);
+  if (sched_getaffinity(0, sizeof cpus, &cpus) != 0) CPU_ZERO(&cpus);
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &cpus, static_cast<int>(sizeof cpus), MPI_BYTE, MPI_BOR, node), function,
+            "MPI_Allreduce");
+  return oversubscribed(ranks, CPU_COUNT(&cpus));
 #else
-  (void)comm;
-  (void)function;
-  return true;  // nothing to count the CPUs with: yield, the safe side
+  return oversubscribed(ranks, 0);  // nothing to count the CPUs with: yield, the safe side
 #endif
 }
 
@@ -225,7 +208,7 @@ mpi::mpi(MPI_Comm user_comm, mpi_options options) : options_(options) {
     throw std::invalid_argument(fmt::format("{}: options.timeout is {} s, expected >= 0", function,
                                             options_.timeout.count()));
   }
-  yields_ = detail::node_oversubscribed(comm_);
+  yields_ = detail::node_oversubscribed(split_shared().native());
 }
 
 mpi::mpi(mpi&& other) noexcept
@@ -265,16 +248,7 @@ mpi::mpi(adopt_t, MPI_Comm owned, const mpi& parent, std::string_view function)
   }
 }
 
-int mpi::ranks_on_node() const {
-  constexpr std::string_view function = "kfsdp::comm::mpi::ranks_on_node";
-  MPI_Comm node = MPI_COMM_NULL;
-  check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), function, "MPI_Comm_split_type");
-  int n = 1;
-  const int code = MPI_Comm_size(node, &n);
-  MPI_Comm_free(&node);
-  check(code, function, "MPI_Comm_size");
-  return n;
-}
+int mpi::ranks_on_node() const { return split_shared().size(); }
 
 mpi mpi::split(int color, int key) const {
   constexpr std::string_view function = "kfsdp::comm::mpi::split";

@@ -13,8 +13,8 @@
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <sched.h>

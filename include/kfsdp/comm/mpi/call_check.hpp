@@ -78,10 +78,10 @@ void wait_polling(Operation& operation, std::string_view function, wait_rule rul
   }
 }
 
-// Whether more of `comm`'s ranks run on this node than there are CPUs in the union of their
-// affinity masks (collective over comm). E.g. 4 ranks unbound on 2 CPUs: true; 2 ranks, each
-// bound to a core of its own: false.
-bool node_oversubscribed(MPI_Comm comm);
+// Whether `node`'s ranks, which share a node (mpi::split_shared), outnumber the CPUs in the union
+// of their affinity masks (collective over node). E.g. 4 ranks unbound on 2 CPUs: true; 2 ranks,
+// each bound to a core of its own: false.
+bool node_oversubscribed(MPI_Comm node);
 // The same rule for given figures: `ranks` on a node whose ranks may run on `cpus` CPUs.
 constexpr bool oversubscribed(int ranks, int cpus) noexcept { return cpus <= 0 || ranks > cpus; }
 

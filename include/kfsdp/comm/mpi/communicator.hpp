@@ -274,12 +274,13 @@ KFSDP_EXPORT class mpi {
   }
   void set_reduce_scatter_ring_min_bytes(std::size_t bytes) noexcept { ring_min_bytes_ = bytes; }
 
+  // Measured with bench/collectives at 2 and 4 ranks (docs/performance.md).
+  static constexpr std::size_t default_reduce_scatter_ring_min_bytes = 64 * 1024;
+
   // Whether a wait yields the CPU between its tests from the start: this node runs more of the
   // communicator's ranks than the CPUs their affinity masks allow (decided when it is made; a
   // split keeps it). Otherwise a wait polls, yielding only once it has lasted 1 ms.
   [[nodiscard]] bool yields_while_waiting() const noexcept { return yields_; }
-  // Measured with bench/collectives at 2 and 4 ranks (docs/performance.md).
-  static constexpr std::size_t default_reduce_scatter_ring_min_bytes = 64 * 1024;
 
   // Every rank's data becomes root's; 0 <= root < size().
   template <element T, class Space>
