@@ -97,7 +97,8 @@ bool mpi_reads_device_memory() {
 std::string describe(const collective_call& call) {
   constexpr std::string_view names[] = {"all_gather", "reduce_scatter_sum", "broadcast",
                                         "all_reduce_sum", "all_reduce_max", "all_reduce_min",
-                                        "barrier", "all_gather_parts", "reduce_scatter_parts", "all_to_all"};
+                                        "barrier", "all_gather_parts", "reduce_scatter_parts", "all_to_all",
+                                        "all_gather_parts (in shared memory)"};
   const std::string_view name = names[static_cast<std::size_t>(call.kind)];
   if (call.kind == collective_kind::barrier) return fmt::format("{}()", name);
   const std::uint64_t tag = call.element_bytes & (half_tag_bf16 | half_tag_f16);
@@ -105,7 +106,8 @@ std::string describe(const collective_call& call) {
                                            tag == half_tag_bf16 ? " (bf16)" : tag == half_tag_f16 ? " (f16)" : "");
   if (call.kind == collective_kind::broadcast)
     return fmt::format("{}({}, root {})", name, elements, call.root);
-  if (call.kind == collective_kind::all_gather_parts || call.kind == collective_kind::reduce_scatter_parts)
+  if (call.kind == collective_kind::all_gather_parts || call.kind == collective_kind::reduce_scatter_parts ||
+      call.kind == collective_kind::all_gather_parts_in_place)
     return fmt::format("{}({} per rank in {} parts)", name, elements, call.root);
   const bool per_rank = call.kind == collective_kind::all_gather ||
                         call.kind == collective_kind::reduce_scatter_sum || call.kind == collective_kind::all_to_all;
@@ -219,7 +221,8 @@ mpi::mpi(mpi&& other) noexcept
       tagged_calls_(other.tagged_calls_),
       options_(other.options_),
       checked_calls_(other.checked_calls_),
-      yields_(other.yields_) {}
+      yields_(other.yields_),
+      windows_(std::move(other.windows_)) {}
 mpi& mpi::operator=(mpi&& other) noexcept {
   if (this != &other) {
     free_communicator();
@@ -231,6 +234,7 @@ mpi& mpi::operator=(mpi&& other) noexcept {
     options_ = other.options_;
     checked_calls_ = other.checked_calls_;
     yields_ = other.yields_;
+    windows_ = std::move(other.windows_);
   }
   return *this;
 }
@@ -249,6 +253,13 @@ mpi::mpi(adopt_t, MPI_Comm owned, const mpi& parent, std::string_view function)
 }
 
 int mpi::ranks_on_node() const { return split_shared().size(); }
+
+shared_bytes mpi::allocate_shared(std::size_t bytes) {
+  if (size_ == 1 || comm_ == MPI_COMM_NULL) return {};  // nobody to share with
+  if (ranks_on_node() != size_) return {};             // the same answer on every rank
+  if (!windows_) windows_ = std::make_shared<detail::shared_windows>();
+  return detail::allocate_window(comm_, size_, bytes, windows_);
+}
 
 mpi mpi::split(int color, int key) const {
   constexpr std::string_view function = "kfsdp::comm::mpi::split";

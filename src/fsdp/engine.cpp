@@ -74,7 +74,12 @@ fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_commun
   }
 
   for (std::size_t p = 0; p < table_.size(); ++p) index_.emplace(std::string(table_[p].name.view()), p);
-  shards_ = sharded_storage<Scalar>(plan_, "kfsdp::shards");
+  // The parameter shards where the other ranks read them in place, if the communicator has such
+  // memory (one node, host memory): the unshard then copies them without messages.
+  if constexpr (std::is_same_v<typename sharded_storage<Scalar>::flat_view::memory_space, Kokkos::HostSpace>)
+    shards_ = sharded_storage<Scalar>(plan_, "kfsdp::shards", comm_.allocate_shared(plan_.shard_numel * sizeof(Scalar)));
+  else
+    shards_ = sharded_storage<Scalar>(plan_, "kfsdp::shards");
   grads_ = sharded_storage<Scalar>(plan_, "kfsdp::grads");
   division_ = division_of(options_.gradient_division, std::size_t(data_parallel_size()));
   context_.param_dtype = options_.param_dtype;

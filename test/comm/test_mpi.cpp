@@ -505,6 +505,82 @@ TEST_CASE_TEMPLATE("mpi: iall_gather_parts mixes small parts in one message with
   }
 }
 
+TEST_CASE_TEMPLATE("mpi: a gather batch whose sends lie in allocate_shared's memory is read in place", T, float,
+                   double, kfsdp::bf16) {
+  constexpr std::size_t alone = comm::mpi::gather_alone_min_bytes / sizeof(T);
+  // Small, empty and big parts, the last in place (its send in its recv, not in shared memory);
+  // then none in place; then a single part.
+  const std::vector<std::vector<std::size_t>> batches = {{3, 0, alone + 5, 2}, {4, alone, 1, 0}, {alone + 1, 0}};
+  for (const comm::mpi_options options :
+       {comm::mpi_options{}, comm::mpi_options{.check_collectives = true, .timeout = std::chrono::seconds(60)}}) {
+    comm::mpi world(MPI_COMM_WORLD, options);
+    comm::shared_bytes memory = world.allocate_shared(4 * alone * sizeof(T));
+    CHECK(memory.empty() == (world.size() == 1));  // the tests' ranks share a node
+    if (memory.empty()) continue;
+    CHECK(reinterpret_cast<std::uintptr_t>(memory.bytes.data()) % comm::detail::shared_alignment == 0);
+    CHECK(std::all_of(memory.bytes.begin(), memory.bytes.end(), [](std::byte b) { return b == std::byte{0}; }));
+    const std::span<T> shards(reinterpret_cast<T*>(memory.bytes.data()), memory.bytes.size() / sizeof(T));
+    for (const std::vector<std::size_t>& counts : batches) {
+      CAPTURE(counts);
+      kfsdp::test::gather_parts_case<T> batch(world.rank(), world.size(), counts);
+      CHECK_FALSE(world.reads_in_place<T, Kokkos::HostSpace>(batch.parts));  // sends in a vector
+      batch.send_from(shards);
+      const bool last_in_place = counts.back() > 0;  // its send is its recv's slot
+      CHECK(world.reads_in_place<T, Kokkos::HostSpace>(batch.parts) == !last_in_place);
+      comm::request pending = world.iall_gather_parts<T>(batch.parts);
+      while (!pending.test()) {}
+      batch.check();
+    }
+    // Through any_communicator, and the memory it hands out.
+    comm::any_communicator erased(world);
+    comm::shared_bytes more = erased.allocate_shared(16 * sizeof(T));
+    REQUIRE(more.bytes.size() == 16 * sizeof(T));
+    kfsdp::test::gather_parts_case<T> batch(world.rank(), world.size(), {2, 3, 0});
+    batch.send_from(std::span<T>(reinterpret_cast<T*>(more.bytes.data()), 16));
+    CHECK(world.reads_in_place<T, Kokkos::HostSpace>(batch.parts));
+    erased.iall_gather_parts<T, Kokkos::HostSpace>(batch.parts).wait();
+    batch.check();
+  }
+}
+
+TEST_CASE("mpi: shared memory is freed with its last owner, and a batch reading it waits for every rank's copy") {
+  comm::mpi world;
+  if (world.size() == 1) {
+    CHECK(world.allocate_shared(64).empty());  // nobody to share with
+    return;
+  }
+  kfsdp::test::gather_parts_case<double> batch(world.rank(), world.size(), {5, 7, 0});
+  {
+    comm::shared_bytes memory = world.allocate_shared(12 * sizeof(double));
+    batch.send_from(std::span<double>(reinterpret_cast<double*>(memory.bytes.data()), 12));
+    REQUIRE(world.reads_in_place<double, Kokkos::HostSpace>(batch.parts));
+    comm::request pending = world.iall_gather_parts<double>(batch.parts);
+    pending.wait();
+    // Every peer has its copy now: overwriting the sends changes nothing already gathered.
+    std::fill_n(reinterpret_cast<double*>(memory.bytes.data()), 12, -1.0);
+    world.barrier();
+    batch.check();
+    comm::shared_bytes copy = memory;  // the owner is shared: still alive after `memory` goes
+    memory = {};
+    CHECK(world.reads_in_place<double, Kokkos::HostSpace>(batch.parts));
+  }
+  CHECK_FALSE(world.reads_in_place<double, Kokkos::HostSpace>(batch.parts));  // freed on every rank
+}
+
+TEST_CASE("mpi: a rank reading in place against one sending throws collective_mismatch on every rank") {
+  comm::mpi world(MPI_COMM_WORLD, {.check_collectives = true, .timeout = std::chrono::seconds(60)});
+  comm::shared_bytes memory = world.allocate_shared(8 * sizeof(float));
+  if (memory.empty()) return;
+  kfsdp::test::gather_parts_case<float> batch(world.rank(), world.size(), {3, 4, 0});
+  if (world.rank() == 0) batch.send_from(std::span<float>(reinterpret_cast<float*>(memory.bytes.data()), 8));
+  try {
+    world.iall_gather_parts<float>(batch.parts).wait();
+    FAIL("expected collective_mismatch");
+  } catch (const comm::mpi::collective_mismatch& e) {
+    CHECK(std::string(e.what()).find("all_gather_parts (in shared memory)") != std::string::npos);
+  }
+}
+
 TEST_CASE("mpi: gather batches in flight with ring reduce-scatters never cross") {
   comm::mpi world;
   world.set_reduce_scatter_ring_min_bytes(0);  // every reduce-scatter point-to-point, as the batches

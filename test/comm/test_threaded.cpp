@@ -158,6 +158,23 @@ TEST_CASE_TEMPLATE("a gather batch runs on the worker as the backend's batch", T
                        doctest::Contains("kfsdp::comm::threaded::iall_gather_parts: parts["), std::invalid_argument);
 }
 
+TEST_CASE("shared memory is made and freed on the worker, and a batch in it is read in place there") {
+  mpi world;
+  threaded overlapped(world);
+  static_assert(comm::shares_memory<threaded<mpi>>);
+  static_assert(!comm::shares_memory<threaded<failing_sums>>);
+  comm::shared_bytes memory = overlapped.allocate_shared(16 * sizeof(double));
+  CHECK(memory.empty() == (world.size() == 1));
+  if (memory.empty()) return;
+  kfsdp::test::gather_parts_case<double> batch(world.rank(), world.size(), {6, 0, 9, 0});
+  batch.send_from(std::span<double>(reinterpret_cast<double*>(memory.bytes.data()), 16));
+  CHECK(world.reads_in_place<double, Kokkos::HostSpace>(batch.parts));
+  overlapped.iall_gather_parts<double, Kokkos::HostSpace>(batch.parts).wait();
+  batch.check();
+  memory = {};  // freed by the worker, collectively
+  CHECK_FALSE(world.reads_in_place<double, Kokkos::HostSpace>(batch.parts));
+}
+
 TEST_CASE("all_to_all through the worker: rank r gets block r of every rank's send; bad sizes throw at the call") {
   mpi world;
   threaded overlapped(world);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/threaded.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/fsdp/quantize.hpp>
 
@@ -61,6 +62,23 @@ TEST_CASE("unsharded parameters are the same under none, layer and block bucketi
       CHECK(to_host(e.full_param(p)) == expected_init<float>(e.params()[p], p, 3, all_normal));
     for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reshard(k);
     CHECK(e.memory().unsharded_now == 0);
+  }
+}
+
+TEST_CASE("the parameter shards lie in shared memory on one node, and unshard reads them there, threaded too") {
+  comm::mpi world;
+  comm::threaded overlapped(world);
+  for (const bool through_worker : {false, true}) {
+    CAPTURE(through_worker);
+    comm::any_communicator c = through_worker ? comm::any_communicator(overlapped) : comm::any_communicator(world);
+    fsdp_engine<float> e(make_param_table(thunder_padding{}), c, {.bucketing_strategy = bucketing::block});
+    CHECK(e.shards().in_shared_memory() == (world.size() > 1));  // the tests' ranks share a node
+    CHECK_FALSE(e.grads().in_shared_memory());
+    e.initialize(5, all_normal);
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.unshard(k);
+    for (std::size_t p = 0; p < e.params().size(); ++p)
+      CHECK(to_host(e.full_param(p)) == expected_init<float>(e.params()[p], p, 5, all_normal));
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reshard(k);
   }
 }
 

@@ -60,6 +60,17 @@ struct gather_parts_case {
     }
   }
 
+  // The sends moved into `memory` (comm::allocate_shared's, say), at most shard.size() elements
+  // needed: the batch then reads them there. The in-place part stays where it is.
+  void send_from(std::span<T> memory) {
+    std::copy(shard.begin(), shard.end(), memory.begin());
+    std::size_t sent = 0;
+    for (std::size_t i = 0; i + 1 < counts.size(); ++i) {
+      parts[i].send = comm::span_in<const T, Kokkos::HostSpace>(memory.subspan(sent, counts[i]));
+      sent += counts[i];
+    }
+  }
+
   // Every part's recv as all_gather leaves it; the gaps as they were.
   void check() const {
     std::size_t sent = 0, received = 0;

@@ -106,6 +106,9 @@ KFSDP_EXPORT class any_communicator {
     return iall_to_all<T, Kokkos::HostSpace>(host_span<const T>(send), host_span<T>(recv));
   }
 
+  // Host memory the other ranks read in place, where the backend has it (comm::allocate_shared).
+  [[nodiscard]] shared_bytes allocate_shared(std::size_t bytes) { return table_->allocate_shared(backend_, bytes); }
+
   // Collectives issued after this call read what `compute` has written so far (comm::order_after).
   void order_after(const Kokkos::DefaultExecutionSpace& compute) { table_->order_after(backend_, compute); }
 
@@ -143,6 +146,7 @@ KFSDP_EXPORT class any_communicator {
     void (*barrier)(void*);
     value_range (*range)(void*, std::uint64_t);
     void (*order_after)(void*, const Kokkos::DefaultExecutionSpace&);
+    shared_bytes (*allocate_shared)(void*, std::size_t);
     carried_calls collectives;
   };
 
@@ -199,6 +203,7 @@ KFSDP_EXPORT class any_communicator {
       [](void* c) { static_cast<C*>(c)->barrier(); },
       [](void* c, std::uint64_t value) { return kfsdp::comm::range_over_ranks(*static_cast<C*>(c), value); },
       [](void* c, const Kokkos::DefaultExecutionSpace& compute) { comm::order_after(*static_cast<C*>(c), compute); },
+      [](void* c, std::size_t bytes) { return comm::allocate_shared(*static_cast<C*>(c), bytes); },
       all_calls_for<C>(carried_spaces{}),
   };
 

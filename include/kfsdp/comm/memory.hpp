@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -246,6 +247,34 @@ concept scales_reduce_scatter =
     requires(C& c, span_in<const T, Space> send, span_in<T, Space> recv, scale_type<T> factor) {
       { c.template ireduce_scatter_sum<T, Space>(send, recv, factor) } -> std::same_as<request>;
     };
+
+// Host memory the other ranks of a communicator read in place: an MPI shared-memory window where all
+// its ranks share a node. An all-gather whose sends lie in such memory moves no messages: each rank
+// copies its peers' chunks straight out of their memory (mpi::iall_gather_parts). `owner` frees it,
+// collectively, when its last copy goes; empty (no bytes) where the backend cannot share memory.
+//
+//   kfsdp::comm::shared_bytes shards = kfsdp::comm::allocate_shared(world, bytes);   // collective
+//   float* shard = shards.empty() ? fallback : reinterpret_cast<float*>(shards.bytes.data());
+KFSDP_EXPORT struct shared_bytes {
+  std::span<std::byte> bytes;
+  std::shared_ptr<void> owner;
+  [[nodiscard]] bool empty() const noexcept { return bytes.empty(); }
+};
+
+// A backend that hands out such memory: c.allocate_shared(bytes), collective over c, every rank
+// asking in the same order (the sizes may differ).
+template <class C>
+concept shares_memory = requires(C& c, std::size_t bytes) {
+  { c.allocate_shared(bytes) } -> std::same_as<shared_bytes>;
+};
+
+// `bytes` of memory the communicator's peers read in place, aligned to a cache line; empty where it has
+// none to give (a backend without it, ranks on several nodes). Collective where it is not empty.
+KFSDP_EXPORT template <class C>
+[[nodiscard]] shared_bytes allocate_shared(C& c, std::size_t bytes) {
+  if constexpr (shares_memory<C>) return c.allocate_shared(bytes);
+  else return {};
+}
 
 // One part of a batch of all-gathers: once the batch completes, recv = [rank 0's send | rank 1's |
 // ...], as iall_gather(send, recv) would leave it.

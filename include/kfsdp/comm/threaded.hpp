@@ -53,6 +53,21 @@ class threaded {
 
   void barrier() { submit([this] { backend_.barrier(); }).wait(); }
 
+  // Memory the backend's ranks read in place (comm::allocate_shared), made on the worker and freed
+  // there too: the worker must still run (this communicator alive) when the last owner goes.
+  [[nodiscard]] shared_bytes allocate_shared(std::size_t bytes)
+    requires shares_memory<C>
+  {
+    shared_bytes made;
+    submit([this, &made, bytes] { made = backend_.allocate_shared(bytes); }).wait();
+    if (made.owner == nullptr) return made;
+    void* const owned = made.owner.get();  // kept, so that the owner still reads as non-null
+    made.owner = std::shared_ptr<void>(owned, [this, backend_owner = std::move(made.owner)](void*) mutable {
+      submit([owner = std::move(backend_owner)]() mutable { owner.reset(); }).wait();
+    });
+    return made;
+  }
+
   // Arguments are checked here, on the caller's thread, not later on the worker. The worker runs
   // the backend's blocking form (comm::all_gather etc.) on the same memory space; a bf16 or f16 sum
   // is the backend's.

@@ -1,12 +1,15 @@
 #pragma once
 // A rank's sharded storage: one flat Kokkos view laid out by the shard plan (bucket after bucket),
 // and each parameter's local shard as an unmanaged 2-D view (chunk_rows × row_numel) into it. The
-// offsets come from the plan's shard_mapping.
+// offsets come from the plan's shard_mapping. The flat view is Kokkos' own allocation, or memory the
+// communicator's other ranks read in place (comm::allocate_shared: the parameter shards, on one
+// node, so that an unshard copies them out of the peers' memory instead of sending messages).
 //
 //   plan for 0.weight [13,4] at world size 3: chunk 5 rows, storage_offset 0
 //   rank 2: local_shard(0) = rows 10..14 of the padded weight; rows 13, 14 are padding (zero)
 
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -14,6 +17,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/comm/communicator.hpp>
+#include <kfsdp/comm/memory.hpp>
 #include <kfsdp/plan/shard_mapping.hpp>
 
 namespace kfsdp {
@@ -40,6 +44,16 @@ class sharded_storage {
   // Zero-filled storage for `plan` (so padding starts zero); the plan must outlive it.
   sharded_storage(const shard_plan& plan, std::string label)
       : flat_(std::move(label), plan.shard_numel), map_(plan) {}
+  // The same over `memory`, zero-filled, of plan.shard_numel elements at least, in the flat view's
+  // memory space; it keeps memory.owner. Kokkos' own allocation where memory is empty.
+  sharded_storage(const shard_plan& plan, std::string label, comm::shared_bytes memory) : map_(plan) {
+    if (memory.bytes.size() < plan.shard_numel * sizeof(Scalar) || plan.shard_numel == 0) {
+      flat_ = flat_view(std::move(label), plan.shard_numel);
+      return;
+    }
+    flat_ = flat_view(reinterpret_cast<Scalar*>(memory.bytes.data()), plan.shard_numel);
+    owner_ = std::move(memory.owner);
+  }
 
   [[nodiscard]] flat_view flat() const { return flat_; }
   // The local slice of one bucket: what the all-gather sends and the reduce-scatter receives.
@@ -59,10 +73,13 @@ class sharded_storage {
     return shard_view(flat_.data() + map_.chunk(p).first, s.chunk_rows, s.row_numel);
   }
   [[nodiscard]] std::size_t bytes() const { return flat_.extent(0) * sizeof(Scalar); }
+  // Whether the flat view lies in the communicator's shared memory (comm::allocate_shared).
+  [[nodiscard]] bool in_shared_memory() const noexcept { return owner_ != nullptr; }
 
  private:
   flat_view flat_;
   shard_mapping map_{empty_plan()};
+  std::shared_ptr<void> owner_;  // the shared memory under flat_, where it is that
 
   static void check(std::size_t index, std::size_t count, const char* where) {
     if (index >= count)

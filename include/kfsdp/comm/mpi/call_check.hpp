@@ -88,10 +88,11 @@ constexpr bool oversubscribed(int ranks, int cpus) noexcept { return cpus <= 0 |
 // What the ranks compare before a checked collective: the same on every rank, or a user's bug.
 enum class collective_kind : std::uint64_t {
   all_gather, reduce_scatter_sum, broadcast, all_reduce_sum, all_reduce_max, all_reduce_min, barrier,
-  all_gather_parts, reduce_scatter_parts, all_to_all
+  all_gather_parts, reduce_scatter_parts, all_to_all,
+  all_gather_parts_in_place  // a batch whose sends lie in shared memory (mpi::allocate_shared)
 };
 // The last kind: a larger value read from another rank (another kfsdp version) reads as this one.
-constexpr collective_kind collective_kind_last = collective_kind::all_to_all;
+constexpr collective_kind collective_kind_last = collective_kind::all_gather_parts_in_place;
 // What the ranks compare of an element type: its bytes, and for the two 2-byte floating-point
 // formats a tag, so that bf16 on one rank against f16 on another is a mismatch too.
 constexpr std::uint64_t half_tag_bf16 = 0x100, half_tag_f16 = 0x200;

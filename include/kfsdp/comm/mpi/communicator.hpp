@@ -27,6 +27,7 @@
 #include <kfsdp/comm/mpi/datatypes.hpp>
 #include <kfsdp/comm/mpi/options.hpp>
 #include <kfsdp/comm/mpi/ring.hpp>
+#include <kfsdp/comm/mpi/shared_memory.hpp>
 
 namespace kfsdp::comm {
 
@@ -77,6 +78,24 @@ KFSDP_EXPORT class mpi {
   // MPI_Comm_split_type(MPI_COMM_TYPE_SHARED); collective. Owned as split()'s result is.
   [[nodiscard]] mpi split_shared() const;
 
+  // `bytes` of host memory that this communicator's other ranks read in place (comm::shared_bytes):
+  // an MPI shared-memory window, where every rank shares this rank's node; empty otherwise, and for
+  // a single rank. Collective; every rank asks in the same order, the sizes may differ. An
+  // all-gather batch whose sends all lie in it copies them straight out of the peers' memory
+  // (iall_gather_parts). Freed, collectively, when the last copy of the result's owner goes.
+  [[nodiscard]] shared_bytes allocate_shared(std::size_t bytes);
+  // Whether iall_gather_parts reads this batch in place: every part's send lies in
+  // allocate_shared's memory, which the host reaches, and there are peers to read from.
+  template <class T, class Space>
+  [[nodiscard]] bool reads_in_place(std::span<const gather_part<T, Space>> parts) const {
+    if constexpr (host_accessible<Space>) {
+      if (size_ == 1 || !windows_ || windows_->live.empty() || !reads_directly<Space>()) return false;
+      return detail::shared_gather::applies(*windows_, in_place_parts(parts));
+    } else {
+      return false;
+    }
+  }
+
   // The collectives of the communicator concept, on buffers of any Kokkos memory space
   // (span_in<T, Space>) or on host memory (std::span); the blocking ones are communicator.hpp's
   // free functions (comm::all_gather(world, ...) = world.iall_gather(...).wait()). Device memory
@@ -103,28 +122,34 @@ KFSDP_EXPORT class mpi {
     return iall_gather<T, Kokkos::HostSpace>(host_span<const T>(send), host_span<T>(recv));
   }
 
-  // A batch of all-gathers as one exchange (comm::iall_gather_parts): each rank sends its small
-  // parts' sends to every other rank as one message, and receives each rank's message straight
-  // into the parts' places through a derived datatype; parts of gather_alone_min_bytes or more go
-  // as a contiguous message of their own each; its own parts it copies in once the messages are
-  // complete. One message a peer for the small parts instead of one collective a part: for a
-  // bucket of small parameters the per-call latency was the cost. E.g. two parts of 2 and 3
-  // elements at 2 ranks, rank 1's message to rank 0:
+  // A batch of all-gathers as one exchange (comm::iall_gather_parts). Where every part's send lies
+  // in allocate_shared's memory (reads_in_place), nothing is sent: each rank copies its peers'
+  // chunks straight out of their memory (detail::shared_gather: where the sends lie, the copies, a
+  // barrier). Otherwise each rank sends its small parts' sends to every other rank as one message,
+  // and receives each rank's message straight into the parts' places through a derived datatype;
+  // parts of gather_alone_min_bytes or more go as a contiguous message of their own each; its own
+  // parts it copies in once the messages are complete. One message a peer for the small parts
+  // instead of one collective a part: for a bucket of small parameters the per-call latency was
+  // the cost. E.g. two parts of 2 and 3 elements at 2 ranks, rank 1's message to rank 0:
   //
   //   sent from:      parts[0].send[0..2) parts[1].send[0..3)   (rank 1's, where they lie)
   //   received into:  parts[0].recv[2..4) parts[1].recv[3..6)   (rank 0's recv type for rank 1)
   //
   // A single part goes as iall_gather; memory the host cannot reach, or staged
-  // (mpi_options::device_memory), part by part.
+  // (mpi_options::device_memory), part by part. Every rank must take the same path: with
+  // check_collectives a rank reading in place against one sending throws collective_mismatch.
   template <element T, class Space>
   [[nodiscard]] request iall_gather_parts(std::span<const gather_part<T, Space>> parts) {
     constexpr std::string_view function = "kfsdp::comm::mpi::iall_gather_parts";
     detail::check_all_gather_parts(function, rank_, size_, parts);
+    if (reads_in_place(parts)) {
+      verify_call(function, {detail::collective_kind::all_gather_parts_in_place, detail::element_code<T>(),
+                             total_sent(parts), static_cast<std::uint64_t>(parts.size())});
+      return request(detail::shared_gather(comm_, rank_, size_, windows_, in_place_parts(parts), function, waits()));
+    }
     if (!host_accessible<Space> || !reads_directly<Space>() || parts.size() == 1)
       return detail::gather_part_by_part<T, Space>(*this, parts);
-    std::size_t total = 0;
-    for (const gather_part<T, Space>& part : parts) total += part.send.size();
-    verify_call(function, {detail::collective_kind::all_gather_parts, detail::element_code<T>(), total,
+    verify_call(function, {detail::collective_kind::all_gather_parts, detail::element_code<T>(), total_sent(parts),
                            static_cast<std::uint64_t>(parts.size())});
     std::vector<std::size_t> batched, alone;  // parts' indices: in the one typed message, or on their own
     for (std::size_t i = 0; i < parts.size(); ++i)
@@ -395,6 +420,21 @@ KFSDP_EXPORT class mpi {
   template <class T>
   using hindexed = detail::hindexed<T>;
   static MPI_Aint address_of(const void* where) { return detail::address_of(where); }
+  template <class T, class Space>
+  static std::vector<detail::shared_gather::part> in_place_parts(std::span<const gather_part<T, Space>> parts) {
+    std::vector<detail::shared_gather::part> bytes;
+    bytes.reserve(parts.size());
+    for (const gather_part<T, Space>& part : parts)
+      bytes.push_back({reinterpret_cast<const std::byte*>(part.send.data()), reinterpret_cast<std::byte*>(part.recv.data()),
+                       part.send.size_bytes()});
+    return bytes;
+  }
+  template <class T, class Space>
+  static std::size_t total_sent(std::span<const gather_part<T, Space>> parts) {
+    std::size_t total = 0;
+    for (const gather_part<T, Space>& part : parts) total += part.send.size();
+    return total;
+  }
   [[nodiscard]] request pending(MPI_Request handle, std::string_view function) const;
 
   // Whether MPI gets the pointers of a buffer in Space itself, or host copies (mpi_options).
@@ -594,6 +634,7 @@ KFSDP_EXPORT class mpi {
   mpi_options options_;
   std::uint64_t checked_calls_ = 0;  // collectives compared across ranks, for the messages
   bool yields_ = true;  // waits yield between tests: the node runs more ranks than CPUs (wait_rule)
+  std::shared_ptr<detail::shared_windows> windows_ = std::make_shared<detail::shared_windows>();  // allocate_shared's
 };
 
 static_assert(communicator<mpi>);

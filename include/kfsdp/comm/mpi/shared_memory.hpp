@@ -1,0 +1,110 @@
+#pragma once
+// The MPI backend's shared memory (mpi::allocate_shared) and the all-gather that reads it in place
+// (mpi::iall_gather_parts where every part's send lies in it). Compiled into kfsdp_mpi
+// (src/comm/mpi_shared.cpp).
+//
+// A window is one MPI_Win_allocate_shared over a communicator whose ranks share a node: each rank
+// has a segment of its own, and every rank maps every segment (MPI_Win_shared_query). A send at
+// offset o of rank r's segment is read by any rank at bases[r] + o: nothing is sent. E.g. an
+// engine's parameter shards, a segment a rank, gathered at 2 ranks:
+//
+//   rank 0's segment:  [ bucket 0: p0 chunk | p1 chunk ][ bucket 1 ... ]   at bases[0] in both ranks
+//   rank 1's segment:  [ bucket 0: p0 chunk | p1 chunk ][ bucket 1 ... ]   at bases[1]
+//   rank 0 gathers bucket 0:  p0 recv[chunk 1] = bases[1] + 0,  p1 recv[chunk 1] = bases[1] + |p0 chunk|
+//
+// Against the same gather as messages (a message a part a peer, each Open MPI rendezvous copying
+// its head twice), one small all-gather and a barrier: 0.75-0.85 of a blocking MPI_Allgather of
+// the same bytes at 2 ranks, 1-16 MiB (docs/performance.md).
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <kfsdp/comm/memory.hpp>
+#include <kfsdp/comm/mpi/call_check.hpp>
+
+namespace kfsdp::comm::detail {
+
+// One window: the n-th a communicator made (its serial, the same on every rank), and where each
+// rank's segment lies in this process.
+struct shared_window {
+  std::uint64_t serial = 0;
+  MPI_Win window = MPI_WIN_NULL;
+  std::vector<std::byte*> bases;  // bases[r]: rank r's segment
+  std::byte* own = nullptr;       // this rank's segment (bases[rank])
+  std::size_t bytes = 0;          // its length (the memory handed out lies inside, aligned)
+};
+
+// A communicator's live windows, shared with the owners that free them (shared_bytes::owner).
+struct shared_windows {
+  std::vector<shared_window> live;
+  std::uint64_t made = 0;
+
+  // The window whose segment on this rank holds [data, data + bytes), and the offset there; null
+  // where none does.
+  [[nodiscard]] const shared_window* holding(const std::byte* data, std::size_t bytes, std::size_t& offset) const;
+  // The live window with this serial; throws std::logic_error where there is none (the ranks made
+  // or freed windows in different orders).
+  [[nodiscard]] const shared_window& with_serial(std::uint64_t serial) const;
+};
+
+// Where allocate_window's memory starts: a cache line, as Kokkos aligns its host allocations.
+inline constexpr std::size_t shared_alignment = 64;
+
+// A window of `bytes` on this rank over `comm`, whose ranks must share a node, registered in
+// `windows`; its owner unregisters and frees it (MPI_Win_free, collective). Collective.
+[[nodiscard]] shared_bytes allocate_window(MPI_Comm comm, int size, std::size_t bytes,
+                                           const std::shared_ptr<shared_windows>& windows);
+
+// One batch of all-gathers read in place, each part's chunk `bytes` long on every rank:
+//   1. an MPI_Iallgather of where each rank's sends lie ((serial, offset) a part): once it is in,
+//      every rank's sends are final;
+//   2. each peer's chunk of each part copied out of its segment into recv + peer·bytes, then this
+//      rank's own chunks;
+//   3. an MPI_Ibarrier, complete once every rank has copied: no rank reads a send after its
+//      owner's request completes, as with a message.
+// Steps 2 and 3 run inside test() and wait(), as the ring's rounds do.
+class shared_gather {
+ public:
+  struct part {
+    const std::byte* send;
+    std::byte* recv;
+    std::size_t bytes;  // a rank's chunk
+  };
+
+  // Whether every part's send lies in a window of `windows` (an empty part anywhere).
+  [[nodiscard]] static bool applies(const shared_windows& windows, std::span<const part> parts);
+
+  // Starts step 1; the caller has checked that applies(*windows, parts).
+  shared_gather(MPI_Comm comm, int rank, int size, std::shared_ptr<const shared_windows> windows,
+                std::vector<part> parts, std::string_view function, wait_rule waits);
+  shared_gather(shared_gather&&) noexcept = default;
+  shared_gather& operator=(shared_gather&&) = delete;
+  ~shared_gather() = default;
+
+  bool test();
+  void wait();
+
+ private:
+  void copy_in();  // step 2, then step 3 started
+
+  std::shared_ptr<const shared_windows> windows_;
+  std::vector<part> parts_;
+  std::vector<std::uint64_t> where_;     // this rank's (serial, offset) a part
+  std::vector<std::uint64_t> everyone_;  // every rank's, rank-major
+  MPI_Comm comm_;
+  int rank_;
+  int size_;
+  std::string_view function_;
+  wait_rule waits_;
+  MPI_Request located_ = MPI_REQUEST_NULL;  // step 1
+  MPI_Request copied_ = MPI_REQUEST_NULL;   // step 3
+  bool started_barrier_ = false;
+};
+
+}  // namespace kfsdp::comm::detail

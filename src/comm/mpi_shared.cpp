@@ -1,0 +1,175 @@
+// The MPI backend's shared memory and the all-gather that reads it in place
+// (include/kfsdp/comm/mpi/shared_memory.hpp).
+
+#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/shared_memory.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace kfsdp::comm::detail {
+
+const shared_window* shared_windows::holding(const std::byte* data, std::size_t bytes, std::size_t& offset) const {
+  const std::less_equal<const std::byte*> at_or_before;  // a total order, for pointers into different objects
+  for (const shared_window& w : live) {
+    if (at_or_before(w.own, data) && at_or_before(data + bytes, w.own + w.bytes)) {
+      offset = static_cast<std::size_t>(data - w.own);
+      return &w;
+    }
+  }
+  return nullptr;
+}
+
+const shared_window& shared_windows::with_serial(std::uint64_t serial) const {
+  for (const shared_window& w : live)
+    if (w.serial == serial) return w;
+  throw std::logic_error(fmt::format(
+      "kfsdp::comm::mpi: a peer's send lies in shared window {}, which this rank does not have "
+      "(the ranks made or freed their shared memory in different orders)",
+      serial));
+}
+
+namespace {
+
+// Unregisters and frees a window, collectively, once its last shared_bytes is gone.
+class window_owner {
+ public:
+  window_owner(std::weak_ptr<shared_windows> registry, std::uint64_t serial_, MPI_Win window_)
+      : windows(std::move(registry)), serial(serial_), window(window_) {}
+  window_owner(const window_owner&) = delete;  // one owner frees the window once
+  window_owner& operator=(const window_owner&) = delete;
+  ~window_owner() {
+    if (auto registry = windows.lock())
+      std::erase_if(registry->live, [&](const shared_window& w) { return w.serial == serial; });
+    int finalised = 0;
+    MPI_Finalized(&finalised);
+    if (finalised) return;  // MPI freed it already
+    MPI_Win_unlock_all(window);
+    MPI_Win_free(&window);
+  }
+
+ private:
+  std::weak_ptr<shared_windows> windows;
+  std::uint64_t serial;
+  MPI_Win window;
+};
+
+}  // namespace
+
+shared_bytes allocate_window(MPI_Comm comm, int size, std::size_t bytes,
+                             const std::shared_ptr<shared_windows>& windows) {
+  constexpr std::string_view function = "kfsdp::comm::mpi::allocate_shared";
+  MPI_Info info = MPI_INFO_NULL;
+  check_mpi(MPI_Info_create(&info), function, "MPI_Info_create");
+  // A segment of its own a rank, each on pages of its own (first touched by its owner).
+  check_mpi(MPI_Info_set(info, "alloc_shared_noncontig", "true"), function, "MPI_Info_set");
+  // Open MPI starts a segment after a header of its own (8-byte aligned): ask for room to align.
+  const std::size_t segment_bytes = bytes + shared_alignment;
+  void* mine = nullptr;
+  MPI_Win window = MPI_WIN_NULL;
+  const int made = MPI_Win_allocate_shared(static_cast<MPI_Aint>(segment_bytes), 1, info, comm, &mine, &window);
+  MPI_Info_free(&info);
+  check_mpi(made, function, "MPI_Win_allocate_shared");
+  // One passive epoch for the window's life: reads and writes are plain loads and stores, ordered by
+  // MPI_Win_sync and the collectives around them.
+  if (const int locked = MPI_Win_lock_all(MPI_MODE_NOCHECK, window); locked != MPI_SUCCESS) {
+    MPI_Win_free(&window);
+    check_mpi(locked, function, "MPI_Win_lock_all");
+  }
+  shared_window w{windows->made++, window, std::vector<std::byte*>(static_cast<std::size_t>(size)),
+                  static_cast<std::byte*>(mine), segment_bytes};
+  auto owner = std::make_shared<window_owner>(windows, w.serial, window);
+  for (int r = 0; r < size; ++r) {
+    MPI_Aint segment = 0;
+    int unit = 0;
+    void* base = nullptr;
+    check_mpi(MPI_Win_shared_query(window, r, &segment, &unit, &base), function, "MPI_Win_shared_query");
+    w.bases[static_cast<std::size_t>(r)] = static_cast<std::byte*>(base);
+  }
+  std::memset(mine, 0, segment_bytes);  // zero, as a Kokkos view starts
+  windows->live.push_back(std::move(w));
+  void* aligned = mine;
+  std::size_t room = segment_bytes;
+  std::align(shared_alignment, bytes, aligned, room);
+  return {std::span<std::byte>(static_cast<std::byte*>(aligned), bytes), std::move(owner)};
+}
+
+bool shared_gather::applies(const shared_windows& windows, std::span<const part> parts) {
+  std::size_t offset = 0;
+  return std::all_of(parts.begin(), parts.end(),
+                     [&](const part& p) { return p.bytes == 0 || windows.holding(p.send, p.bytes, offset) != nullptr; });
+}
+
+shared_gather::shared_gather(MPI_Comm comm, int rank, int size, std::shared_ptr<const shared_windows> windows,
+                             std::vector<part> parts, std::string_view function, wait_rule waits)
+    : windows_(std::move(windows)),
+      parts_(std::move(parts)),
+      where_(2 * parts_.size()),
+      everyone_(2 * parts_.size() * static_cast<std::size_t>(size)),
+      comm_(comm),
+      rank_(rank),
+      size_(size),
+      function_(function),
+      waits_(waits) {
+  for (std::size_t i = 0; i < parts_.size(); ++i) {
+    std::size_t offset = 0;
+    const shared_window* w = parts_[i].bytes == 0 ? nullptr : windows_->holding(parts_[i].send, parts_[i].bytes, offset);
+    where_[2 * i] = w == nullptr ? 0 : w->serial;
+    where_[2 * i + 1] = offset;
+  }
+  for (const shared_window& w : windows_->live) MPI_Win_sync(w.window);  // this rank's writes, visible to the peers
+  const int count = static_cast<int>(where_.size());
+  check_mpi(MPI_Iallgather(where_.data(), count, MPI_UINT64_T, everyone_.data(), count, MPI_UINT64_T, comm_, &located_),
+            function_, "MPI_Iallgather (where the sends lie)");
+}
+
+void shared_gather::copy_in() {
+  for (const shared_window& w : windows_->live) MPI_Win_sync(w.window);  // the peers' writes, seen here
+  const std::size_t stride = where_.size();
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    const std::uint64_t* located = everyone_.data() + static_cast<std::size_t>(peer) * stride;
+    for (std::size_t i = 0; i < parts_.size(); ++i) {
+      const part& p = parts_[i];
+      if (p.bytes == 0) continue;
+      const std::byte* from = windows_->with_serial(located[2 * i]).bases[static_cast<std::size_t>(peer)] + located[2 * i + 1];
+      std::memcpy(p.recv + static_cast<std::size_t>(peer) * p.bytes, from, p.bytes);
+    }
+  }
+  for (const part& p : parts_) {
+    std::byte* own = p.recv + static_cast<std::size_t>(rank_) * p.bytes;
+    if (p.bytes != 0 && own != p.send) std::memmove(own, p.send, p.bytes);
+  }
+  check_mpi(MPI_Ibarrier(comm_, &copied_), function_, "MPI_Ibarrier (every rank has copied)");
+  started_barrier_ = true;
+}
+
+bool shared_gather::test() {
+  int complete = 0;
+  if (!started_barrier_) {
+    check_mpi(MPI_Test(&located_, &complete, MPI_STATUS_IGNORE), function_, "MPI_Test");
+    if (!complete) return false;
+    copy_in();
+  }
+  check_mpi(MPI_Test(&copied_, &complete, MPI_STATUS_IGNORE), function_, "MPI_Test");
+  return complete != 0;
+}
+
+void shared_gather::wait() {
+  if (waits_.timed()) return wait_polling(*this, function_, waits_, rank_, size_);
+  if (!started_barrier_) {
+    check_mpi(MPI_Wait(&located_, MPI_STATUS_IGNORE), function_, "MPI_Wait");
+    copy_in();
+  }
+  check_mpi(MPI_Wait(&copied_, MPI_STATUS_IGNORE), function_, "MPI_Wait");
+}
+
+}  // namespace kfsdp::comm::detail
