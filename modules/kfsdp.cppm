@@ -119,6 +119,7 @@ module;
 #include <kfsdp/comm/mpi/environment.hpp>
 #include <kfsdp/comm/mpi/options.hpp>
 #include <kfsdp/comm/mpi/ring.hpp>
+#include <kfsdp/comm/mpi/shared_memory.hpp>
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 #include <kfsdp/session.hpp>
@@ -142,10 +143,12 @@ using kfsdp::comm::span_in;
 }
 // <kfsdp/comm/memory.hpp>
 export namespace kfsdp::comm {
+using kfsdp::comm::allocate_shared;
 using kfsdp::comm::gather_part;
 using kfsdp::comm::iall_gather_parts;
 using kfsdp::comm::ireduce_scatter_sum_parts;
 using kfsdp::comm::reduce_scatter_part;
+using kfsdp::comm::shared_bytes;
 }
 #ifdef KFSDP_MODULE_MPI
 // <kfsdp/comm/mpi/communicator.hpp>

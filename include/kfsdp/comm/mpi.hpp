@@ -20,7 +20,8 @@
 //
 // Its parts, in kfsdp/comm/mpi/: options.hpp (mpi_options), call_check.hpp (errors, the ranks'
 // comparison of calls, timeouts), datatypes.hpp (MPI datatypes and sums of kfsdp's elements),
-// ring.hpp (the ring reduce-scatter), communicator.hpp (mpi), environment.hpp (mpi::environment,
+// ring.hpp (the ring reduce-scatter), shared_memory.hpp (allocate_shared's windows and the gather
+// that reads them in place), communicator.hpp (mpi), environment.hpp (mpi::environment,
 // run_or_abort). What is not a template is compiled into the library kfsdp_mpi: link it
 // (pkg-config kfsdp-mpi, CMake kfsdp::mpi, Meson dependency('kfsdp-mpi')).
 
@@ -28,5 +29,6 @@
 #include <kfsdp/comm/mpi/call_check.hpp>
 #include <kfsdp/comm/mpi/datatypes.hpp>
 #include <kfsdp/comm/mpi/ring.hpp>
+#include <kfsdp/comm/mpi/shared_memory.hpp>
 #include <kfsdp/comm/mpi/communicator.hpp>
 #include <kfsdp/comm/mpi/environment.hpp>
