@@ -129,14 +129,13 @@ std::string describe_calls(std::span<const collective_call> by_rank) {
   return text;
 }
 
-bool check_collectives_from_environment(bool when_unset) {
-  const char* value = std::getenv("KFSDP_CHECK_COLLECTIVES");
+bool switch_from_environment(const char* name, bool when_unset) {
+  const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return when_unset;
   const std::string_view text(value);
   if (text == "1" || text == "on") return true;
   if (text == "0" || text == "off") return false;
-  throw std::invalid_argument(fmt::format(
-      "KFSDP_CHECK_COLLECTIVES is '{}', expected 1, on, 0 or off", text));
+  throw std::invalid_argument(fmt::format("{} is '{}', expected 1, on, 0 or off", name, text));
 }
 
 std::chrono::duration<double> default_collective_timeout() {
@@ -255,8 +254,15 @@ mpi::mpi(adopt_t, MPI_Comm owned, const mpi& parent, std::string_view function)
 int mpi::ranks_on_node() const { return split_shared().size(); }
 
 shared_bytes mpi::allocate_shared(std::size_t bytes) {
-  if (size_ == 1 || comm_ == MPI_COMM_NULL) return {};  // nobody to share with
-  if (ranks_on_node() != size_) return {};             // the same answer on every rank
+  constexpr std::string_view function = "kfsdp::comm::mpi::allocate_shared";
+  // Every rank gives the same answer: options agree, and the node and its room are the ranks' together.
+  if (!options_.shared_memory || size_ == 1 || comm_ == MPI_COMM_NULL) return {};
+  if (ranks_on_node() != size_) return {};  // ranks on several nodes
+  unsigned long long largest = bytes;
+  check(MPI_Allreduce(MPI_IN_PLACE, &largest, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm_), function, "MPI_Allreduce");
+  int fits = detail::shared_memory_room(largest + detail::shared_alignment, size_) ? 1 : 0;  // else SIGBUS later
+  check(MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, comm_), function, "MPI_Allreduce");
+  if (fits == 0) return {};
   if (!windows_) windows_ = std::make_shared<detail::shared_windows>();
   return detail::allocate_window(comm_, size_, bytes, windows_);
 }

@@ -5,6 +5,9 @@
 #include <kfsdp/comm/mpi/shared_memory.hpp>
 
 #include <mpi.h>
+#if defined(__linux__)
+#include <sys/statvfs.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -35,6 +38,20 @@ const shared_window& shared_windows::with_serial(std::uint64_t serial) const {
       "kfsdp::comm::mpi: a peer's send lies in shared window {}, which this rank does not have "
       "(the ranks made or freed their shared memory in different orders)",
       serial));
+}
+
+bool shared_memory_room(std::uint64_t bytes, int ranks) {
+#if defined(__linux__)
+  struct statvfs room {};
+  if (statvfs("/dev/shm", &room) != 0) return true;
+  using wide = unsigned __int128;  // no product of these overflows it
+  const wide needed = wide{bytes} * static_cast<unsigned>(std::max(ranks, 0));
+  return wide{room.f_bavail} * room.f_frsize >= needed + needed / 8;
+#else
+  (void)bytes;
+  (void)ranks;
+  return true;
+#endif
 }
 
 namespace {

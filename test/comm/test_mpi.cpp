@@ -567,6 +567,22 @@ TEST_CASE("mpi: shared memory is freed with its last owner, and a batch reading 
   CHECK_FALSE(world.reads_in_place<double, Kokkos::HostSpace>(batch.parts));  // freed on every rank
 }
 
+TEST_CASE("mpi: no shared memory where it is switched off or /dev/shm has no room; gathers then send messages") {
+  CHECK(comm::detail::shared_memory_room(0, 4));
+  CHECK(comm::detail::shared_memory_room(4096, 2));
+  CHECK_FALSE(comm::detail::shared_memory_room(std::uint64_t{1} << 62, 1));  // 4 EiB: no /dev/shm is that big
+  CHECK_FALSE(comm::detail::shared_memory_room(std::uint64_t{1} << 62, 64));  // and no overflow to a small sum
+  comm::mpi off(MPI_COMM_WORLD, {.shared_memory = false});
+  CHECK(off.allocate_shared(64).empty());
+  CHECK(off.split(0, off.rank()).allocate_shared(64).empty());  // a split keeps the options
+  comm::mpi world;
+  CHECK(world.allocate_shared(std::size_t{1} << 62).empty());  // more than the node's shared memory holds
+  kfsdp::test::gather_parts_case<float> batch(world.rank(), world.size());
+  CHECK_FALSE(world.reads_in_place<float, Kokkos::HostSpace>(batch.parts));
+  world.iall_gather_parts<float>(batch.parts).wait();
+  batch.check();
+}
+
 TEST_CASE("mpi: a rank reading in place against one sending throws collective_mismatch on every rank") {
   comm::mpi world(MPI_COMM_WORLD, {.check_collectives = true, .timeout = std::chrono::seconds(60)});
   comm::shared_bytes memory = world.allocate_shared(8 * sizeof(float));
@@ -1058,6 +1074,13 @@ TEST_CASE("mpi_options: the defaults come from KFSDP_CHECK_COLLECTIVES and KFSDP
       "KFSDP_CHECK_COLLECTIVES is 'yes', expected 1, on, 0 or off", std::invalid_argument);
   ::unsetenv("KFSDP_CHECK_COLLECTIVES");
   ::unsetenv("KFSDP_COLLECTIVE_TIMEOUT");
+  CHECK(comm::mpi_options{}.shared_memory);  // on unless asked otherwise
+  ::setenv("KFSDP_SHARED_MEMORY", "off", 1);
+  CHECK_FALSE(comm::mpi_options{}.shared_memory);
+  ::setenv("KFSDP_SHARED_MEMORY", "2", 1);
+  CHECK_THROWS_WITH_AS((void)comm::mpi_options{}, "KFSDP_SHARED_MEMORY is '2', expected 1, on, 0 or off",
+                       std::invalid_argument);
+  ::unsetenv("KFSDP_SHARED_MEMORY");
 }
 
 TEST_CASE("mpi::environment: a second guard finds MPI running and leaves it running") {

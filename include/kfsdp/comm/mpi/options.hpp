@@ -1,7 +1,7 @@
 #pragma once
 // mpi_options — how a kfsdp::comm::mpi communicator guards against collectives that the ranks do
 // not call alike, and how it reaches device memory. The defaults come from the environment
-// (KFSDP_CHECK_COLLECTIVES, KFSDP_COLLECTIVE_TIMEOUT), read in src/comm/mpi.cpp.
+// (KFSDP_CHECK_COLLECTIVES, KFSDP_COLLECTIVE_TIMEOUT, KFSDP_SHARED_MEMORY), read in src/comm/mpi.cpp.
 //
 //   kfsdp::comm::mpi world(MPI_COMM_WORLD, {.check_collectives = true, .timeout = std::chrono::minutes(2)});
 
@@ -11,8 +11,12 @@ namespace kfsdp::comm {
 
 namespace detail {
 // The defaults of mpi_options, from the environment so a job can switch them without a rebuild.
-// KFSDP_CHECK_COLLECTIVES: 1, on, 0 or off; unset, `when_unset`; anything else throws.
-bool check_collectives_from_environment(bool when_unset);
+// A switch `name`: 1, on, 0 or off; unset, `when_unset`; anything else throws, naming it.
+bool switch_from_environment(const char* name, bool when_unset);
+// KFSDP_CHECK_COLLECTIVES.
+inline bool check_collectives_from_environment(bool when_unset) {
+  return switch_from_environment("KFSDP_CHECK_COLLECTIVES", when_unset);
+}
 // Unset, on in the caller's builds without NDEBUG (decided here, in the caller's translation unit).
 inline bool default_check_collectives() {
 #ifdef NDEBUG
@@ -51,6 +55,11 @@ struct mpi_options {
   // Host memory takes the direct path unless staged is set. Every rank must pass the same value.
   enum class device_memory_path { automatic, direct, staged };
   device_memory_path device_memory = device_memory_path::automatic;
+  // Whether allocate_shared hands out MPI shared-memory windows where all the ranks share a node and
+  // its shared-memory filesystem has room: an engine's parameter shards then lie there, and its
+  // unshard copies the peers' chunks out of their memory instead of sending messages. On by
+  // default; KFSDP_SHARED_MEMORY=0 sets the default. Every rank must pass the same value.
+  bool shared_memory = detail::switch_from_environment("KFSDP_SHARED_MEMORY", true);
 };
 
 }  // namespace kfsdp::comm

@@ -56,6 +56,12 @@ struct shared_windows {
 // Where allocate_window's memory starts: a cache line, as Kokkos aligns its host allocations.
 inline constexpr std::size_t shared_alignment = 64;
 
+// Whether the node's shared-memory filesystem (/dev/shm, where Open MPI backs its windows) has room
+// for `ranks` segments of `bytes` more, with an eighth to spare: a window larger than what is free there faults (SIGBUS)
+// when its pages are first touched, as in a container whose /dev/shm is 64 MiB. True where there is
+// no /dev/shm to ask (MPI backs the window elsewhere, and fails cleanly if it cannot).
+[[nodiscard]] bool shared_memory_room(std::uint64_t bytes, int ranks);
+
 // A window of `bytes` on this rank over `comm`, whose ranks must share a node, registered in
 // `windows`; its owner unregisters and frees it (MPI_Win_free, collective). Collective.
 [[nodiscard]] shared_bytes allocate_window(MPI_Comm comm, int size, std::size_t bytes,
