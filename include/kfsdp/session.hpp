@@ -13,10 +13,10 @@
 //   }                                                   // groups freed, Kokkos and MPI finalised
 //
 // The environment variables it reads (README: "Environment variables"):
-//   KFSDP_CHECK_COLLECTIVES   1|on|0|off   compare every collective across ranks first (default: on without
-//   NDEBUG) KFSDP_COLLECTIVE_TIMEOUT  seconds      a collective waiting longer throws, naming the call
-//   (default 600; 0: none) KFSDP_HYBRID_SHARD        N|node|0     HSDP shard groups of N consecutive ranks,
-//   or per node (default 0: flat)
+//   KFSDP_CHECK_COLLECTIVES   1|on|0|off  compare every collective across ranks first (on without NDEBUG)
+//   KFSDP_COLLECTIVE_TIMEOUT  seconds     a collective waiting longer throws, naming the call (600; 0: none)
+//   KFSDP_HYBRID_SHARD        N|node|0    HSDP shard groups of N consecutive ranks, or per node (0: flat)
+//   KFSDP_SHARED_MEMORY       1|on|0|off  shards in shared memory on one node, gathered without messages (on)
 // A bad value is reported by run() as every bad input is: one "error:" line naming the variable, exit 2.
 
 #include <mpi.h>

@@ -20,7 +20,8 @@
 
 namespace kfsdp::comm::detail {
 
-const shared_window* shared_windows::holding(const std::byte* data, std::size_t bytes, std::size_t& offset) const {
+const shared_window* shared_windows::holding(const std::byte* data, std::size_t bytes,
+                                             std::size_t& offset) const {
   const std::less_equal<const std::byte*> at_or_before;  // a total order, for pointers into different objects
   for (const shared_window& w : live) {
     if (at_or_before(w.own, data) && at_or_before(data + bytes, w.own + w.bytes)) {
@@ -34,10 +35,10 @@ const shared_window* shared_windows::holding(const std::byte* data, std::size_t 
 const shared_window& shared_windows::with_serial(std::uint64_t serial) const {
   for (const shared_window& w : live)
     if (w.serial == serial) return w;
-  throw std::logic_error(fmt::format(
-      "kfsdp::comm::mpi: a peer's send lies in shared window {}, which this rank does not have "
-      "(the ranks made or freed their shared memory in different orders)",
-      serial));
+  throw std::logic_error(
+      fmt::format("kfsdp::comm::mpi: a peer's send lies in shared window {}, which this rank does not have "
+                  "(the ranks made or freed their shared memory in different orders)",
+                  serial));
 }
 
 bool shared_memory_room(std::uint64_t bytes, int ranks) {
@@ -92,7 +93,8 @@ shared_bytes allocate_window(MPI_Comm comm, int size, std::size_t bytes,
   const std::size_t segment_bytes = bytes + shared_alignment;
   void* mine = nullptr;
   MPI_Win window = MPI_WIN_NULL;
-  const int made = MPI_Win_allocate_shared(static_cast<MPI_Aint>(segment_bytes), 1, info, comm, &mine, &window);
+  const int made =
+      MPI_Win_allocate_shared(static_cast<MPI_Aint>(segment_bytes), 1, info, comm, &mine, &window);
   MPI_Info_free(&info);
   check_mpi(made, function, "MPI_Win_allocate_shared");
   // One passive epoch for the window's life: reads and writes are plain loads and stores, ordered by
@@ -121,8 +123,9 @@ shared_bytes allocate_window(MPI_Comm comm, int size, std::size_t bytes,
 
 bool shared_gather::applies(const shared_windows& windows, std::span<const part> parts) {
   std::size_t offset = 0;
-  return std::all_of(parts.begin(), parts.end(),
-                     [&](const part& p) { return p.bytes == 0 || windows.holding(p.send, p.bytes, offset) != nullptr; });
+  return std::all_of(parts.begin(), parts.end(), [&](const part& p) {
+    return p.bytes == 0 || windows.holding(p.send, p.bytes, offset) != nullptr;
+  });
 }
 
 shared_gather::shared_gather(MPI_Comm comm, int rank, int size, std::shared_ptr<const shared_windows> windows,
@@ -138,13 +141,16 @@ shared_gather::shared_gather(MPI_Comm comm, int rank, int size, std::shared_ptr<
       waits_(waits) {
   for (std::size_t i = 0; i < parts_.size(); ++i) {
     std::size_t offset = 0;
-    const shared_window* w = parts_[i].bytes == 0 ? nullptr : windows_->holding(parts_[i].send, parts_[i].bytes, offset);
+    const shared_window* w =
+        parts_[i].bytes == 0 ? nullptr : windows_->holding(parts_[i].send, parts_[i].bytes, offset);
     where_[2 * i] = w == nullptr ? 0 : w->serial;
     where_[2 * i + 1] = offset;
   }
-  for (const shared_window& w : windows_->live) MPI_Win_sync(w.window);  // this rank's writes, visible to the peers
+  for (const shared_window& w : windows_->live)
+    MPI_Win_sync(w.window);  // this rank's writes, visible to the peers
   const int count = static_cast<int>(where_.size());
-  check_mpi(MPI_Iallgather(where_.data(), count, MPI_UINT64_T, everyone_.data(), count, MPI_UINT64_T, comm_, &located_),
+  check_mpi(MPI_Iallgather(where_.data(), count, MPI_UINT64_T, everyone_.data(), count, MPI_UINT64_T, comm_,
+                           &located_),
             function_, "MPI_Iallgather (where the sends lie)");
 }
 
@@ -157,7 +163,8 @@ void shared_gather::copy_in() {
     for (std::size_t i = 0; i < parts_.size(); ++i) {
       const part& p = parts_[i];
       if (p.bytes == 0) continue;
-      const std::byte* from = windows_->with_serial(located[2 * i]).bases[static_cast<std::size_t>(peer)] + located[2 * i + 1];
+      const std::byte* from =
+          windows_->with_serial(located[2 * i]).bases[static_cast<std::size_t>(peer)] + located[2 * i + 1];
       std::memcpy(p.recv + static_cast<std::size_t>(peer) * p.bytes, from, p.bytes);
     }
   }

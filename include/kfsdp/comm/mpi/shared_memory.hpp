@@ -47,7 +47,8 @@ struct shared_windows {
 
   // The window whose segment on this rank holds [data, data + bytes), and the offset there; null
   // where none does.
-  [[nodiscard]] const shared_window* holding(const std::byte* data, std::size_t bytes, std::size_t& offset) const;
+  [[nodiscard]] const shared_window* holding(const std::byte* data, std::size_t bytes,
+                                             std::size_t& offset) const;
   // The live window with this serial; throws std::logic_error where there is none (the ranks made
   // or freed windows in different orders).
   [[nodiscard]] const shared_window& with_serial(std::uint64_t serial) const;
@@ -57,9 +58,9 @@ struct shared_windows {
 inline constexpr std::size_t shared_alignment = 64;
 
 // Whether the node's shared-memory filesystem (/dev/shm, where Open MPI backs its windows) has room
-// for `ranks` segments of `bytes` more, with an eighth to spare: a window larger than what is free there faults (SIGBUS)
-// when its pages are first touched, as in a container whose /dev/shm is 64 MiB. True where there is
-// no /dev/shm to ask (MPI backs the window elsewhere, and fails cleanly if it cannot).
+// for `ranks` segments of `bytes` more, with an eighth to spare: a window larger than what is free there
+// faults (SIGBUS) when its pages are first touched, as in a container whose /dev/shm is 64 MiB. True where
+// there is no /dev/shm to ask (MPI backs the window elsewhere, and fails cleanly if it cannot).
 [[nodiscard]] bool shared_memory_room(std::uint64_t bytes, int ranks);
 
 // A window of `bytes` on this rank over `comm`, whose ranks must share a node, registered in
