@@ -264,7 +264,7 @@ shared_bytes mpi::allocate_shared(std::size_t bytes) {
   check(MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, comm_), function, "MPI_Allreduce");
   if (fits == 0) return {};
   if (!windows_) windows_ = std::make_shared<detail::shared_windows>();
-  return detail::allocate_window(comm_, size_, bytes, windows_);
+  return detail::allocate_window(comm_, size_, bytes, windows_, waits());
 }
 
 mpi mpi::split(int color, int key) const {

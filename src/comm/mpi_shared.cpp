@@ -10,7 +10,9 @@
 #endif
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -57,33 +59,66 @@ bool shared_memory_room(std::uint64_t bytes, int ranks) {
 
 namespace {
 
-// Unregisters and frees a window, collectively, once its last shared_bytes is gone.
+// Unregisters and frees a window once its last shared_bytes is gone. MPI_Win_free is collective and
+// has no timeout, so the ranks first meet in a barrier that has one (the communicator's): a rank
+// whose peers never come leaves the window to MPI_Finalize (or the job's abort) instead of hanging,
+// and so does a rank unwinding an exception, whose peers may be anywhere.
 class window_owner {
  public:
-  window_owner(std::weak_ptr<shared_windows> registry, std::uint64_t serial_, MPI_Win window_)
-      : windows(std::move(registry)), serial(serial_), window(window_) {}
+  window_owner(std::weak_ptr<shared_windows> registry, std::uint64_t serial, MPI_Win window, MPI_Comm ranks,
+               wait_rule waits)
+      : registry_(std::move(registry)), serial_(serial), window_(window), ranks_(ranks), waits_(waits) {}
   window_owner(const window_owner&) = delete;  // one owner frees the window once
   window_owner& operator=(const window_owner&) = delete;
   ~window_owner() {
-    if (auto registry = windows.lock())
-      std::erase_if(registry->live, [&](const shared_window& w) { return w.serial == serial; });
+    if (auto registry = registry_.lock())
+      std::erase_if(registry->live, [&](const shared_window& w) { return w.serial == serial_; });
     int finalised = 0;
     MPI_Finalized(&finalised);
-    if (finalised) return;  // MPI freed it already
-    MPI_Win_unlock_all(window);
-    MPI_Win_free(&window);
+    if (finalised || std::uncaught_exceptions() > 0) return;
+    if (!all_ranks_here()) return;
+    MPI_Win_unlock_all(window_);
+    MPI_Win_free(&window_);
+    MPI_Comm_free(&ranks_);
   }
 
  private:
-  std::weak_ptr<shared_windows> windows;
-  std::uint64_t serial;
-  MPI_Win window;
+  struct barrier {
+    MPI_Request handle;
+    bool test() {
+      int complete = 0;
+      MPI_Test(&handle, &complete, MPI_STATUS_IGNORE);
+      return complete != 0;
+    }
+  };
+  bool all_ranks_here() noexcept {
+    constexpr std::string_view function = "kfsdp::comm::mpi (freeing shared memory)";
+    barrier meeting{MPI_REQUEST_NULL};
+    if (MPI_Ibarrier(ranks_, &meeting.handle) != MPI_SUCCESS) return false;
+    if (!waits_.timed()) return MPI_Wait(&meeting.handle, MPI_STATUS_IGNORE) == MPI_SUCCESS;
+    int rank = 0, size = 0;
+    MPI_Comm_rank(ranks_, &rank);
+    MPI_Comm_size(ranks_, &size);
+    try {
+      wait_polling(meeting, function, waits_, rank, size);
+      return true;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s; the window is left to MPI_Finalize\n", e.what());
+      return false;
+    }
+  }
+
+  std::weak_ptr<shared_windows> registry_;
+  std::uint64_t serial_;
+  MPI_Win window_;
+  MPI_Comm ranks_;  // a duplicate of the communicator's, for the barrier before the free
+  wait_rule waits_;
 };
 
 }  // namespace
 
-shared_bytes allocate_window(MPI_Comm comm, int size, std::size_t bytes,
-                             const std::shared_ptr<shared_windows>& windows) {
+shared_bytes allocate_window(MPI_Comm comm, int size, std::size_t bytes, const std::shared_ptr<shared_windows>& windows,
+                             wait_rule waits) {
   constexpr std::string_view function = "kfsdp::comm::mpi::allocate_shared";
   MPI_Info info = MPI_INFO_NULL;
   check_mpi(MPI_Info_create(&info), function, "MPI_Info_create");
@@ -105,7 +140,13 @@ shared_bytes allocate_window(MPI_Comm comm, int size, std::size_t bytes,
   }
   shared_window w{windows->made++, window, std::vector<std::byte*>(static_cast<std::size_t>(size)),
                   static_cast<std::byte*>(mine), segment_bytes};
-  auto owner = std::make_shared<window_owner>(windows, w.serial, window);
+  MPI_Comm ranks = MPI_COMM_NULL;
+  if (const int duplicated = MPI_Comm_dup(comm, &ranks); duplicated != MPI_SUCCESS) {
+    MPI_Win_unlock_all(window);
+    MPI_Win_free(&window);
+    check_mpi(duplicated, function, "MPI_Comm_dup");
+  }
+  auto owner = std::make_shared<window_owner>(windows, w.serial, window, ranks, waits);
   for (int r = 0; r < size; ++r) {
     MPI_Aint segment = 0;
     int unit = 0;

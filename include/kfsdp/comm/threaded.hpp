@@ -63,6 +63,8 @@ class threaded {
     if (made.owner == nullptr) return made;
     void* const owned = made.owner.get();  // kept, so that the owner still reads as non-null
     made.owner = std::shared_ptr<void>(owned, [this, backend_owner = std::move(made.owner)](void*) mutable {
+      // Unwinding, the backend leaves the memory to MPI's end without a call here (its peers may be anywhere).
+      if (std::uncaught_exceptions() > 0) return backend_owner.reset();
       submit([owner = std::move(backend_owner)]() mutable { owner.reset(); }).wait();
     });
     return made;

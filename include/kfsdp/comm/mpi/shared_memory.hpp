@@ -64,9 +64,11 @@ inline constexpr std::size_t shared_alignment = 64;
 [[nodiscard]] bool shared_memory_room(std::uint64_t bytes, int ranks);
 
 // A window of `bytes` on this rank over `comm`, whose ranks must share a node, registered in
-// `windows`; its owner unregisters and frees it (MPI_Win_free, collective). Collective.
+// `windows`; its owner unregisters and frees it (MPI_Win_free, collective), once the ranks have met
+// in a barrier within `waits`' limit (else, and while unwinding an exception, MPI_Finalize frees it).
+// Collective.
 [[nodiscard]] shared_bytes allocate_window(MPI_Comm comm, int size, std::size_t bytes,
-                                           const std::shared_ptr<shared_windows>& windows);
+                                           const std::shared_ptr<shared_windows>& windows, wait_rule waits);
 
 // One batch of all-gathers read in place, each part's chunk `bytes` long on every rank:
 //   1. an MPI_Iallgather of where each rank's sends lie ((serial, offset) a part): once it is in,
