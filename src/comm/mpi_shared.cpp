@@ -15,6 +15,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -162,33 +163,31 @@ shared_bytes allocate_window(MPI_Comm comm, int size, std::size_t bytes, const s
   return {std::span<std::byte>(static_cast<std::byte*>(aligned), bytes), std::move(owner)};
 }
 
-bool shared_gather::applies(const shared_windows& windows, std::span<const part> parts) {
-  std::size_t offset = 0;
-  return std::all_of(parts.begin(), parts.end(), [&](const part& p) {
-    return p.bytes == 0 || windows.holding(p.send, p.bytes, offset) != nullptr;
-  });
+std::optional<shared_gather::located> shared_gather::locate(const shared_windows& windows, std::vector<part> parts) {
+  std::vector<std::uint64_t> where(2 * parts.size(), 0);
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].bytes == 0) continue;  // nothing to read: anywhere will do
+    std::size_t offset = 0;
+    const shared_window* w = windows.holding(parts[i].send, parts[i].bytes, offset);
+    if (w == nullptr) return std::nullopt;
+    where[2 * i] = w->serial;
+    where[2 * i + 1] = offset;
+  }
+  return located{std::move(parts), std::move(where)};
 }
 
 shared_gather::shared_gather(MPI_Comm comm, int rank, int size, std::shared_ptr<const shared_windows> windows,
-                             std::vector<part> parts, std::string_view function, wait_rule waits)
+                             located batch, std::string_view function, wait_rule waits)
     : windows_(std::move(windows)),
-      parts_(std::move(parts)),
-      where_(2 * parts_.size()),
-      everyone_(2 * parts_.size() * static_cast<std::size_t>(size)),
+      parts_(std::move(batch.parts)),
+      where_(std::move(batch.where)),
+      everyone_(where_.size() * static_cast<std::size_t>(size)),
       comm_(comm),
       rank_(rank),
       size_(size),
       function_(function),
       waits_(waits) {
-  for (std::size_t i = 0; i < parts_.size(); ++i) {
-    std::size_t offset = 0;
-    const shared_window* w =
-        parts_[i].bytes == 0 ? nullptr : windows_->holding(parts_[i].send, parts_[i].bytes, offset);
-    where_[2 * i] = w == nullptr ? 0 : w->serial;
-    where_[2 * i + 1] = offset;
-  }
-  for (const shared_window& w : windows_->live)
-    MPI_Win_sync(w.window);  // this rank's writes, visible to the peers
+  for (const shared_window& w : windows_->live) MPI_Win_sync(w.window);  // this rank's writes, visible to the peers
   const int count = static_cast<int>(where_.size());
   check_mpi(MPI_Iallgather(where_.data(), count, MPI_UINT64_T, everyone_.data(), count, MPI_UINT64_T, comm_,
                            &located_),

@@ -88,12 +88,7 @@ KFSDP_EXPORT class mpi {
   // allocate_shared's memory, which the host reaches, and there are peers to read from.
   template <class T, class Space>
   [[nodiscard]] bool reads_in_place(std::span<const gather_part<T, Space>> parts) const {
-    if constexpr (host_accessible<Space>) {
-      if (size_ == 1 || !windows_ || windows_->live.empty() || !reads_directly<Space>()) return false;
-      return detail::shared_gather::applies(*windows_, in_place_parts(parts));
-    } else {
-      return false;
-    }
+    return located_in_place(parts).has_value();
   }
 
   // The collectives of the communicator concept, on buffers of any Kokkos memory space
@@ -142,10 +137,10 @@ KFSDP_EXPORT class mpi {
   [[nodiscard]] request iall_gather_parts(std::span<const gather_part<T, Space>> parts) {
     constexpr std::string_view function = "kfsdp::comm::mpi::iall_gather_parts";
     detail::check_all_gather_parts(function, rank_, size_, parts);
-    if (reads_in_place(parts)) {
+    if (auto in_place = located_in_place(parts)) {
       verify_call(function, {detail::collective_kind::all_gather_parts_in_place, detail::element_code<T>(),
                              total_sent(parts), static_cast<std::uint64_t>(parts.size())});
-      return request(detail::shared_gather(comm_, rank_, size_, windows_, in_place_parts(parts), function, waits()));
+      return request(detail::shared_gather(comm_, rank_, size_, windows_, std::move(*in_place), function, waits()));
     }
     if (!host_accessible<Space> || !reads_directly<Space>() || parts.size() == 1)
       return detail::gather_part_by_part<T, Space>(*this, parts);
@@ -420,14 +415,21 @@ KFSDP_EXPORT class mpi {
   template <class T>
   using hindexed = detail::hindexed<T>;
   static MPI_Aint address_of(const void* where) { return detail::address_of(where); }
+  // The batch as shared_gather reads it, where reads_in_place; nothing otherwise.
   template <class T, class Space>
-  static std::vector<detail::shared_gather::part> in_place_parts(std::span<const gather_part<T, Space>> parts) {
-    std::vector<detail::shared_gather::part> bytes;
-    bytes.reserve(parts.size());
-    for (const gather_part<T, Space>& part : parts)
-      bytes.push_back({reinterpret_cast<const std::byte*>(part.send.data()), reinterpret_cast<std::byte*>(part.recv.data()),
-                       part.send.size_bytes()});
-    return bytes;
+  [[nodiscard]] std::optional<detail::shared_gather::located> located_in_place(
+      std::span<const gather_part<T, Space>> parts) const {
+    if constexpr (host_accessible<Space>) {
+      if (size_ == 1 || !windows_ || windows_->live.empty() || !reads_directly<Space>()) return std::nullopt;
+      std::vector<detail::shared_gather::part> bytes;
+      bytes.reserve(parts.size());
+      for (const gather_part<T, Space>& part : parts)
+        bytes.push_back({reinterpret_cast<const std::byte*>(part.send.data()),
+                         reinterpret_cast<std::byte*>(part.recv.data()), part.send.size_bytes()});
+      return detail::shared_gather::locate(*windows_, std::move(bytes));
+    } else {
+      return std::nullopt;
+    }
   }
   template <class T, class Space>
   static std::size_t total_sent(std::span<const gather_part<T, Space>> parts) {
@@ -476,8 +478,8 @@ KFSDP_EXPORT class mpi {
     request on_host;
   };
 
-  [[nodiscard]] bool timed() const noexcept { return options_.timeout.count() > 0; }
   [[nodiscard]] detail::wait_rule waits() const noexcept { return {options_.timeout, yields_}; }
+  [[nodiscard]] bool timed() const noexcept { return waits().timed(); }
 
   // Throws collective_mismatch on every rank unless every rank is making the same call.
   void verify_call(std::string_view function, detail::collective_call call);

@@ -13,16 +13,13 @@ namespace detail {
 // The defaults of mpi_options, from the environment so a job can switch them without a rebuild.
 // A switch `name`: 1, on, 0 or off; unset, `when_unset`; anything else throws, naming it.
 bool switch_from_environment(const char* name, bool when_unset);
-// KFSDP_CHECK_COLLECTIVES.
-inline bool check_collectives_from_environment(bool when_unset) {
-  return switch_from_environment("KFSDP_CHECK_COLLECTIVES", when_unset);
-}
-// Unset, on in the caller's builds without NDEBUG (decided here, in the caller's translation unit).
+// KFSDP_CHECK_COLLECTIVES; unset, on in the caller's builds without NDEBUG (decided here, in the
+// caller's translation unit).
 inline bool default_check_collectives() {
 #ifdef NDEBUG
-  return check_collectives_from_environment(false);
+  return switch_from_environment("KFSDP_CHECK_COLLECTIVES", false);
 #else
-  return check_collectives_from_environment(true);
+  return switch_from_environment("KFSDP_CHECK_COLLECTIVES", true);
 #endif
 }
 // 10 minutes, as PyTorch's process groups: a rank that skips a collective ends the job with an

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -86,12 +87,18 @@ class shared_gather {
     std::size_t bytes;  // a rank's chunk
   };
 
-  // Whether every part's send lies in a window of `windows` (an empty part anywhere).
-  [[nodiscard]] static bool applies(const shared_windows& windows, std::span<const part> parts);
+  // A batch whose every send lies in a window: the parts, and where each send lies ((serial,
+  // offset) a part; an empty part anywhere).
+  struct located {
+    std::vector<part> parts;
+    std::vector<std::uint64_t> where;
+  };
+  // The batch located in `windows`; nothing where a send lies outside them.
+  [[nodiscard]] static std::optional<located> locate(const shared_windows& windows, std::vector<part> parts);
 
-  // Starts step 1; the caller has checked that applies(*windows, parts).
-  shared_gather(MPI_Comm comm, int rank, int size, std::shared_ptr<const shared_windows> windows,
-                std::vector<part> parts, std::string_view function, wait_rule waits);
+  // Starts step 1.
+  shared_gather(MPI_Comm comm, int rank, int size, std::shared_ptr<const shared_windows> windows, located batch,
+                std::string_view function, wait_rule waits);
   shared_gather(shared_gather&&) noexcept = default;
   shared_gather& operator=(shared_gather&&) = delete;
   ~shared_gather() = default;
@@ -104,7 +111,7 @@ class shared_gather {
 
   std::shared_ptr<const shared_windows> windows_;
   std::vector<part> parts_;
-  std::vector<std::uint64_t> where_;     // this rank's (serial, offset) a part
+  std::vector<std::uint64_t> where_;     // this rank's (serial, offset) a part (located::where)
   std::vector<std::uint64_t> everyone_;  // every rank's, rank-major
   MPI_Comm comm_;
   int rank_;
