@@ -18,6 +18,7 @@
 import kfsdp;
 #else
 #include <kfsdp/fsdp/options.hpp>
+#include <kfsdp/meta/parse.hpp>
 #include <kfsdp/model/gpt.hpp>
 #endif
 
@@ -65,18 +66,9 @@ class cli {
 
   [[nodiscard]] std::string str(const std::string& name) const { return entry(name).value; }
 
+  // Strict, as every number kfsdp reads (kfsdp::parse_count): digits only, no sign, no overflow.
   [[nodiscard]] std::size_t size(const std::string& name) const {
-    const std::string v = str(name);
-    std::size_t used = 0;
-    unsigned long long n = 0;
-    try {
-      n = std::stoull(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != v.size() || v.empty() || v[0] == '-')
-      throw std::invalid_argument(fmt::format("{}: --{} is '{}', expected a non-negative integer", program_, name, v));
-    return static_cast<std::size_t>(n);
+    return static_cast<std::size_t>(kfsdp::parse_count(str(name), fmt::format("{}: --{}", program_, name)));
   }
 
   // A size that must be at least 1 (a zero names the flag, not the object it would size).
@@ -93,18 +85,9 @@ class cli {
     return x;
   }
 
+  // A finite number, the whole text (kfsdp::parse_real).
   [[nodiscard]] double real(const std::string& name) const {
-    const std::string v = str(name);
-    std::size_t used = 0;
-    double x = 0;
-    try {
-      x = std::stod(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != v.size() || v.empty())
-      throw std::invalid_argument(fmt::format("{}: --{} is '{}', expected a number", program_, name, v));
-    return x;
+    return kfsdp::parse_real(str(name), fmt::format("{}: --{}", program_, name));
   }
 
   // The value of a flag that must be one of `allowed`; anything else is an error naming them.

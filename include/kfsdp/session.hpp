@@ -39,6 +39,7 @@
 #include <kfsdp/environment.hpp>
 #include <kfsdp/fsdp/memory_fit.hpp>
 #include <kfsdp/fsdp/options.hpp>
+#include <kfsdp/meta/parse.hpp>
 
 namespace kfsdp {
 
@@ -68,14 +69,11 @@ inline std::size_t hybrid_shard_from_environment() {
   if (value == nullptr || *value == '\0') return 0;
   const std::string_view text(value);
   if (text == "node") return shard_per_node;
-  std::size_t ranks = 0;
-  for (const char c : text) {
-    if (c < '0' || c > '9' || ranks > (std::numeric_limits<std::size_t>::max() - 9) / 10)
-      throw std::invalid_argument(fmt::format(
-          "KFSDP_HYBRID_SHARD is '{}', expected a number of ranks per shard group, node, or 0 (flat)", text));
-    ranks = ranks * 10 + std::size_t(c - '0');
+  try {
+    return parse_count(text, "KFSDP_HYBRID_SHARD", 0, std::numeric_limits<int>::max());
+  } catch (const std::invalid_argument& bad) {
+    throw std::invalid_argument(fmt::format("{} (ranks per shard group), node, or 0 (flat)", bad.what()));
   }
-  return ranks;
 }
 }  // namespace detail
 
@@ -175,7 +173,11 @@ KFSDP_EXPORT class session {
       return comm::mpi_options{};
     } catch (const std::invalid_argument& bad) {
       bad_setting_ = bad.what();
-      return comm::mpi_options{.check_collectives = false, .timeout = std::chrono::duration<double>(0)};
+      // Every field given: a default would read the environment again and throw out of this handler.
+      return comm::mpi_options{.check_collectives = false,
+                               .timeout = std::chrono::duration<double>(0),
+                               .device_memory = comm::mpi_options::device_memory_path::automatic,
+                               .shared_memory = false};
     }
   }
 

@@ -29,6 +29,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <kfsdp/meta/parse.hpp>
+
 namespace kfsdp::comm {
 
 namespace detail {
@@ -132,27 +134,39 @@ std::string describe_calls(std::span<const collective_call> by_rank) {
 bool switch_from_environment(const char* name, bool when_unset) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return when_unset;
-  const std::string_view text(value);
-  if (text == "1" || text == "on") return true;
-  if (text == "0" || text == "off") return false;
-  throw std::invalid_argument(fmt::format("{} is '{}', expected 1, on, 0 or off", name, text));
+  return parse_switch(value, name);
+}
+
+void check_collective_timeout(std::chrono::duration<double> timeout, std::string_view what) {
+  const double seconds = timeout.count();
+  if (seconds == 0 || (seconds >= collective_timeout_least.count() && seconds <= collective_timeout_most.count()))
+    return;
+  throw std::invalid_argument(fmt::format("{} is {:g} s, expected 0 (no timeout) or from {:g} to {:g} s", what, seconds,
+                                          collective_timeout_least.count(), collective_timeout_most.count()));
 }
 
 std::chrono::duration<double> default_collective_timeout() {
-  const char* value = std::getenv("KFSDP_COLLECTIVE_TIMEOUT");
+  constexpr const char* name = "KFSDP_COLLECTIVE_TIMEOUT";
+  const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return collective_timeout_default;
-  char* end = nullptr;
-  const double seconds = std::strtod(value, &end);
-  if (end == value || *end != '\0' || !(seconds >= 0) || seconds > 1e9) {
-    throw std::invalid_argument(fmt::format(
-        "KFSDP_COLLECTIVE_TIMEOUT is '{}', expected a number of seconds >= 0 (0: no timeout)",
-        value));
+  try {
+    const std::chrono::duration<double> timeout(parse_real(value, name, 0));
+    check_collective_timeout(timeout, name);
+    return timeout;
+  } catch (const std::invalid_argument&) {  // one message for text and for a value out of range
+    throw std::invalid_argument(fmt::format("{} is '{}', expected 0 (no timeout) or seconds from {:g} to {:g}", name,
+                                            value, collective_timeout_least.count(), collective_timeout_most.count()));
   }
-  return std::chrono::duration<double>(seconds);
 }
 
 int agree_or_abort(mpi& world, MPI_Comm verdicts, int status, const std::string& message,
-                   std::chrono::duration<double> grace) {
+                   std::chrono::duration<double> grace, bool timed_out) {
+  if (timed_out) {
+    std::fprintf(stderr, "error on rank %d of %d: %s\n(a collective timed out: aborting the job)\n", world.rank(),
+                 world.size(), message.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
   int failed = message.empty() ? 0 : 1, failures = 0;
   MPI_Request handle = MPI_REQUEST_NULL;
   MPI_Iallreduce(&failed, &failures, 1, MPI_INT, MPI_SUM, verdicts, &handle);
@@ -205,10 +219,7 @@ mpi::mpi(MPI_Comm user_comm, mpi_options options) : options_(options) {
   check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), function, "MPI_Comm_set_errhandler");
   check(MPI_Comm_rank(comm_, &rank_), function, "MPI_Comm_rank");
   check(MPI_Comm_size(comm_, &size_), function, "MPI_Comm_size");
-  if (!(options_.timeout.count() >= 0)) {
-    throw std::invalid_argument(fmt::format("{}: options.timeout is {} s, expected >= 0", function,
-                                            options_.timeout.count()));
-  }
+  detail::check_collective_timeout(options_.timeout, fmt::format("{}: options.timeout", function));
   yields_ = detail::node_oversubscribed(split_shared().native());
 }
 
@@ -305,10 +316,14 @@ void mpi::verify_call(std::string_view function, detail::collective_call call) {
   const std::uint64_t mine[4] = {static_cast<std::uint64_t>(call.kind), call.element_bytes,
                                  call.count, call.root};
   std::vector<std::uint64_t> all(4 * static_cast<std::size_t>(size_));
-  MPI_Request handle = MPI_REQUEST_NULL;
-  check(MPI_Iallgather(mine, 4, MPI_UINT64_T, all.data(), 4, MPI_UINT64_T, comm_, &handle),
-        function, "MPI_Iallgather (the collective check)");
-  pending(handle, function).wait();
+  // On copies the request owns, as every blocking call: a timeout leaves MPI nothing of this frame.
+  detail::wait_on_own_copy<std::uint64_t>(mine, all, false, [&](std::span<const std::uint64_t> in,
+                                                                std::span<std::uint64_t> out) {
+    MPI_Request handle = MPI_REQUEST_NULL;
+    check(MPI_Iallgather(in.data(), 4, MPI_UINT64_T, out.data(), 4, MPI_UINT64_T, comm_, &handle), function,
+          "MPI_Iallgather (the collective check)");
+    return pending(handle, function);
+  });
   std::vector<detail::collective_call> calls;
   for (std::size_t r = 0; r < all.size(); r += 4)
     calls.push_back({static_cast<detail::collective_kind>(

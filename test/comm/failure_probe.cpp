@@ -1,8 +1,11 @@
 // A program that fails the way a user's job can, for test_failures.py: one rank throws mid-run,
 // every rank throws, one rank is killed, the ranks call different collectives, a rank waits on a
-// collective that the others never call. Run under mpirun: failure_probe <mode>.
+// collective that the others never call, a collective that times out (the job's end, and timeouts
+// tight enough to race the peers). Run under mpirun: failure_probe <mode>.
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <random>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
@@ -47,9 +50,31 @@ int run(comm::mpi& world, std::string_view mode) {
     comm::mpi timed(MPI_COMM_WORLD, {.timeout = std::chrono::seconds(1)});
     if (world.rank() == 0) timed.barrier();
     else std::this_thread::sleep_for(std::chrono::seconds(60));
+  } else if (mode == "timeout-ends-job") {
+    // Rank 0 all-reduces under the world's timeout (KFSDP_COLLECTIVE_TIMEOUT) while the others sleep:
+    // the job must end within the timeout, measured from here.
+    if (world.rank() == 0) {
+      std::printf("probe: rank 0 enters the collective at %.6f\n",
+                  std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+      std::fflush(stdout);
+      std::vector<double> loss{1.0};
+      comm::all_reduce_sum(world, std::span(loss));
+    } else {
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
+  } else if (mode == "tight-timeouts") {
+    // Steps whose ranks arrive up to 2 ms apart under a timeout of about that (KFSDP_COLLECTIVE_TIMEOUT
+    // = 0.001): some time out, and a late peer then completes the abandoned call. The job ends with
+    // an error or finishes; it never crashes.
+    std::minstd_rand jitter(static_cast<unsigned>(world.rank()) + 1);
+    for (int step = 0; step < 300; ++step) {
+      if (jitter() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(jitter() % 2000));
+      double local[16] = {1.0};  // on this frame, as a user's loss would be
+      comm::all_reduce_sum(world, std::span<double>(local));
+    }
   } else {
-    throw std::invalid_argument(fmt::format("failure_probe: mode '{}', expected one-throws, "
-                                            "all-throw, one-killed, mismatch or timeout", mode));
+    throw std::invalid_argument(fmt::format("failure_probe: mode '{}', expected one-throws, all-throw, one-killed, "
+                                            "mismatch, timeout, timeout-ends-job or tight-timeouts", mode));
   }
   return 0;
 }

@@ -972,6 +972,41 @@ TEST_CASE("mpi: a rank that skips a collective: the others' call throws mpi::tim
   }
 }
 
+TEST_CASE("mpi: a blocking collective that times out leaves none of the caller's memory in MPI's hands") {
+  comm::mpi world;
+  if (world.size() == 1) return;  // nothing to wait for
+  constexpr std::size_t count = 512;
+  {
+    comm::mpi timed(MPI_COMM_WORLD, {.check_collectives = false, .timeout = std::chrono::milliseconds(50)});
+    if (world.rank() == 0) {
+      const double* abandoned = nullptr;
+      {
+        std::vector<double> sums(count, 1.0);  // freed when the call has thrown
+        abandoned = sums.data();
+        CHECK_THROWS_AS(comm::all_reduce_sum(timed, std::span(sums)), comm::mpi::timeout);
+      }
+      std::vector<double> fresh(count, 7.0);  // often where `sums` was: the late peers must not write here
+      world.barrier();                        // the others join the abandoned all-reduce now
+      world.barrier();
+      for (int i = 0; i < 100; ++i) {  // progress, so that MPI finishes the abandoned call on this rank
+        int flag = 0;
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, world.native(), &flag, MPI_STATUS_IGNORE);
+      }
+      MESSAGE("the fresh buffer ", (fresh.data() == abandoned ? "reuses" : "does not reuse"), " the abandoned one");
+      CHECK(std::count(fresh.begin(), fresh.end(), 7.0) == std::ptrdiff_t(count));
+    } else {
+      world.barrier();  // rank 0 has given up
+      std::vector<double> sums(count, 1.0);
+      comm::all_reduce_sum(timed, std::span(sums));  // completes with rank 0's abandoned contribution
+      CHECK(sums[0] == double(world.size()));
+      world.barrier();
+    }
+  }
+  int value = 1;
+  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(value == world.size());
+}
+
 TEST_CASE("mpi: split into groups of two; collectives and agreement stay inside each group") {
   comm::mpi world;
   const int color = world.rank() / 2;  // at 4 ranks: {0, 1} and {2, 3}
@@ -1078,9 +1113,18 @@ TEST_CASE("mpi_options: the defaults come from KFSDP_CHECK_COLLECTIVES and KFSDP
   const comm::mpi_options from_environment;
   CHECK(from_environment.check_collectives);
   CHECK(from_environment.timeout.count() == 2.5);
-  ::setenv("KFSDP_COLLECTIVE_TIMEOUT", "soon", 1);
-  CHECK_THROWS_WITH_AS((void)comm::mpi_options{},
-      "KFSDP_COLLECTIVE_TIMEOUT is 'soon', expected a number of seconds >= 0 (0: no timeout)",
+  // Strict (kfsdp::parse_real) and at least 1 ms: text, a tail, a sign and a tiny value are refused alike.
+  for (const char* bad : {"soon", "2.5s", "-1", "1e-300", "0.0009", "nan", "inf", "1e10"}) {
+    ::setenv("KFSDP_COLLECTIVE_TIMEOUT", bad, 1);
+    CHECK_THROWS_WITH_AS((void)comm::mpi_options{},
+        fmt::format("KFSDP_COLLECTIVE_TIMEOUT is '{}', expected 0 (no timeout) or seconds from 0.001 to 1e+09", bad).c_str(),
+        std::invalid_argument);
+  }
+  ::setenv("KFSDP_COLLECTIVE_TIMEOUT", "0.001", 1);
+  CHECK(comm::mpi_options{}.timeout.count() == 0.001);
+  ::unsetenv("KFSDP_COLLECTIVE_TIMEOUT");
+  CHECK_THROWS_WITH_AS(comm::mpi(MPI_COMM_WORLD, {.timeout = std::chrono::duration<double>(1e-300)}),
+      "kfsdp::comm::mpi::mpi: options.timeout is 1e-300 s, expected 0 (no timeout) or from 0.001 to 1e+09 s",
       std::invalid_argument);
   ::setenv("KFSDP_COLLECTIVE_TIMEOUT", "0", 1);
   ::setenv("KFSDP_CHECK_COLLECTIVES", "yes", 1);

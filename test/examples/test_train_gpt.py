@@ -162,10 +162,17 @@ with tempfile.TemporaryDirectory() as tmp:
         out = run(2, *flags, expect=2)
         check(message in out, f'{" ".join(flags)}: "{message}"')
     # A bad KFSDP_* variable is a bad input too: every rank stops with exit 2 and names it (was an abort, rc 134).
+    # KFSDP_SHARED_MEMORY=2 was an abort with a backtrace (rc 134); a timeout under 1 ms is refused.
     for variable, value, message in (('KFSDP_COLLECTIVE_TIMEOUT', 'abc',
-                                      "error: KFSDP_COLLECTIVE_TIMEOUT is 'abc', expected a number of seconds >= 0 (0: no timeout)"),
+                                      "error: KFSDP_COLLECTIVE_TIMEOUT is 'abc', expected 0 (no timeout) or seconds from 0.001 to 1e+09"),
+                                     ('KFSDP_COLLECTIVE_TIMEOUT', '1e-300',
+                                      "error: KFSDP_COLLECTIVE_TIMEOUT is '1e-300', expected 0 (no timeout) or seconds from 0.001 to 1e+09"),
                                      ('KFSDP_CHECK_COLLECTIVES', 'yes',
-                                      "error: KFSDP_CHECK_COLLECTIVES is 'yes', expected 1, on, 0 or off")):
+                                      "error: KFSDP_CHECK_COLLECTIVES is 'yes', expected 1, on, 0 or off"),
+                                     ('KFSDP_SHARED_MEMORY', '2',
+                                      "error: KFSDP_SHARED_MEMORY is '2', expected 1, on, 0 or off"),
+                                     ('KFSDP_HYBRID_SHARD', '2x',
+                                      "error: KFSDP_HYBRID_SHARD is '2x', expected a whole number from 0 to 2147483647 (ranks per shard group), node, or 0 (flat)")):
         out = run(2, '--steps', '1', expect=2, env={variable: value})
         check(message in out and out.count('error:') == 1, f'{variable}={value}: "{message}", once')
     # A model that cannot fit stops before allocating, with its figures and the flags that set them.

@@ -22,7 +22,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <algorithm>
+#include <atomic>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <stdexcept>
 #include <string_view>
@@ -149,6 +153,28 @@ inline thread_local bool waits_yield_on_this_thread = false;
 //     request& awaited() { return on_host; }
 //     void finish() { copy_out(); }
 //   };
+// The operations that failed while they may still be in flight (a collective that timed out while a
+// peer may yet join it): their states, and every buffer a state owns, are kept until the process
+// ends instead of freed, so that a late peer's data never lands in memory handed back. Reachable,
+// so LeakSanitizer does not count them. Only a failure adds one.
+struct abandoned_operations {
+  std::mutex lock;
+  std::vector<std::shared_ptr<void>> states;
+};
+inline abandoned_operations& abandoned() {
+  static abandoned_operations* kept = new abandoned_operations;  // never destroyed: MPI may write until exit
+  return *kept;
+}
+// Set once an operation is abandoned: a request destroyed while that failure unwinds keeps its
+// operation too, instead of waiting on it again (a second full timeout on every unit in flight).
+inline std::atomic<bool> operations_abandoned{false};
+inline void abandon(void* state, void (*destroy)(void*) noexcept) {
+  abandoned_operations& kept = abandoned();
+  const std::lock_guard<std::mutex> guard(kept.lock);
+  kept.states.emplace_back(state, destroy);
+  operations_abandoned.store(true, std::memory_order_relaxed);
+}
+
 template <class Derived>
 struct finished_on_completion {
   bool test() {
@@ -170,7 +196,10 @@ struct finished_on_completion {
 // Move-only. An empty request (default-constructed, waited on, or moved from) counts as complete:
 // wait() and test() on it are fine. The destructor waits, so no buffer is ever left in flight
 // behind a forgotten request; an error found there cannot be thrown and is printed to stderr
-// instead, so call wait() yourself where the error matters.
+// instead, so call wait() yourself where the error matters. An operation whose wait or test throws
+// (a timeout) is abandoned, not freed: its state and the buffers it owns live until the process
+// ends, and a request destroyed while such a failure unwinds abandons its operation too instead of
+// waiting on it. Buffers the caller passed to a non-blocking call stay the caller's to keep alive.
 //
 //   kfsdp::comm::request pending = comm.iall_reduce_sum(std::span(gradient));
 //   while (!pending.test()) do_other_work();   // or simply pending.wait();
@@ -202,7 +231,7 @@ class request {
   // Blocks until the operation is complete; afterwards the request is empty.
   void wait() {
     if (state_ == nullptr) return;
-    const detached finishing = detach();  // destroyed however wait() ends: never waited on twice
+    const detached finishing = detach();  // destroyed, or abandoned, however wait() ends: never waited on twice
     finishing.table->wait(finishing.state);
   }
 
@@ -213,7 +242,7 @@ class request {
     try {
       complete = table_->test(state_);
     } catch (...) {
-      detach();  // a failed operation counts as finished
+      detach().abandon();  // a failed operation counts as finished; MPI may still hold its buffers
       throw;
     }
     if (complete) detach();
@@ -255,21 +284,34 @@ class request {
       },
   };
 
-  // An operation taken out of the request; its state is destroyed with it.
+  // An operation taken out of the request; its state is destroyed with it, or abandoned
+  // (detail::abandon) when it leaves by an exception or is abandoned by hand.
   struct detached {
     void* state;
     const operation_table* table;
+    int exceptions_before = std::uncaught_exceptions();
     detached(void* taken_state, const operation_table* taken_table) noexcept
         : state(taken_state), table(taken_table) {}
     detached(const detached&) = delete;
     detached& operator=(const detached&) = delete;
-    ~detached() { table->destroy(state); }
+    void abandon() noexcept {
+      if (state != nullptr) detail::abandon(std::exchange(state, nullptr), table->destroy);
+    }
+    ~detached() {
+      if (state == nullptr) return;
+      if (std::uncaught_exceptions() > exceptions_before) abandon();  // its wait threw
+      else table->destroy(state);
+    }
   };
   detached detach() noexcept {
     return {std::exchange(state_, nullptr), std::exchange(table_, nullptr)};
   }
 
   void finish_in_destructor() noexcept {
+    // Unwinding a failure that abandoned an operation: this one may wait on the same lost peer.
+    if (state_ != nullptr && std::uncaught_exceptions() > 0 &&
+        detail::operations_abandoned.load(std::memory_order_relaxed))
+      return detach().abandon();
     try {
       wait();
     } catch (const std::exception& error) {
@@ -439,11 +481,40 @@ concept communicator_in = ranked<C> && synchronises<C> && moves_elements_in<C, f
 //
 //   kfsdp::comm::all_gather(comm, shard, std::span(full));   // = comm.iall_gather(...).wait()
 
+// On host memory (std::span) they run on copies that their request owns and copy the result out
+// once complete: an operation abandoned by a timeout (request) keeps its copies, so a late peer
+// never writes into the caller's frame after it has returned. A copy costs far less than the
+// collective at the sizes these are called with (a loss, a norm, a count).
+namespace detail {
+template <class T>
+struct on_own_copy : finished_on_completion<on_own_copy<T>> {
+  std::vector<T> send, recv;  // what the backend reads and writes
+  std::span<T> result;        // the caller's, written once the operation completes
+  request operation;
+  request& awaited() { return operation; }
+  void finish() { std::copy(recv.begin(), recv.end(), result.begin()); }
+};
+// start(send copy, recv copy) -> request, waited on; `recv`'s elements are copied in first when
+// `in_place` (broadcast, all-reduce), and the result copied out into `recv`.
+template <class T, class Start>
+void wait_on_own_copy(std::span<const T> send, std::span<T> recv, bool in_place, Start&& start) {
+  on_own_copy<T> state;
+  state.send.assign(send.begin(), send.end());
+  if (in_place) state.recv.assign(recv.begin(), recv.end());
+  else state.recv.resize(recv.size());
+  state.result = recv;
+  state.operation = start(std::span<const T>(state.send), std::span<T>(state.recv));  // moves keep the heap buffers
+  request(std::move(state)).wait();
+}
+}  // namespace detail
+
 // Requirement 2: recv = [rank 0's send | rank 1's | ...].
 KFSDP_EXPORT template <class C, element T>
   requires gathers<C, T>
 void all_gather(C& comm, std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-  comm.template iall_gather<T>(send, recv).wait();
+  detail::wait_on_own_copy<T>(send, recv, false, [&](std::span<const T> in, std::span<T> out) {
+    return comm.template iall_gather<T>(in, out);
+  });
 }
 
 // Requirement 3: rank r's recv[i] = sum over ranks of send[r*recv.size() + i].
@@ -451,28 +522,36 @@ template <class C, element T>
   requires reduce_scatters<C, T>
 void reduce_scatter_sum(C& comm, std::span<const std::type_identity_t<T>> send,
                         std::span<T> recv) {
-  comm.template ireduce_scatter_sum<T>(send, recv).wait();
+  detail::wait_on_own_copy<T>(send, recv, false, [&](std::span<const T> in, std::span<T> out) {
+    return comm.template ireduce_scatter_sum<T>(in, out);
+  });
 }
 
 // Requirement 4: every rank's data becomes root's.
 template <class C, element T>
   requires broadcasts<C, T>
 void broadcast(C& comm, std::span<T> data, int root) {
-  comm.template ibroadcast<T>(data, root).wait();
+  detail::wait_on_own_copy<T>({}, data, true, [&](std::span<const T>, std::span<T> copy) {
+    return comm.template ibroadcast<T>(copy, root);
+  });
 }
 
 // Requirement 5: data summed in place over ranks.
 KFSDP_EXPORT template <class C, element T>
   requires all_reduces<C, T>
 void all_reduce_sum(C& comm, std::span<T> data) {
-  comm.template iall_reduce_sum<T>(data).wait();
+  detail::wait_on_own_copy<T>({}, data, true, [&](std::span<const T>, std::span<T> copy) {
+    return comm.template iall_reduce_sum<T>(copy);
+  });
 }
 
 // Requirement 11: rank r's recv block s = rank s's send block r.
 template <class C, element T>
   requires exchanges<C, T>
 void all_to_all(C& comm, std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-  comm.template iall_to_all<T>(send, recv).wait();
+  detail::wait_on_own_copy<T>(send, recv, false, [&](std::span<const T> in, std::span<T> out) {
+    return comm.template iall_to_all<T>(in, out);
+  });
 }
 
 // The same on buffers of a memory space.

@@ -618,7 +618,11 @@ KFSDP_EXPORT class mpi {
 
   template <class T>
   void all_reduce(std::span<T> data, detail::collective_kind kind, std::string_view function) {
-    if (timed()) return start_all_reduce(data, kind, function).wait();
+    if (timed()) {  // on a copy the request owns: a timeout leaves MPI nothing of the caller's
+      return detail::wait_on_own_copy<T>({}, data, true, [&](std::span<const T>, std::span<T> copy) {
+        return start_all_reduce(copy, kind, function);
+      });
+    }
     const int count = detail::checked_int_count(function, "data", data.size());
     verify_call(function, {kind, detail::element_code<T>(), data.size(), 0});
     check(MPI_Allreduce(MPI_IN_PLACE, data.data(), count, detail::mpi_datatype<T>(),

@@ -49,9 +49,11 @@ class mpi::environment {
 
 namespace detail {
 // run_or_abort once program() has returned or thrown (`message` empty: it returned `status`): the
-// ranks' verdicts all-reduced on `verdicts` (freed here), or MPI_Abort after `grace`.
+// ranks' verdicts all-reduced on `verdicts` (freed here), or MPI_Abort after `grace`; at once
+// where `timed_out` (a collective of this rank was abandoned: its peers are lost, and it may still
+// complete into memory that unwinding handed back).
 int agree_or_abort(mpi& world, MPI_Comm verdicts, int status, const std::string& message,
-                   std::chrono::duration<double> grace);
+                   std::chrono::duration<double> grace, bool timed_out);
 }  // namespace detail
 
 // Runs program() on every rank of `world` and ends the job cleanly whichever ranks fail:
@@ -60,7 +62,10 @@ int agree_or_abort(mpi& world, MPI_Comm verdicts, int status, const std::string&
 //   "error: <what>" and every rank returns 2;
 // - an exception on some ranks only, while the others run on or wait in a collective: each
 //   failing rank prints "error on rank r of n: <what>" and, when the others have not finished
-//   within `grace`, calls MPI_Abort(MPI_COMM_WORLD, 2), so the job ends instead of hanging.
+//   within `grace`, calls MPI_Abort(MPI_COMM_WORLD, 2), so the job ends instead of hanging;
+// - a collective that timed out (mpi::timeout, or any failure after one abandoned an operation):
+//   that rank prints its error and calls MPI_Abort at once, so the job ends within the timeout
+//   and the lost collective never completes into memory the program has handed back.
 //
 //   int main(int argc, char** argv) {
 //     kfsdp::comm::mpi::environment mpi_up(argc, argv);
@@ -74,14 +79,19 @@ int run_or_abort(mpi& world, Program&& program,
   mpi::check(MPI_Comm_dup(world.native(), &verdicts), "kfsdp::comm::run_or_abort", "MPI_Comm_dup");
   int status = 0;
   std::string message;
+  bool timed_out = false;
   try {
     status = program();
+  } catch (const mpi::timeout& caught) {
+    timed_out = true;
+    message = caught.what();
   } catch (const std::exception& caught) {
     message = caught.what();
   } catch (...) {
     message = "an exception that is not a std::exception";
   }
-  return detail::agree_or_abort(world, verdicts, status, message, grace);
+  timed_out = timed_out || (!message.empty() && detail::operations_abandoned.load(std::memory_order_relaxed));
+  return detail::agree_or_abort(world, verdicts, status, message, grace, timed_out);
 }
 
 }  // namespace kfsdp::comm

@@ -6,6 +6,7 @@
 //   kfsdp::comm::mpi world(MPI_COMM_WORLD, {.check_collectives = true, .timeout = std::chrono::minutes(2)});
 
 #include <chrono>
+#include <string_view>
 
 namespace kfsdp::comm {
 
@@ -25,7 +26,11 @@ inline bool default_check_collectives() {
 // 10 minutes, as PyTorch's process groups: a rank that skips a collective ends the job with an
 // error naming the call instead of a hang, and no healthy collective waits that long.
 inline constexpr std::chrono::duration<double> collective_timeout_default{600.0};
-// KFSDP_COLLECTIVE_TIMEOUT: seconds >= 0 (0: no timeout); unset, collective_timeout_default.
+// A timeout is 0 (none) or from 1 ms (below, a healthy collective's own latency would time out)
+// to 1e9 s; check_collective_timeout throws std::invalid_argument naming `what` otherwise.
+inline constexpr std::chrono::duration<double> collective_timeout_least{1e-3}, collective_timeout_most{1e9};
+void check_collective_timeout(std::chrono::duration<double> timeout, std::string_view what);
+// KFSDP_COLLECTIVE_TIMEOUT: 0 (no timeout) or seconds from 0.001; unset, collective_timeout_default.
 std::chrono::duration<double> default_collective_timeout();
 }  // namespace detail
 
@@ -41,7 +46,7 @@ struct mpi_options {
   // A collective that has not completed after this long throws mpi::timeout naming the call (as
   // NCCL's watchdog does), e.g. when another rank never calls it; the communicator must not be
   // used afterwards. 600 s by default; KFSDP_COLLECTIVE_TIMEOUT=<seconds> sets the default; zero
-  // waits forever.
+  // waits forever; anything else below 1 ms is refused.
   std::chrono::duration<double> timeout = detail::default_collective_timeout();
   // How MPI reaches buffers that the host cannot touch (span_in<T, Kokkos::CudaSpace>):
   //   automatic  the device pointers themselves when MPI says it reads device memory
