@@ -495,3 +495,28 @@ TEST_CASE("a save whose write fails leaves the old files and throws naming the f
   }
 }
 
+TEST_CASE("a NaN or an infinity in a file without checksums is refused by load_pretrained, naming the tensor") {
+  comm::mpi world;
+  test::scratch_directory scratch(world, "hf");
+  const fs::path single = scratch.path / "single", sharded = scratch.path / "sharded";
+  copy_fixture(world, "tiny-f32", single);
+  copy_fixture(world, "tiny-f64-sharded", sharded);
+  poke(world, single / "model.safetensors", "model.norm.weight", 3, std::numeric_limits<double>::quiet_NaN());
+  // Finite in the F64 file, beyond float's range once converted.
+  const std::string shard = "model-00003-of-00003.safetensors";
+  REQUIRE(read_text(sharded / "model.safetensors.index.json").find("\"lm_head.weight\": \"" + shard) != std::string::npos);
+  poke(world, sharded / shard, "lm_head.weight", 256 * 64 - 1, 1e300);
+
+  fsdp_engine<float> engine(llama_table(), world, {});
+  engine.initialize(3);
+  const state_dict before = engine.original_state_dict();
+  CHECK(load_error(single, engine, world).find("file '" + (single / "model.safetensors").string() +
+                                               "': tensor 'model.norm.weight': holds nan, expected finite values") !=
+        std::string::npos);
+  CHECK(load_error(sharded, engine, world).find("file '" + (sharded / shard).string() +
+                                                "': tensor 'lm_head.weight': holds inf, expected finite values") !=
+        std::string::npos);
+  fsdp_engine<double> wide(llama_table(), world, {});
+  CHECK(load_error(sharded, wide, world) == "(loaded)");  // 1e300 is a double
+  check_equal(engine, before);  // nothing was loaded
+}

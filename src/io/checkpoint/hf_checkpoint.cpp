@@ -238,6 +238,7 @@ void load_pretrained(const std::filesystem::path& directory, const sharded_view<
         verify_tensor_checksum(table, tensors[t].name, checksums[i], function);
         values[t].resize(tensors[t].local_bytes / sizeof(Scalar));
         convert(staging.data() + staged_at[i], share.types[i], values[t].size(), values[t].data());
+        check_loaded_finite(std::span<const Scalar>(values[t]), tensors[t].name, function, path);  // F64 beyond float: inf
       }
     });
   }

@@ -43,7 +43,8 @@ namespace kfsdp::io {
 /// those named in `ignore` (a tied model's "lm_head.weight", which some writers keep). Files
 /// written by kfsdp carry checksums, which are verified. Padding rows are set to zero.
 /// Throws format_error on every rank, naming the file and the tensor, for a missing or unexpected
-/// tensor, another shape, a dtype that is not F64, F32, BF16 or F16, a malformed file or index;
+/// tensor, another shape, a dtype that is not F64, F32, BF16 or F16, a NaN or an infinity (in the
+/// engine's scalar: an F64 value beyond float's range loaded into float is one), a malformed file or index;
 /// std::runtime_error for the file system. The shards are then unchanged.
 ///
 ///   kfsdp::io::load_pretrained("tiny-llama", engine, world);
