@@ -226,13 +226,15 @@ TEST_CASE("a NaN or an infinity in a file without checksums is refused by load_m
   fsdp_engine<double> source(make_param_table(tiny_gpt{}), world, {});
   source.initialize(3, all_normal);
   const state_dict full = source.original_state_dict();
-  for (const double bad : {std::numeric_limits<double>::quiet_NaN(), -std::numeric_limits<double>::infinity()}) {
+  for (const double bad :
+       {std::numeric_limits<double>::quiet_NaN(), -std::numeric_limits<double>::infinity()}) {
     const fs::path file = scratch.path / "diverged.safetensors";
     if (world.rank() == 0) {  // the last value of lm_head.weight: the last rank's rows
       state_dict poisoned;
       for (const tensor& t : full) {
         tensor copy = t;
-        if (copy.name == "lm_head.weight") std::memcpy(copy.bytes.data() + copy.bytes.size() - sizeof bad, &bad, sizeof bad);
+        if (copy.name == "lm_head.weight")
+          std::memcpy(copy.bytes.data() + copy.bytes.size() - sizeof bad, &bad, sizeof bad);
         poisoned.add(std::move(copy));
       }
       write_standard_safetensors(file, poisoned);
@@ -243,9 +245,10 @@ TEST_CASE("a NaN or an infinity in a file without checksums is refused by load_m
     const state_dict before = loaded.original_state_dict();
     const std::string error = load_error(file, loaded, world);
     CAPTURE(error);
-    CHECK(error == fmt::format("format_error: kfsdp::io::load_model: file '{}': tensor 'lm_head.weight': holds {}, "
-                               "expected finite values (a diverged or corrupted model); nothing was loaded",
-                               file.string(), bad));
+    CHECK(error ==
+          fmt::format("format_error: kfsdp::io::load_model: file '{}': tensor 'lm_head.weight': holds {}, "
+                      "expected finite values (a diverged or corrupted model); nothing was loaded",
+                      file.string(), bad));
     CHECK(same_on_every_rank(world, error));
     CHECK(same_tensors(loaded.original_state_dict(), before));
   }

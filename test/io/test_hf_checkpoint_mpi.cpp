@@ -130,7 +130,8 @@ std::string read_text(const fs::path& path) {
 std::map<std::string, std::string> tree(const fs::path& directory) {
   std::map<std::string, std::string> entries;
   for (const auto& entry : fs::recursive_directory_iterator(directory))
-    entries[fs::relative(entry.path(), directory).string()] = entry.is_directory() ? "(folder)" : read_text(entry.path());
+    entries[fs::relative(entry.path(), directory).string()] =
+        entry.is_directory() ? "(folder)" : read_text(entry.path());
   return entries;
 }
 
@@ -151,7 +152,8 @@ bool same_values(const state_dict& a, const state_dict& b) {
 
 // Writes `value` over element `element` of tensor `name` in the safetensors file `path` (rank 0),
 // as the file's dtype (F32 or F64).
-void poke(comm::mpi& world, const fs::path& path, const std::string& name, std::size_t element, double value) {
+void poke(comm::mpi& world, const fs::path& path, const std::string& name, std::size_t element,
+          double value) {
   if (world.rank() == 0) {
     const std::string bytes = read_text(path);
     const io::header_table table =
@@ -249,7 +251,8 @@ TEST_CASE("a save killed while writing the weights leaves the old model; the nex
   CHECK_FALSE(fs::exists(target / "model.safetensors.index.json"));  // the old shards went with it
   CHECK_FALSE(fs::exists(leftover));
   if (world.rank() == 0)
-    for (const auto& [name, bytes] : tree(target)) CHECK_MESSAGE(name.find(".tmp.") == std::string::npos, name);
+    for (const auto& [name, bytes] : tree(target))
+      CHECK_MESSAGE(name.find(".tmp.") == std::string::npos, name);
   fsdp_engine<double> saved(llama_table(), world, {});
   io::load_pretrained(target, saved, world);
   check_equal(saved, engine.original_state_dict());
@@ -354,7 +357,9 @@ TEST_CASE("a directory that does not fit the model is refused on every rank, nam
   check_equal(engine, before);
 }
 
-TEST_CASE("save_pretrained into a directory holding tokenizer.json, generation_config.json and a subfolder leaves all three as they were") {
+TEST_CASE(
+    "save_pretrained into a directory holding tokenizer.json, generation_config.json and a subfolder leaves "
+    "all three as they were") {
   comm::mpi world;
   test::scratch_directory scratch(world, "hf");
   const fs::path target = scratch.path / "model";
@@ -365,7 +370,8 @@ TEST_CASE("save_pretrained into a directory holding tokenizer.json, generation_c
     std::ofstream(target / "runs" / "1" / "notes.txt") << "lr 3e-4\n";
   }
   world.barrier();
-  const std::map<std::string, std::string> before = world.rank() == 0 ? tree(target) : std::map<std::string, std::string>{};
+  const std::map<std::string, std::string> before =
+      world.rank() == 0 ? tree(target) : std::map<std::string, std::string>{};
   const std::string config = io::llama_config_json(io::read_llama_config(target), dtype::F64);
   fsdp_engine<double> engine(llama_table(), world, {});
   engine.initialize(5);
@@ -373,7 +379,8 @@ TEST_CASE("save_pretrained into a directory holding tokenizer.json, generation_c
   io::save_pretrained(target, engine, world, config);
   if (world.rank() == 0) {
     const std::map<std::string, std::string> after = tree(target);
-    for (const std::string name : {"tokenizer.json", "generation_config.json", "runs", "runs/1", "runs/1/notes.txt"}) {
+    for (const std::string name :
+         {"tokenizer.json", "generation_config.json", "runs", "runs/1", "runs/1/notes.txt"}) {
       CAPTURE(name);
       CHECK(after.contains(name));  // not REQUIRE: the other ranks wait in the load below
       if (after.contains(name)) CHECK(after.at(name) == before.at(name));
@@ -407,13 +414,16 @@ TEST_CASE("a single-file save over a sharded model leaves no index behind and lo
     CHECK_FALSE(fs::exists(target / shard));
   CHECK(fs::is_directory(target / "model-00009-of-00009.safetensors"));
   CHECK(read_text(target / "model-card.md") == "# tiny\n");
-  CHECK(read_text(target / "generation_config.json") == read_text(fixture / "tiny-f64-sharded" / "generation_config.json"));
+  CHECK(read_text(target / "generation_config.json") ==
+        read_text(fixture / "tiny-f64-sharded" / "generation_config.json"));
   fsdp_engine<double> back(llama_table(), world, {});
   io::load_pretrained(target, back, world);
   check_equal(back, engine.original_state_dict());
 }
 
-TEST_CASE("a save killed before any change to the directory leaves one that loads as the old model or the new one") {
+TEST_CASE(
+    "a save killed before any change to the directory leaves one that loads as the old model or the new "
+    "one") {
   comm::mpi world;
   test::scratch_directory scratch(world, "hf");
   const state_dict old_model = directory_tensors(fixture / "tiny-f64-sharded");
@@ -421,9 +431,11 @@ TEST_CASE("a save killed before any change to the directory leaves one that load
   engine.initialize(13);
   const state_dict new_model = engine.original_state_dict();
   // The same model's config in kfsdp's words: either text reads as it.
-  const std::string config = io::llama_config_json(io::read_llama_config(fixture / "tiny-f64-sharded"), dtype::F64);
+  const std::string config =
+      io::llama_config_json(io::read_llama_config(fixture / "tiny-f64-sharded"), dtype::F64);
   std::size_t stop = 0;
-  for (;; ++stop) {  // kill before the stop-th change: the index, each of the three shards, config.json; then none
+  for (;; ++stop) {  // kill before the stop-th change: the index, each of the three shards, config.json; then
+                     // none
     CAPTURE(stop);
     const fs::path target = scratch.path / ("model-" + std::to_string(stop));
     copy_fixture(world, "tiny-f64-sharded", target);
@@ -464,13 +476,15 @@ TEST_CASE("a save whose write fails leaves the old files and throws naming the f
   test::scratch_directory scratch(world, "hf");
   const fs::path target = scratch.path / "model";
   copy_fixture(world, "tiny-f32", target);
-  const std::map<std::string, std::string> before = world.rank() == 0 ? tree(target) : std::map<std::string, std::string>{};
+  const std::map<std::string, std::string> before =
+      world.rank() == 0 ? tree(target) : std::map<std::string, std::string>{};
   fsdp_engine<double> engine(llama_table(), world, {});
   engine.initialize(17);
   const std::string config = io::llama_config_json(io::read_llama_config(target), dtype::F64);
   // A file size limit stands in for a full disk (EFBIG as ENOSPC; root ignores permissions, not
   // this): below config.json's size its write fails, above it the weights' does.
-  for (const auto& [limit, file] : {std::pair<rlim_t, std::string>{64, "config.json"}, {4096, "model.safetensors"}}) {
+  for (const auto& [limit, file] :
+       {std::pair<rlim_t, std::string>{64, "config.json"}, {4096, "model.safetensors"}}) {
     CAPTURE(file);
     rlimit saved{};
     ::getrlimit(RLIMIT_FSIZE, &saved);
@@ -495,7 +509,8 @@ TEST_CASE("a save whose write fails leaves the old files and throws naming the f
   }
 }
 
-TEST_CASE("a NaN or an infinity in a file without checksums is refused by load_pretrained, naming the tensor") {
+TEST_CASE(
+    "a NaN or an infinity in a file without checksums is refused by load_pretrained, naming the tensor") {
   comm::mpi world;
   test::scratch_directory scratch(world, "hf");
   const fs::path single = scratch.path / "single", sharded = scratch.path / "sharded";
@@ -504,19 +519,20 @@ TEST_CASE("a NaN or an infinity in a file without checksums is refused by load_p
   poke(world, single / "model.safetensors", "model.norm.weight", 3, std::numeric_limits<double>::quiet_NaN());
   // Finite in the F64 file, beyond float's range once converted.
   const std::string shard = "model-00003-of-00003.safetensors";
-  REQUIRE(read_text(sharded / "model.safetensors.index.json").find("\"lm_head.weight\": \"" + shard) != std::string::npos);
+  REQUIRE(read_text(sharded / "model.safetensors.index.json").find("\"lm_head.weight\": \"" + shard) !=
+          std::string::npos);
   poke(world, sharded / shard, "lm_head.weight", 256 * 64 - 1, 1e300);
 
   fsdp_engine<float> engine(llama_table(), world, {});
   engine.initialize(3);
   const state_dict before = engine.original_state_dict();
-  CHECK(load_error(single, engine, world).find("file '" + (single / "model.safetensors").string() +
-                                               "': tensor 'model.norm.weight': holds nan, expected finite values") !=
-        std::string::npos);
-  CHECK(load_error(sharded, engine, world).find("file '" + (sharded / shard).string() +
-                                                "': tensor 'lm_head.weight': holds inf, expected finite values") !=
-        std::string::npos);
+  CHECK(load_error(single, engine, world)
+            .find("file '" + (single / "model.safetensors").string() +
+                  "': tensor 'model.norm.weight': holds nan, expected finite values") != std::string::npos);
+  CHECK(load_error(sharded, engine, world)
+            .find("file '" + (sharded / shard).string() +
+                  "': tensor 'lm_head.weight': holds inf, expected finite values") != std::string::npos);
   fsdp_engine<double> wide(llama_table(), world, {});
   CHECK(load_error(sharded, wide, world) == "(loaded)");  // 1e300 is a double
-  check_equal(engine, before);  // nothing was loaded
+  check_equal(engine, before);                            // nothing was loaded
 }

@@ -115,11 +115,13 @@ TEST_CASE("a config.json that is a directory or not JSON is refused as config.js
   // Not a safetensors header: the message is about config.json, where its text breaks.
   const std::string syntax = refusal("{\"model_type\": \"llama\",");
   CAPTURE(syntax);
-  CHECK(syntax.find("kfsdp::io::read_llama_config: config.json 'test/config.json' is not valid JSON: at byte 23: "
-                    "expected a string, found the end of the text") != std::string::npos);
+  CHECK(syntax.find(
+            "kfsdp::io::read_llama_config: config.json 'test/config.json' is not valid JSON: at byte 23: "
+            "expected a string, found the end of the text") != std::string::npos);
   CHECK(syntax.find("safetensors") == std::string::npos);
   CHECK(syntax.find("header") == std::string::npos);
-  CHECK(refusal("[1]").find("config.json 'test/config.json' holds an array, expected a JSON object") != std::string::npos);
+  CHECK(refusal("[1]").find("config.json 'test/config.json' holds an array, expected a JSON object") !=
+        std::string::npos);
 
   // A directory where config.json should be: named, not a stream's "basic_filebuf::underflow".
   std::random_device entropy;

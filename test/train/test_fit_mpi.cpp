@@ -332,12 +332,13 @@ TEST_CASE("fit: keeps the last N checkpoints") {
   if (job.is_root()) std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("fit: keeping the last N removes only its own checkpoints; files and folders it did not name stay") {
+TEST_CASE(
+    "fit: keeping the last N removes only its own checkpoints; files and folders it did not name stay") {
   kfsdp::session job;
   const auto dir = shared_dir(job.world(), "keep-others");
   if (job.is_root()) {
     std::filesystem::create_directories(dir / "step-00000001.safetensors");  // a folder with fit's name
-    std::ofstream(dir / "step-5.safetensors") << "a user's file";             // not a name fit gives
+    std::ofstream(dir / "step-5.safetensors") << "a user's file";            // not a name fit gives
     std::ofstream(dir / "step-000000003.safetensors") << "nor this";
     std::ofstream(dir / "notes.txt") << "lr 1e-2";
   }

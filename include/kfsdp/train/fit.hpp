@@ -137,7 +137,8 @@ inline std::vector<std::size_t> checkpoint_steps(const std::filesystem::path& di
     if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
     const std::size_t step = std::stoull(digits);
     std::error_code not_a_file;
-    if (checkpoint_path(dir, step).filename() == name && entry.is_regular_file(not_a_file)) steps.push_back(step);
+    if (checkpoint_path(dir, step).filename() == name && entry.is_regular_file(not_a_file))
+      steps.push_back(step);
   }
   std::sort(steps.begin(), steps.end());
   return steps;

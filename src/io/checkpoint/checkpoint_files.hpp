@@ -49,9 +49,10 @@ void check_loaded_finite(std::span<const Scalar> values, std::string_view tensor
                          const std::filesystem::path& path) {
   const auto bad = std::find_if(values.begin(), values.end(), [](Scalar x) { return !std::isfinite(x); });
   if (bad != values.end())
-    throw format_error(fmt::format("{}: file '{}': tensor '{}': holds {}, expected finite values (a diverged or "
-                                   "corrupted model); nothing was loaded",
-                                   function, path.string(), tensor, *bad));
+    throw format_error(
+        fmt::format("{}: file '{}': tensor '{}': holds {}, expected finite values (a diverged or "
+                    "corrupted model); nothing was loaded",
+                    function, path.string(), tensor, *bad));
 }
 
 inline std::function<bool(const std::filesystem::path&)>& stop_after_header_hook() {

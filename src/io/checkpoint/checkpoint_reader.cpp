@@ -145,9 +145,10 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
   together(comm, [&] {
     for (std::size_t t = 0; t < tensors.size(); ++t) {
       verify_tensor_checksum(table, tensors[t].name, checksums[t], function);
-      check_loaded_finite(std::span<const Scalar>(reinterpret_cast<const Scalar*>(staging.data() + piece_of_tensor[t]),
-                                                  tensors[t].local_bytes / sizeof(Scalar)),
-                          tensors[t].name, function, path);
+      check_loaded_finite(
+          std::span<const Scalar>(reinterpret_cast<const Scalar*>(staging.data() + piece_of_tensor[t]),
+                                  tensors[t].local_bytes / sizeof(Scalar)),
+          tensors[t].name, function, path);
     }
   });
 

@@ -115,8 +115,9 @@ void load_pretrained(const std::filesystem::path& directory, const sharded_view<
     const std::filesystem::path index = directory / index_file;
     if (std::filesystem::exists(index)) {
       if (!std::filesystem::is_regular_file(index))
-        throw format_error(fmt::format("{}: index '{}' is not a regular file, expected the JSON of a sharded save",
-                                       function, index.string()));
+        throw format_error(
+            fmt::format("{}: index '{}' is not a regular file, expected the JSON of a sharded save", function,
+                        index.string()));
       std::ifstream in(index, std::ios::binary);
       index_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
       if (!in.good() && !in.eof()) throw_errno(function, "read of", index);
@@ -238,7 +239,8 @@ void load_pretrained(const std::filesystem::path& directory, const sharded_view<
         verify_tensor_checksum(table, tensors[t].name, checksums[i], function);
         values[t].resize(tensors[t].local_bytes / sizeof(Scalar));
         convert(staging.data() + staged_at[i], share.types[i], values[t].size(), values[t].data());
-        check_loaded_finite(std::span<const Scalar>(values[t]), tensors[t].name, function, path);  // F64 beyond float: inf
+        check_loaded_finite(std::span<const Scalar>(values[t]), tensors[t].name, function,
+                            path);  // F64 beyond float: inf
       }
     });
   }
@@ -345,8 +347,8 @@ void save_pretrained(const std::filesystem::path& directory, const sharded_view<
     std::error_code error;
     created = fs::create_directories(target, error);
     if (error)
-      throw std::runtime_error(fmt::format("{}: creating the directory {} failed: {}", function, quoted(target),
-                                           error.message()));
+      throw std::runtime_error(
+          fmt::format("{}: creating the directory {} failed: {}", function, quoted(target), error.message()));
     remove_leftover_temporaries(config);
     config_temporary = temporary_name(config);
     try {
@@ -363,8 +365,9 @@ void save_pretrained(const std::filesystem::path& directory, const sharded_view<
   });
   bool killed = false;  // by the test hook: what a killed job leaves stays
   try {
-    // Order (the directory loads as the old model or the new one throughout): model.safetensors, stale index, stale shards, config.json.
-    // transformers refuses a safetensors file whose metadata lacks {"format": "pt"}.
+    // Order (the directory loads as the old model or the new one throughout): model.safetensors, stale index,
+    // stale shards, config.json. transformers refuses a safetensors file whose metadata lacks {"format":
+    // "pt"}.
     save_model(target / single_file, engine, comm, {{"format", "pt"}}, stored);
     together(comm, [&] {
       if (!writes) return;
@@ -374,29 +377,33 @@ void save_pretrained(const std::filesystem::path& directory, const sharded_view<
       };
       if (is_file_entry(index)) {
         if (stop_before(index)) return;
-        if (::unlink(index.c_str()) != 0 && errno != ENOENT) throw_errno(function, "removal of the stale index", index);
+        if (::unlink(index.c_str()) != 0 && errno != ENOENT)
+          throw_errno(function, "removal of the stale index", index);
         sync_directory(index, function);
       }
       std::vector<fs::path> shards;
       std::error_code error;
       for (fs::directory_iterator it(target, error), end; !error && it != end; it.increment(error))
-        if (is_shard_name(it->path().filename().string()) && is_file_entry(it->path())) shards.push_back(it->path());
+        if (is_shard_name(it->path().filename().string()) && is_file_entry(it->path()))
+          shards.push_back(it->path());
       if (error)
-        throw std::runtime_error(fmt::format("{}: listing the directory {} failed: {}", function, quoted(target),
-                                             error.message()));
+        throw std::runtime_error(fmt::format("{}: listing the directory {} failed: {}", function,
+                                             quoted(target), error.message()));
       std::sort(shards.begin(), shards.end());
       for (const fs::path& shard : shards) {
         if (stop_before(shard)) return;
-        if (::unlink(shard.c_str()) != 0 && errno != ENOENT) throw_errno(function, "removal of the stale shard", shard);
+        if (::unlink(shard.c_str()) != 0 && errno != ENOENT)
+          throw_errno(function, "removal of the stale shard", shard);
       }
       if (!shards.empty()) sync_directory(shards.front(), function);
       if (stop_before(config)) return;
       rename_over(config_temporary, config, function);
     });
     if (comm::any_rank(comm, killed))
-      throw std::runtime_error(fmt::format("{}: stopped by the test hook before a change to {} (a simulated kill: "
-                                           "what was done stays)",
-                                           function, quoted(target)));
+      throw std::runtime_error(
+          fmt::format("{}: stopped by the test hook before a change to {} (a simulated kill: "
+                      "what was done stays)",
+                      function, quoted(target)));
   } catch (...) {  // every rank is here (the failure was agreed): none returns before the cleanup
     if (writes && !killed) discard_config();
     MPI_Barrier(comm.native());
