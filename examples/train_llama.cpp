@@ -62,9 +62,13 @@ cli make_cli() {
       .flag("dtype", "f32", "f32 | f64")
       .flag("seed", "1337", "initialisation and sampling seed");
   kfsdp::examples::add_text_training_flags(c)
-      .flag("load", "", "start from this Hugging Face directory (config.json + safetensors; its sizes replace the size flags)")
+      .flag("load", "",
+            "start from this Hugging Face directory (config.json + safetensors; its sizes replace the size "
+            "flags)")
       .flag("eval", "0", "with --load: print eval_loss over the first W windows and exit")
-      .flag("save", "", "write the trained model here as a Hugging Face directory (config.json + model.safetensors)");
+      .flag("save", "",
+            "write the trained model here as a Hugging Face directory (config.json + model.safetensors; its "
+            "other files stay)");
   kfsdp::examples::add_step_log_flags(c);
   kfsdp::examples::add_fsdp_flags(c, "zero2", "block");
   return c;

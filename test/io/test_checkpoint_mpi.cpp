@@ -220,6 +220,40 @@ TEST_CASE("a standard safetensors file (no kfsdp checksums) loads after the layo
   CHECK_THROWS_AS((void)io::load_model(file, other, world), format_error);
 }
 
+TEST_CASE("a NaN or an infinity in a file without checksums is refused by load_model, naming the tensor") {
+  comm::mpi world;
+  test::scratch_directory scratch(world, "checkpoint");
+  fsdp_engine<double> source(make_param_table(tiny_gpt{}), world, {});
+  source.initialize(3, all_normal);
+  const state_dict full = source.original_state_dict();
+  for (const double bad :
+       {std::numeric_limits<double>::quiet_NaN(), -std::numeric_limits<double>::infinity()}) {
+    const fs::path file = scratch.path / "diverged.safetensors";
+    if (world.rank() == 0) {  // the last value of lm_head.weight: the last rank's rows
+      state_dict poisoned;
+      for (const tensor& t : full) {
+        tensor copy = t;
+        if (copy.name == "lm_head.weight")
+          std::memcpy(copy.bytes.data() + copy.bytes.size() - sizeof bad, &bad, sizeof bad);
+        poisoned.add(std::move(copy));
+      }
+      write_standard_safetensors(file, poisoned);
+    }
+    world.barrier();
+    fsdp_engine<double> loaded(make_param_table(tiny_gpt{}), world, {});
+    loaded.initialize(5, all_normal);
+    const state_dict before = loaded.original_state_dict();
+    const std::string error = load_error(file, loaded, world);
+    CAPTURE(error);
+    CHECK(error ==
+          fmt::format("format_error: kfsdp::io::load_model: file '{}': tensor 'lm_head.weight': holds {}, "
+                      "expected finite values (a diverged or corrupted model); nothing was loaded",
+                      file.string(), bad));
+    CHECK(same_on_every_rank(world, error));
+    CHECK(same_tensors(loaded.original_state_dict(), before));
+  }
+}
+
 TEST_CASE("a load is strict: a standard file's tensors that the model lacks are refused, naming them") {
   comm::mpi world;
   test::scratch_directory scratch(world, "checkpoint");

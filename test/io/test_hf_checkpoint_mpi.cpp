@@ -1,13 +1,20 @@
 // Tests for include/kfsdp/io/checkpoint/hf_checkpoint.hpp under mpirun with 1, 2 and 3 ranks: the tiny Llama
 // directories that transformers wrote (test/model/llama: one f32 file; f64 in three shards with
 // their index) load by name into an engine with the fixture's parameters, equal to every value;
-// save_pretrained's directories load back (F64, and F32 from a double engine); a failed save
-// leaves the old directory; and bad directories are refused naming the file and the tensor.
+// save_pretrained's directories load back (F64, and F32 from a double engine); a save changes only
+// its own files, loads as the old model or the new one wherever it is killed, and a failed write
+// leaves the old files; and bad directories are refused naming the file and the tensor.
 #include <doctest/doctest.h>
 
+#include <sys/resource.h>
+
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <tuple>
@@ -119,6 +126,51 @@ std::string read_text(const fs::path& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+// Every file and folder under `directory`: its path there and its bytes ("(folder)" for a folder).
+std::map<std::string, std::string> tree(const fs::path& directory) {
+  std::map<std::string, std::string> entries;
+  for (const auto& entry : fs::recursive_directory_iterator(directory))
+    entries[fs::relative(entry.path(), directory).string()] =
+        entry.is_directory() ? "(folder)" : read_text(entry.path());
+  return entries;
+}
+
+// Whether every tensor of `a` has `b`'s values (converted to double).
+bool same_values(const state_dict& a, const state_dict& b) {
+  if (a.size() != b.size()) return false;
+  for (const tensor& t : a) {
+    const tensor& u = b.at(t.name);
+    const auto value = [](const tensor& x, std::size_t i) {
+      return x.type == dtype::F64 ? x.values<double>()[i] : double(x.values<float>()[i]);
+    };
+    if (t.shape != u.shape) return false;
+    for (std::size_t i = 0; i < t.numel(); ++i)
+      if (value(t, i) != value(u, i)) return false;
+  }
+  return true;
+}
+
+// Writes `value` over element `element` of tensor `name` in the safetensors file `path` (rank 0),
+// as the file's dtype (F32 or F64).
+void poke(comm::mpi& world, const fs::path& path, const std::string& name, std::size_t element,
+          double value) {
+  if (world.rank() == 0) {
+    const std::string bytes = read_text(path);
+    const io::header_table table =
+        io::parse_header(std::as_bytes(std::span(bytes.data(), bytes.size())), bytes.size(), path.string());
+    const io::tensor_info& info = table.at(name);
+    std::fstream file(path, std::ios::binary | std::ios::in | std::ios::out);
+    file.seekp(static_cast<std::streamoff>(info.begin + element * io::dtype_size(info.type)));
+    if (info.type == dtype::F64) {
+      file.write(reinterpret_cast<const char*>(&value), sizeof value);
+    } else {
+      const float narrow = static_cast<float>(value);
+      file.write(reinterpret_cast<const char*>(&narrow), sizeof narrow);
+    }
+  }
+  world.barrier();
+}
+
 }  // namespace
 
 TEST_CASE("transformers' f32 single file and f64 shards load by name at every world size, every value equal") {
@@ -171,7 +223,7 @@ TEST_CASE("save_pretrained writes config.json and model.safetensors that load ba
   CHECK_FALSE(fs::exists(scratch.path / "bf16"));
 }
 
-TEST_CASE("save_pretrained replaces a directory whole, and a failed save leaves the old one") {
+TEST_CASE("a save killed while writing the weights leaves the old model; the next save cleans up after it") {
   comm::mpi world;
   test::scratch_directory scratch(world, "hf");
   const fs::path target = scratch.path / "model";
@@ -198,6 +250,9 @@ TEST_CASE("save_pretrained replaces a directory whole, and a failed save leaves 
   io::save_pretrained(target, engine, world, "{}");
   CHECK_FALSE(fs::exists(target / "model.safetensors.index.json"));  // the old shards went with it
   CHECK_FALSE(fs::exists(leftover));
+  if (world.rank() == 0)
+    for (const auto& [name, bytes] : tree(target))
+      CHECK_MESSAGE(name.find(".tmp.") == std::string::npos, name);
   fsdp_engine<double> saved(llama_table(), world, {});
   io::load_pretrained(target, saved, world);
   check_equal(saved, engine.original_state_dict());
@@ -300,4 +355,184 @@ TEST_CASE("a directory that does not fit the model is refused on every rank, nam
   const state_dict before = engine.original_state_dict();
   (void)load_error(moved, engine, world);
   check_equal(engine, before);
+}
+
+TEST_CASE(
+    "save_pretrained into a directory holding tokenizer.json, generation_config.json and a subfolder leaves "
+    "all three as they were") {
+  comm::mpi world;
+  test::scratch_directory scratch(world, "hf");
+  const fs::path target = scratch.path / "model";
+  copy_fixture(world, "tiny-f32", target);  // config.json, generation_config.json, model.safetensors
+  if (world.rank() == 0) {
+    std::ofstream(target / "tokenizer.json") << R"({"version": "1.0", "model": {"type": "BPE"}})";
+    fs::create_directories(target / "runs" / "1");
+    std::ofstream(target / "runs" / "1" / "notes.txt") << "lr 3e-4\n";
+  }
+  world.barrier();
+  const std::map<std::string, std::string> before =
+      world.rank() == 0 ? tree(target) : std::map<std::string, std::string>{};
+  const std::string config = io::llama_config_json(io::read_llama_config(target), dtype::F64);
+  fsdp_engine<double> engine(llama_table(), world, {});
+  engine.initialize(5);
+
+  io::save_pretrained(target, engine, world, config);
+  if (world.rank() == 0) {
+    const std::map<std::string, std::string> after = tree(target);
+    for (const std::string name :
+         {"tokenizer.json", "generation_config.json", "runs", "runs/1", "runs/1/notes.txt"}) {
+      CAPTURE(name);
+      CHECK(after.contains(name));  // not REQUIRE: the other ranks wait in the load below
+      if (after.contains(name)) CHECK(after.at(name) == before.at(name));
+    }
+    CHECK(after.at("config.json") == config);
+    CHECK(after.size() == before.size());  // nothing else, no temporary file
+  }
+  fsdp_engine<double> back(llama_table(), world, {});
+  io::load_pretrained(target, back, world);
+  check_equal(back, engine.original_state_dict());
+}
+
+TEST_CASE("a single-file save over a sharded model leaves no index behind and loads as the new weights") {
+  comm::mpi world;
+  test::scratch_directory scratch(world, "hf");
+  const fs::path target = scratch.path / "model";
+  copy_fixture(world, "tiny-f64-sharded", target);
+  // Not save_pretrained's: a folder named like a shard and a file named like a model.
+  if (world.rank() == 0) {
+    fs::create_directory(target / "model-00009-of-00009.safetensors");
+    std::ofstream(target / "model-card.md") << "# tiny\n";
+  }
+  world.barrier();
+  fsdp_engine<double> engine(llama_table(), world, {});
+  engine.initialize(9);
+
+  io::save_pretrained(target, engine, world, read_text(fixture / "tiny-f64-sharded" / "config.json"));
+  CHECK_FALSE(fs::exists(target / "model.safetensors.index.json"));
+  for (const char* shard : {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                            "model-00003-of-00003.safetensors"})
+    CHECK_FALSE(fs::exists(target / shard));
+  CHECK(fs::is_directory(target / "model-00009-of-00009.safetensors"));
+  CHECK(read_text(target / "model-card.md") == "# tiny\n");
+  CHECK(read_text(target / "generation_config.json") ==
+        read_text(fixture / "tiny-f64-sharded" / "generation_config.json"));
+  fsdp_engine<double> back(llama_table(), world, {});
+  io::load_pretrained(target, back, world);
+  check_equal(back, engine.original_state_dict());
+}
+
+TEST_CASE(
+    "a save killed before any change to the directory leaves one that loads as the old model or the new "
+    "one") {
+  comm::mpi world;
+  test::scratch_directory scratch(world, "hf");
+  const state_dict old_model = directory_tensors(fixture / "tiny-f64-sharded");
+  fsdp_engine<double> engine(llama_table(), world, {});
+  engine.initialize(13);
+  const state_dict new_model = engine.original_state_dict();
+  // The same model's config in kfsdp's words: either text reads as it.
+  const std::string config =
+      io::llama_config_json(io::read_llama_config(fixture / "tiny-f64-sharded"), dtype::F64);
+  std::size_t stop = 0;
+  for (;; ++stop) {  // kill before the stop-th change: the index, each of the three shards, config.json; then
+                     // none
+    CAPTURE(stop);
+    const fs::path target = scratch.path / ("model-" + std::to_string(stop));
+    copy_fixture(world, "tiny-f64-sharded", target);
+    std::size_t changes = 0;
+    io::testing::set_stop_before_change([&](const fs::path&) { return changes++ == stop; });
+    bool killed = false;
+    try {
+      io::save_pretrained(target, engine, world, config);
+    } catch (const std::runtime_error& error) {
+      killed = std::string(error.what()).find("a simulated kill") != std::string::npos;
+      CHECK(killed);
+    }
+    io::testing::set_stop_before_change({});
+    fsdp_engine<double> loaded(llama_table(), world, {});
+    io::load_pretrained(target, loaded, world);
+    const state_dict got = loaded.original_state_dict();
+    const bool as_old = same_values(got, old_model), as_new = same_values(got, new_model);
+    CHECK(as_old != as_new);
+    CHECK(as_new == (stop > 0));  // the index goes first: until then, it is the old model
+    CHECK(io::read_llama_config(target).layers == 2);
+    if (!killed) break;
+    // The next save finishes the job and removes the temporary file the killed one left.
+    io::save_pretrained(target, engine, world, config);
+    if (world.rank() == 0) {
+      const std::map<std::string, std::string> entries = tree(target);
+      CHECK(entries.size() == 3);  // config.json, generation_config.json, model.safetensors
+      CHECK(entries.at("config.json") == config);
+    }
+    fsdp_engine<double> again(llama_table(), world, {});
+    io::load_pretrained(target, again, world);
+    check_equal(again, new_model);
+  }
+  CHECK(stop == 5);
+}
+
+TEST_CASE("a save whose write fails leaves the old files and throws naming the file") {
+  comm::mpi world;
+  test::scratch_directory scratch(world, "hf");
+  const fs::path target = scratch.path / "model";
+  copy_fixture(world, "tiny-f32", target);
+  const std::map<std::string, std::string> before =
+      world.rank() == 0 ? tree(target) : std::map<std::string, std::string>{};
+  fsdp_engine<double> engine(llama_table(), world, {});
+  engine.initialize(17);
+  const std::string config = io::llama_config_json(io::read_llama_config(target), dtype::F64);
+  // A file size limit stands in for a full disk (EFBIG as ENOSPC; root ignores permissions, not
+  // this): below config.json's size its write fails, above it the weights' does.
+  for (const auto& [limit, file] :
+       {std::pair<rlim_t, std::string>{64, "config.json"}, {4096, "model.safetensors"}}) {
+    CAPTURE(file);
+    rlimit saved{};
+    ::getrlimit(RLIMIT_FSIZE, &saved);
+    rlimit limited = saved;
+    limited.rlim_cur = limit;
+    const auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);  // an error return, not a signal
+    ::setrlimit(RLIMIT_FSIZE, &limited);
+    std::string message;
+    try {
+      io::save_pretrained(target, engine, world, config);
+    } catch (const std::runtime_error& error) {
+      message = error.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    std::signal(SIGXFSZ, previous_handler);
+    CAPTURE(message);
+    CHECK(message.starts_with("kfsdp::io::"));
+    CHECK(message.find(std::strerror(EFBIG)) != std::string::npos);
+    CHECK(message.find("'" + (target / file).string() + ".tmp.") != std::string::npos);
+    if (world.rank() == 0) CHECK(tree(target) == before);  // the old files, and no temporary one
+    world.barrier();
+  }
+}
+
+TEST_CASE(
+    "a NaN or an infinity in a file without checksums is refused by load_pretrained, naming the tensor") {
+  comm::mpi world;
+  test::scratch_directory scratch(world, "hf");
+  const fs::path single = scratch.path / "single", sharded = scratch.path / "sharded";
+  copy_fixture(world, "tiny-f32", single);
+  copy_fixture(world, "tiny-f64-sharded", sharded);
+  poke(world, single / "model.safetensors", "model.norm.weight", 3, std::numeric_limits<double>::quiet_NaN());
+  // Finite in the F64 file, beyond float's range once converted.
+  const std::string shard = "model-00003-of-00003.safetensors";
+  REQUIRE(read_text(sharded / "model.safetensors.index.json").find("\"lm_head.weight\": \"" + shard) !=
+          std::string::npos);
+  poke(world, sharded / shard, "lm_head.weight", 256 * 64 - 1, 1e300);
+
+  fsdp_engine<float> engine(llama_table(), world, {});
+  engine.initialize(3);
+  const state_dict before = engine.original_state_dict();
+  CHECK(load_error(single, engine, world)
+            .find("file '" + (single / "model.safetensors").string() +
+                  "': tensor 'model.norm.weight': holds nan, expected finite values") != std::string::npos);
+  CHECK(load_error(sharded, engine, world)
+            .find("file '" + (sharded / shard).string() +
+                  "': tensor 'lm_head.weight': holds inf, expected finite values") != std::string::npos);
+  fsdp_engine<double> wide(llama_table(), world, {});
+  CHECK(load_error(sharded, wide, world) == "(loaded)");  // 1e300 is a double
+  check_equal(engine, before);                            // nothing was loaded
 }

@@ -3,6 +3,9 @@
 // kfsdp's Llama cannot compute refused with the key named.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <random>
+#include <stdexcept>
 #include <string>
 
 #include <kfsdp/io/checkpoint/hf_config.hpp>
@@ -105,4 +108,33 @@ TEST_CASE("a missing, mistyped or invalid size is refused, naming the file and t
   CHECK(refusal("{\"model_type\": \"llama\",").find("is not valid JSON") != std::string::npos);
   CHECK(refusal("[1]").find("holds an array, expected a JSON object") != std::string::npos);
   CHECK_THROWS_AS((void)kfsdp::io::read_llama_config(fixture + "/no-such-directory"), std::runtime_error);
+}
+
+TEST_CASE("a config.json that is a directory or not JSON is refused as config.json, naming its path") {
+  namespace fs = std::filesystem;
+  // Not a safetensors header: the message is about config.json, where its text breaks.
+  const std::string syntax = refusal("{\"model_type\": \"llama\",");
+  CAPTURE(syntax);
+  CHECK(syntax.find(
+            "kfsdp::io::read_llama_config: config.json 'test/config.json' is not valid JSON: at byte 23: "
+            "expected a string, found the end of the text") != std::string::npos);
+  CHECK(syntax.find("safetensors") == std::string::npos);
+  CHECK(syntax.find("header") == std::string::npos);
+  CHECK(refusal("[1]").find("config.json 'test/config.json' holds an array, expected a JSON object") !=
+        std::string::npos);
+
+  // A directory where config.json should be: named, not a stream's "basic_filebuf::underflow".
+  std::random_device entropy;
+  const fs::path model = fs::temp_directory_path() / ("kfsdp-hf-config-test-" + std::to_string(entropy()));
+  fs::create_directories(model / "config.json");
+  std::string message = "(accepted)";
+  try {
+    (void)kfsdp::io::read_llama_config(model);
+  } catch (const std::runtime_error& error) {
+    message = error.what();
+  }
+  fs::remove_all(model);
+  CAPTURE(message);
+  CHECK(message == "kfsdp::io::read_llama_config: config.json '" + (model / "config.json").string() +
+                       "' is a directory, expected a regular file (the model's config)");
 }

@@ -332,6 +332,34 @@ TEST_CASE("fit: keeps the last N checkpoints") {
   if (job.is_root()) std::filesystem::remove_all(dir);
 }
 
+TEST_CASE(
+    "fit: keeping the last N removes only its own checkpoints; files and folders it did not name stay") {
+  kfsdp::session job;
+  const auto dir = shared_dir(job.world(), "keep-others");
+  if (job.is_root()) {
+    std::filesystem::create_directories(dir / "step-00000001.safetensors");  // a folder with fit's name
+    std::ofstream(dir / "step-5.safetensors") << "a user's file";            // not a name fit gives
+    std::ofstream(dir / "step-000000003.safetensors") << "nor this";
+    std::ofstream(dir / "notes.txt") << "lr 1e-2";
+  }
+  job.world().barrier();
+  CHECK(kfsdp::checkpoint_steps(dir).empty());
+  const kfsdp::fit_result result = train(job, samples(60, 3),
+                                         {.steps = 10,
+                                          .global_batch = global_batch,
+                                          .checkpoint_dir = dir,
+                                          .checkpoint_every = 2,
+                                          .keep_last = 2});
+  CHECK(result.resumed_from == 0);
+  CHECK(kfsdp::checkpoint_steps(dir) == std::vector<std::size_t>{8, 10});
+  CHECK(std::filesystem::is_directory(dir / "step-00000001.safetensors"));
+  CHECK(bytes_of(dir / "step-5.safetensors") == "a user's file");
+  CHECK(bytes_of(dir / "step-000000003.safetensors") == "nor this");
+  CHECK(bytes_of(dir / "notes.txt") == "lr 1e-2");
+  job.world().barrier();
+  if (job.is_root()) std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("fit: evaluation metrics equal the hand-computed ones") {
   kfsdp::session job;
   const auto test = samples(20, 9);

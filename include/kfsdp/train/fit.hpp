@@ -122,7 +122,9 @@ inline std::filesystem::path checkpoint_path(const std::filesystem::path& dir, s
   return dir / fmt::format("step-{:08}.safetensors", step);
 }
 
-/// The steps of the checkpoints in `dir`, ascending (a name fit gives; its temporary files are not listed).
+/// The steps of the checkpoints in `dir`, ascending: the files named exactly as checkpoint_path
+/// names them ("step-5.safetensors", a folder, fit's temporary files are not listed, so keep-last
+/// never counts or removes them).
 inline std::vector<std::size_t> checkpoint_steps(const std::filesystem::path& dir) {
   std::vector<std::size_t> steps;
   std::error_code error;
@@ -133,7 +135,10 @@ inline std::vector<std::size_t> checkpoint_steps(const std::filesystem::path& di
       continue;
     const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
     if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    steps.push_back(std::stoull(digits));
+    const std::size_t step = std::stoull(digits);
+    std::error_code not_a_file;
+    if (checkpoint_path(dir, step).filename() == name && entry.is_regular_file(not_a_file))
+      steps.push_back(step);
   }
   std::sort(steps.begin(), steps.end());
   return steps;

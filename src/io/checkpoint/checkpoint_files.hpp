@@ -42,6 +42,18 @@ void check_finite(std::span<const Scalar> values, std::string_view tensor, std::
                                             function, tensor, *bad, path.string()));
 }
 
+// Refuses a loaded tensor holding NaN or an infinity (as the engine's scalar, after any
+// conversion): a file without checksums, or one another tool wrote, is not loaded into a model.
+template <class Scalar>
+void check_loaded_finite(std::span<const Scalar> values, std::string_view tensor, std::string_view function,
+                         const std::filesystem::path& path) {
+  const auto bad = std::find_if(values.begin(), values.end(), [](Scalar x) { return !std::isfinite(x); });
+  if (bad != values.end())
+    throw format_error(
+        fmt::format("{}: file '{}': tensor '{}': holds {}, expected finite values (a diverged or "
+                    "corrupted model); nothing was loaded",
+                    function, path.string(), tensor, *bad));
+}
 
 inline std::function<bool(const std::filesystem::path&)>& stop_after_header_hook() {
   static std::function<bool(const std::filesystem::path&)> hook;

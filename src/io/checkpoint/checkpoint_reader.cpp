@@ -143,8 +143,13 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
   }
   const std::vector<checksum_state> checksums = combine_checksums(comm, local_checksums, function, path);
   together(comm, [&] {
-    for (std::size_t t = 0; t < tensors.size(); ++t)
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
       verify_tensor_checksum(table, tensors[t].name, checksums[t], function);
+      check_loaded_finite(
+          std::span<const Scalar>(reinterpret_cast<const Scalar*>(staging.data() + piece_of_tensor[t]),
+                                  tensors[t].local_bytes / sizeof(Scalar)),
+          tensors[t].name, function, path);
+    }
   });
 
   // Every rank verified everything: commit, padding rows zero.

@@ -1,10 +1,9 @@
 // Hugging Face model directories over MPI-IO (include/kfsdp/io/checkpoint/hf_checkpoint.hpp): load_pretrained
 // reads config-less weights by name from model.safetensors or the shards of its index;
-// save_pretrained writes config.json and model.safetensors (through save_model) into a staging
-// directory that then replaces the target whole.
+// save_pretrained writes config.json and model.safetensors (through save_model) into the directory,
+// each file renamed into place on its own, removes its own stale files and nothing else.
 #include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 
-#include <cstdio>  // renameat2
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -115,6 +114,10 @@ void load_pretrained(const std::filesystem::path& directory, const sharded_view<
     if (rank != 0) return;
     const std::filesystem::path index = directory / index_file;
     if (std::filesystem::exists(index)) {
+      if (!std::filesystem::is_regular_file(index))
+        throw format_error(
+            fmt::format("{}: index '{}' is not a regular file, expected the JSON of a sharded save", function,
+                        index.string()));
       std::ifstream in(index, std::ios::binary);
       index_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
       if (!in.good() && !in.eof()) throw_errno(function, "read of", index);
@@ -236,6 +239,8 @@ void load_pretrained(const std::filesystem::path& directory, const sharded_view<
         verify_tensor_checksum(table, tensors[t].name, checksums[i], function);
         values[t].resize(tensors[t].local_bytes / sizeof(Scalar));
         convert(staging.data() + staged_at[i], share.types[i], values[t].size(), values[t].data());
+        check_loaded_finite(std::span<const Scalar>(values[t]), tensors[t].name, function,
+                            path);  // F64 beyond float: inf
       }
     });
   }
@@ -255,29 +260,34 @@ void load_pretrained(const std::filesystem::path& directory, const sharded_view<
 
 namespace {
 
-// Puts `staging` where `target` was: atomically swapped with an existing directory (renameat2's
-// RENAME_EXCHANGE; where the file system lacks it, the old one is first moved aside), then the
-// old one removed.
-void replace_directory(const std::filesystem::path& staging, const std::filesystem::path& target,
-                       std::string_view function) {
-  namespace fs = std::filesystem;
-  if (!fs::exists(target)) {
-    rename_over(staging, target, function);
-    return;
-  }
-  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
-    sync_directory(target, function);
-    fs::remove_all(staging);  // now the old directory
-    return;
-  }
-  if (errno != EINVAL && errno != ENOSYS) throw_errno(function, "exchange with", target);
-  const fs::path aside = temporary_name(target);
-  rename_over(target, aside, function);
-  rename_over(staging, target, function);
-  fs::remove_all(aside);
+std::function<bool(const std::filesystem::path&)>& stop_before_change_hook() {
+  static std::function<bool(const std::filesystem::path&)> hook;
+  return hook;
 }
 
-// Removes "<name>.tmp.<16 hex digits>" directories beside `target` that a killed save left behind.
+// "model-00001-of-00003.safetensors": a shard of a sharded save (transformers' name), which a
+// single-file save makes stale.
+bool is_shard_name(std::string_view name) {
+  constexpr std::string_view prefix = "model-", suffix = ".safetensors", of = "-of-";
+  if (!name.starts_with(prefix) || !name.ends_with(suffix)) return false;
+  const std::string_view numbers = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  const std::size_t middle = numbers.find(of);
+  const auto digits = [](std::string_view text) {
+    return !text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos;
+  };
+  return middle != std::string_view::npos && digits(numbers.substr(0, middle)) &&
+         digits(numbers.substr(middle + of.size()));
+}
+
+// A file (or a link) of save_pretrained's that stands in the way: never a folder.
+bool is_file_entry(const std::filesystem::path& path) {
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::symlink_status(path, error);
+  return !error && (std::filesystem::is_regular_file(status) || std::filesystem::is_symlink(status));
+}
+
+// Removes "<name>.tmp.<16 hex digits>" directories beside `target`: the staging directories that
+// a killed save of an earlier kfsdp (which assembled the directory whole beside it) left behind.
 void remove_leftover_staging(const std::filesystem::path& target) {
   namespace fs = std::filesystem;
   const std::string prefix = target.filename().string() + ".tmp.";
@@ -295,6 +305,12 @@ void remove_leftover_staging(const std::filesystem::path& target) {
 
 }  // namespace
 
+namespace testing {
+void set_stop_before_change(std::function<bool(const std::filesystem::path&)> hook) {
+  stop_before_change_hook() = std::move(hook);
+}
+}  // namespace testing
+
 template <class Scalar>
 void save_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine, comm::mpi& comm,
                      std::string_view config_json, dtype stored) {
@@ -303,6 +319,7 @@ void save_pretrained(const std::filesystem::path& directory, const sharded_view<
   const int rank = comm.rank();
   // Under HSDP the first shard group writes (as save_model); the others take part in its collectives.
   const bool writer = !engine.replica_group || engine.replica_group->rank() == 0;
+  const bool writes = rank == 0 && writer;  // the rank that touches the directory
   fs::path target = directory.filename().empty() ? directory.parent_path() : directory;  // "out/" is "out"
   together(comm, [&] {
     if (target.empty()) throw std::invalid_argument(fmt::format("{}: the directory is empty, expected a path", function));
@@ -313,28 +330,82 @@ void save_pretrained(const std::filesystem::path& directory, const sharded_view<
       throw std::invalid_argument(fmt::format("{}: stored dtype {}, expected F32 or {} (the engine's)", function,
                                               dtype_name(stored), dtype_name(dtype_of<Scalar>)));
   });
-  const fs::path staging = broadcast_string(comm.native(), rank == 0 ? temporary_name(target).string() : std::string());
+  const fs::path index = target / index_file;
+  // config.json (or the file its link names) gets its new text under a temporary name beside it,
+  // written and synced before anything changes, and is renamed into place last.
+  fs::path config, config_temporary;
+  bool created = false;  // the directory is this save's: an empty one is removed if the save fails
+  const auto discard_config = [&] {
+    std::error_code ignored;
+    if (!config_temporary.empty()) fs::remove(config_temporary, ignored);
+    if (created) fs::remove(target, ignored);  // only while empty: a folder of the caller's is never removed
+  };
   together(comm, [&] {
-    if (rank != 0 || !writer) return;
+    if (!writes) return;
+    config = save_target(target / "config.json", function);  // a folder there is refused: nothing written
     remove_leftover_staging(target);
-    fs::create_directory(staging);
-    const fs::path config = staging / "config.json";
-    file_descriptor out{::open(config.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    if (out.value < 0) throw_errno(function, "open of", config);
-    write_fully(out.value, bytes_of(config_json), function, config);
-    if (::fsync(out.value) != 0) throw_errno(function, "fsync of", config);
-  });
-  try {
-    // transformers refuses a safetensors file whose metadata lacks {"format": "pt"}.
-    save_model(staging / single_file, engine, comm, {{"format", "pt"}}, stored);
-    together(comm, [&] {
-      if (rank == 0 && writer) replace_directory(staging, target, function);
-    });
-  } catch (...) {  // every rank is here (the failure was agreed): none returns before the cleanup
-    if (rank == 0 && writer) {
-      std::error_code ignored;
-      fs::remove_all(staging, ignored);
+    std::error_code error;
+    created = fs::create_directories(target, error);
+    if (error)
+      throw std::runtime_error(
+          fmt::format("{}: creating the directory {} failed: {}", function, quoted(target), error.message()));
+    remove_leftover_temporaries(config);
+    config_temporary = temporary_name(config);
+    try {
+      file_descriptor out{::open(config_temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)};
+      if (out.value < 0) throw_errno(function, "open of", config_temporary);
+      write_fully(out.value, bytes_of(config_json), function, config_temporary);
+      if (::fsync(out.value) != 0) throw_errno(function, "fsync of", config_temporary);
+      const int descriptor = std::exchange(out.value, -1);
+      if (::close(descriptor) != 0) throw_errno(function, "close of", config_temporary);
+    } catch (...) {
+      discard_config();
+      throw;
     }
+  });
+  bool killed = false;  // by the test hook: what a killed job leaves stays
+  try {
+    // Order (the directory loads as the old model or the new one throughout): model.safetensors, stale index,
+    // stale shards, config.json. transformers refuses a safetensors file whose metadata lacks {"format":
+    // "pt"}.
+    save_model(target / single_file, engine, comm, {{"format", "pt"}}, stored);
+    together(comm, [&] {
+      if (!writes) return;
+      const auto stop_before = [&](const fs::path& path) {
+        killed = killed || (stop_before_change_hook() && stop_before_change_hook()(path));
+        return killed;
+      };
+      if (is_file_entry(index)) {
+        if (stop_before(index)) return;
+        if (::unlink(index.c_str()) != 0 && errno != ENOENT)
+          throw_errno(function, "removal of the stale index", index);
+        sync_directory(index, function);
+      }
+      std::vector<fs::path> shards;
+      std::error_code error;
+      for (fs::directory_iterator it(target, error), end; !error && it != end; it.increment(error))
+        if (is_shard_name(it->path().filename().string()) && is_file_entry(it->path()))
+          shards.push_back(it->path());
+      if (error)
+        throw std::runtime_error(fmt::format("{}: listing the directory {} failed: {}", function,
+                                             quoted(target), error.message()));
+      std::sort(shards.begin(), shards.end());
+      for (const fs::path& shard : shards) {
+        if (stop_before(shard)) return;
+        if (::unlink(shard.c_str()) != 0 && errno != ENOENT)
+          throw_errno(function, "removal of the stale shard", shard);
+      }
+      if (!shards.empty()) sync_directory(shards.front(), function);
+      if (stop_before(config)) return;
+      rename_over(config_temporary, config, function);
+    });
+    if (comm::any_rank(comm, killed))
+      throw std::runtime_error(
+          fmt::format("{}: stopped by the test hook before a change to {} (a simulated kill: "
+                      "what was done stays)",
+                      function, quoted(target)));
+  } catch (...) {  // every rank is here (the failure was agreed): none returns before the cleanup
+    if (writes && !killed) discard_config();
     MPI_Barrier(comm.native());
     throw;
   }

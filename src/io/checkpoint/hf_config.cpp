@@ -101,11 +101,13 @@ llama_config parse_llama_config(std::string_view json, std::string_view origin) 
   try {
     root = json_detail::parse_json(json, origin);
   } catch (const format_error& error) {
-    throw format_error(fmt::format("kfsdp::io::read_llama_config: {} is not valid JSON: {}", where, error.what()));
+    throw format_error(fmt::format("kfsdp::io::read_llama_config: config.json {} is not valid JSON: {}",
+                                   where, error.what()));
   }
   if (root.kind != json_kind::object)
-    throw format_error(fmt::format("kfsdp::io::read_llama_config: {} holds {}, expected a JSON object", where,
-                                   json_detail::kind_name(root.kind)));
+    throw format_error(
+        fmt::format("kfsdp::io::read_llama_config: config.json {} holds {}, expected a JSON object", where,
+                    json_detail::kind_name(root.kind)));
   const config_keys keys(root, where);
 
   if (const std::string type = keys.text("model_type", ""); type != "llama")
@@ -148,12 +150,29 @@ llama_config parse_llama_config(std::string_view json, std::string_view origin) 
 }
 
 llama_config read_llama_config(const std::filesystem::path& path) {
-  const std::filesystem::path file = std::filesystem::is_directory(path) ? path / "config.json" : path;
+  namespace fs = std::filesystem;
+  constexpr std::string_view function = "kfsdp::io::read_llama_config";
+  std::error_code ignored;
+  const fs::path file = fs::is_directory(path, ignored) ? path / "config.json" : path;
+  // A directory opens as a stream, then fails inside the read with no path: refused by name first.
+  if (const fs::file_status status = fs::status(file, ignored);
+      fs::exists(status) && !fs::is_regular_file(status))
+    throw std::runtime_error(
+        fmt::format("{}: config.json '{}' is {}, expected a regular file (the model's config)", function,
+                    file.string(), fs::is_directory(status) ? "a directory" : "not a regular file"));
   std::ifstream in(file, std::ios::binary);
   if (!in)
-    throw std::runtime_error(fmt::format("kfsdp::io::read_llama_config: cannot open '{}': {}", file.string(),
-                                         std::strerror(errno)));
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    throw std::runtime_error(
+        fmt::format("{}: cannot open config.json '{}': {}", function, file.string(), std::strerror(errno)));
+  std::string text;
+  try {
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure& error) {
+    throw std::runtime_error(
+        fmt::format("{}: read of config.json '{}' failed: {}", function, file.string(), error.what()));
+  }
+  if (in.bad())
+    throw std::runtime_error(fmt::format("{}: read of config.json '{}' failed", function, file.string()));
   return parse_llama_config(text, file.string());
 }
 

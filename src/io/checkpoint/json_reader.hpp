@@ -116,7 +116,10 @@ inline std::string_view kind_name(json_kind kind) {
 // A cursor over the header text; every read is bounds-checked, every error throws format_error.
 class json_reader {
  public:
-  json_reader(std::string_view text, std::string_view file_name) : text_(text), file_(file_name) {}
+  // `document`: the text is a JSON file of its own (config.json, an index), not a safetensors
+  // header; its syntax errors say only where the text breaks, and the caller names the file.
+  json_reader(std::string_view text, std::string_view file_name, bool document = false)
+      : text_(text), file_(file_name), document_(document) {}
 
   [[nodiscard]] std::size_t position() const noexcept { return position_; }
   [[nodiscard]] bool at_end() const noexcept { return position_ >= text_.size(); }
@@ -133,6 +136,9 @@ class json_reader {
   }
 
   [[noreturn]] void syntax_error(const std::string& what) const {
+    if (document_)
+      throw format_error("at byte " + std::to_string(position_) + ": " + what + ", found " +
+                         (at_end() ? std::string("the end of the text") : printable_char(peek())));
     fail(file_, "header is not valid JSON: at byte " + std::to_string(position_) +
                     " of the header: " + what + ", found " + printable_char(peek()));
   }
@@ -337,6 +343,7 @@ class json_reader {
 
   std::string_view text_;
   std::string_view file_;
+  bool document_ = false;
   std::size_t position_ = 0;
 };
 
@@ -394,9 +401,10 @@ inline json_value read_json_value(json_reader& in, std::size_t depth = 0) {
   return value;
 }
 
-// A whole document: one value and nothing but white space after it.
+// A whole JSON file (config.json, an index): one value and nothing but white space after it. A
+// syntax error throws format_error saying where ("at byte 12: expected ..."); the caller names the file.
 inline json_value parse_json(std::string_view text, std::string_view file_name) {
-  json_reader in(text, file_name);
+  json_reader in(text, file_name, /*document=*/true);
   json_value value = read_json_value(in);
   in.skip_whitespace();
   if (!in.at_end()) in.syntax_error("expected the end of the text after the value");

@@ -98,8 +98,9 @@ void save_checkpoint(const std::filesystem::path& path, Engine& engine, comm::mp
 /// is ignored. Returns the file's `__metadata__`.
 /// Throws format_error on every rank for a malformed file, a missing tensor, a tensor the model
 /// does not have (import_weights is the lenient load that reports them), a dtype or shape that
-/// is not the model's, or a checksum mismatch (the message names the file and the tensor); the
-/// shards are then unchanged.
+/// is not the model's, a checksum mismatch, or a NaN or an infinity in a tensor (a file without
+/// checksums is checked too; the message names the file and the tensor); the shards are then
+/// unchanged.
 ///
 ///   kfsdp::io::load_model("gpt.safetensors", engine, world);
 template <class Scalar>

@@ -24,6 +24,7 @@
 //                              kfsdp::dtype::F32);
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,7 +43,8 @@ namespace kfsdp::io {
 /// those named in `ignore` (a tied model's "lm_head.weight", which some writers keep). Files
 /// written by kfsdp carry checksums, which are verified. Padding rows are set to zero.
 /// Throws format_error on every rank, naming the file and the tensor, for a missing or unexpected
-/// tensor, another shape, a dtype that is not F64, F32, BF16 or F16, a malformed file or index;
+/// tensor, another shape, a dtype that is not F64, F32, BF16 or F16, a NaN or an infinity (in the
+/// engine's scalar: an F64 value beyond float's range loaded into float is one), a malformed file or index;
 /// std::runtime_error for the file system. The shards are then unchanged.
 ///
 ///   kfsdp::io::load_pretrained("tiny-llama", engine, world);
@@ -59,10 +61,19 @@ void load_pretrained(const std::filesystem::path& directory, Engine& engine, com
 /// Writes the engine's parameters as a Hugging Face directory (collective over `comm`):
 /// `config_json` as config.json and every parameter under its name in model.safetensors, stored as
 /// `stored` (F32 or the engine's scalar; metadata {"format": "pt"}, as transformers expects, and
-/// kfsdp's checksums). Nothing is ever half-written: the directory is assembled under a temporary
-/// name beside it and renamed into place (an existing directory is swapped out whole and removed,
-/// so keep nothing else in it). Throws std::invalid_argument for a stored dtype other than F32 or
-/// the engine's scalar, or a parameter that is not finite; std::runtime_error for the file system.
+/// kfsdp's checksums). The directory is made when missing. As transformers' save_pretrained, it
+/// changes only its own files: config.json, model.safetensors, and the stale
+/// model.safetensors.index.json and model-*-of-*.safetensors of an earlier sharded save, which it
+/// removes (so no old index is loaded instead of the new weights); everything else in the
+/// directory (tokenizer.json, generation_config.json, folders) stays as it was. Each file is
+/// written under a temporary name beside it, synced and renamed into place on its own, in an
+/// order that keeps the directory loadable as the old model or the new one at every instant:
+/// model.safetensors, then the stale index, the stale shards, config.json last (between the last
+/// two, the new weights sit beside the old config.json). A killed save's temporary files are
+/// removed by the next save. Throws std::invalid_argument for a stored dtype other than F32 or the
+/// engine's scalar, a parameter that is not finite, or a config.json or model.safetensors that is
+/// a folder; std::runtime_error naming the file for the file system (a failed write leaves the
+/// old files as they were).
 ///
 ///   kfsdp::io::save_pretrained("tuned-llama", engine, world, kfsdp::io::llama_config_json(config));
 template <class Scalar>
@@ -73,5 +84,17 @@ void save_pretrained(const std::filesystem::path& directory, Engine& engine, com
                      std::string_view config_json, dtype stored = dtype_of<engine_scalar_t<Engine>>) {
   save_pretrained(directory, view_of(engine), comm, config_json, stored);
 }
+
+namespace testing {
+/// Test hook standing in for a kill between save_pretrained's changes to the directory: called on
+/// the writing rank before each stale file is removed and before config.json is renamed into
+/// place, with that file's path. When it returns true, the save stops there as a killed job would
+/// (what was done stays, config.json's temporary file is left behind) and throws
+/// std::runtime_error on every rank. An empty function (the default) disables it. A kill while the
+/// weights are written: checkpoint.hpp's set_stop_after_header.
+///
+///   kfsdp::io::testing::set_stop_before_change([](const std::filesystem::path&) { return true; });
+void set_stop_before_change(std::function<bool(const std::filesystem::path&)> hook);
+}  // namespace testing
 
 }  // namespace kfsdp::io
