@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <kfsdp/comm/mpi.hpp>
@@ -271,6 +272,51 @@ TEST_CASE("a non-finite step names where it went non-finite: the first layer who
   CHECK_THROWS_WITH_AS((void)t.step({{x, y}}, adam, 1.0),
                        doctest::Contains("expected finite values, first in the gradient of 'scale.factor': "),
                        kfsdp::non_finite_loss);
+}
+
+TEST_CASE("int8 collectives carry NaN through: a non-finite step is refused as with scalar ones, naming the place") {
+  kfsdp::comm::mpi world;
+  const auto data = samples();
+  const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
+  auto [x, y] = data.rank_slice<double>(data.micro_batch(/*seed=*/1, 0, global_batch), rank, ws);
+  using kfsdp::wire_precision;
+  for (const auto& [param_dtype, reduce_dtype] : {std::pair{wire_precision::scalar, wire_precision::scalar},
+                                                  std::pair{wire_precision::int8, wire_precision::scalar},
+                                                  std::pair{wire_precision::scalar, wire_precision::int8},
+                                                  std::pair{wire_precision::int8, wire_precision::int8}}) {
+    const std::string wires = std::string(kfsdp::name_of(kfsdp::wire_precision_names, param_dtype)) + " all-gather, " +
+                              std::string(kfsdp::name_of(kfsdp::wire_precision_names, reduce_dtype)) + " reduction";
+    CAPTURE(wires);
+    kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::layer_bucketing> t(
+        surrogate{}, world, {.param_dtype = param_dtype, .reduce_dtype = reduce_dtype});
+    t.initialize(42);
+    kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
+    const kfsdp::state_dict initial = t.engine().original_state_dict();
+    // A NaN weight: the all-gather (int8 or not) hands the layer a NaN, its output and the loss are NaN, and so is
+    // every gradient behind it (an int8 reduction once summed them to numbers: "the gradient norm 0"). The text
+    // before ", expected" is the gradient norm: "nan" (or "-nan").
+    kfsdp::state_dict full = initial;
+    full.at("hidden.1.fc.weight").values<double>()[3] = std::numeric_limits<double>::quiet_NaN();
+    t.engine().load_original_state_dict(full);
+    CHECK_THROWS_WITH_AS((void)t.step({{x, y}}, adam, 1.0),
+                         doctest::Contains("nan, expected finite values, first in the output of layer 'hidden.1.fc': "),
+                         kfsdp::non_finite_loss);
+    if (param_dtype == wire_precision::int8) continue;  // 1e307 is beyond an f32 scale: the gather itself makes NaN
+    // A finite loss with a NaN gradient: the scale layer's input is huge (1e307) and its factor 0, so the prediction
+    // is the output's bias; d factor = sum of input · (output weights · d loss) meets +inf and -inf (the output
+    // weights alternate in sign) and is NaN on every rank. An int8 reduction once passed it on as a number.
+    full = initial;
+    for (double& b : full.at("hidden.2.fc.bias").values<double>()) b = 1e307;
+    full.at("scale.factor").values<double>()[0] = 0.0;
+    double sign = 1;
+    for (double& w : full.at("output.weight").values<double>()) w = (sign = -sign) * 1e6;
+    t.engine().load_original_state_dict(full);
+    CHECK_THROWS_WITH_AS((void)t.step({{x, y}}, adam, 1.0),
+                         doctest::Contains("nan, expected finite values, first in the gradient of 'scale.factor': "),
+                         kfsdp::non_finite_loss);
+    const kfsdp::state_dict after = t.engine().original_state_dict();
+    CHECK(after.at("scale.factor").values<double>()[0] == 0.0);  // not stepped
+  }
 }
 
 TEST_CASE("the MLP's gradients, the user's layer's included, match central differences") {
