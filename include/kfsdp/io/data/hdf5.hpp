@@ -301,9 +301,10 @@ KFSDP_EXPORT class hdf5_dataset {
     normalized_ = true;
   }
   void normalize(const array_dataset::normalization& stats) { normalize(stats.features, stats.targets); }
-  /// Normalises by this file's own statistics (collective) and returns them, for a test set to take.
+  /// Normalises by this file's own statistics (collective) and returns them as applied (a zero stddev
+  /// as 1: array_dataset::as_applied), for a test set to take.
   array_dataset::normalization normalize() {
-    array_dataset::normalization stats{feature_stats(), target_stats()};
+    array_dataset::normalization stats = array_dataset::as_applied({feature_stats(), target_stats()});
     normalize(stats);
     return stats;
   }
