@@ -19,6 +19,7 @@
 #include <kfsdp/train/trainer.hpp>
 
 #include "gradient_check.hpp"
+#include "../support/messages.hpp"
 
 namespace {
 
@@ -272,6 +273,38 @@ TEST_CASE("a non-finite step names where it went non-finite: the first layer who
   CHECK_THROWS_WITH_AS((void)t.step({{x, y}}, adam, 1.0),
                        doctest::Contains("expected finite values, first in the gradient of 'scale.factor': "),
                        kfsdp::non_finite_loss);
+}
+
+TEST_CASE("a non-finite output names the unit the plan runs its layer in: a layer after the blocks is the root's") {
+  kfsdp::comm::mpi world;
+  const auto data = samples();
+  const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
+  auto [x, y] = data.rank_slice<double>(data.micro_batch(/*seed=*/1, 0, global_batch), rank, ws);
+  // Blocks: the hidden layers are units 1-3, input, scale and output the root's (unit 0, 'root').
+  kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::block_bucketing> t(
+      surrogate{}, world, {.wrap = {.policy = kfsdp::wrap_policy::blocks}});
+  REQUIRE(t.units().size() == 4);
+  REQUIRE(t.units()[0].name == "root");
+  t.initialize(42);
+  kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
+  const kfsdp::state_dict initial = t.engine().original_state_dict();
+  const auto message = [&](const std::string& param) {
+    kfsdp::state_dict full = initial;
+    full.at(param).values<double>()[0] = std::numeric_limits<double>::quiet_NaN();
+    t.engine().load_original_state_dict(full);
+    return kfsdp::test::error_message<kfsdp::non_finite_loss>([&] { (void)t.step({{x, y}}, adam, 1.0); });
+  };
+  // 'scale' runs after the last hidden block, in the root: it was named as in the last unit entered, 'hidden.2'.
+  CHECK_MESSAGE(message("scale.factor").find("first in the output of layer 'scale' (unit 'root'): ") != std::string::npos,
+                message("scale.factor"));
+  CHECK_MESSAGE(message("output.weight").find("first in the output of layer 'output' (unit 'root'): ") != std::string::npos,
+                message("output.weight"));
+  CHECK_MESSAGE(message("input.weight").find("first in the output of layer 'input' (unit 'root'): ") != std::string::npos,
+                message("input.weight"));
+  // A block's layer: its unit (named by its parameters' prefix, the layer's own name here, so not repeated).
+  REQUIRE(t.units()[2].name == "hidden.1.fc");
+  CHECK_MESSAGE(message("hidden.1.fc.weight").find("first in the output of layer 'hidden.1.fc': ") != std::string::npos,
+                message("hidden.1.fc.weight"));
 }
 
 TEST_CASE("int8 collectives carry NaN through: a non-finite step is refused as with scalar ones, naming the place") {
