@@ -175,7 +175,7 @@ int run(const settings& s, kfsdp::session& job) {
 
   if (s.eval) {  // the sizes and the normalisation are the saved model's
     const kfsdp::io::metadata_map meta = kfsdp::io::read_metadata(s.load, world);
-    const kfsdp::io::array_dataset::normalization saved = kfsdp::io::stats_from_metadata(meta);
+    const kfsdp::io::array_dataset::normalization saved = kfsdp::io::stats_from_metadata(meta, 6, 1);  // the surrogate's widths
     const stats target = saved.targets;
     test_set.normalize(saved);
     const auto model = make_surrogate(std::stoull(field(meta, s.load, "surrogate.width")),

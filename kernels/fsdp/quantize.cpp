@@ -8,6 +8,10 @@ using range = Kokkos::RangePolicy<Kokkos::IndexType<std::size_t>>;
 
 // One thread a block: its absmax, then its values rounded against the stored (f32) scale, so that
 // dequantizing with that scale is off by at most half of it.
+// A block holding a NaN or an infinity gets a NaN scale and zero values, so that it dequantizes to
+// NaN throughout: the non-finite value reaches the receiver (and the trainer's check) as one, never
+// as a number. Found in the absmax loop itself: a NaN, once seen, stays the absmax (every comparison
+// with it is false), an infinity stays unless a NaN follows; absmax − absmax is then NaN.
 template <class Scalar>
 void quantize_int8(Kokkos::View<const Scalar*> in, Kokkos::View<std::int8_t*> values, Kokkos::View<float*> scales) {
   const std::size_t numel = in.extent(0), block = int8_blocks::block;
@@ -15,13 +19,15 @@ void quantize_int8(Kokkos::View<const Scalar*> in, Kokkos::View<std::int8_t*> va
     const std::size_t first = b * block, last = first + block < numel ? first + block : numel;
     Scalar absmax = 0;
     for (std::size_t i = first; i < last; ++i) {
-      const Scalar magnitude = in(i) < 0 ? -in(i) : in(i);
-      if (magnitude > absmax) absmax = magnitude;
+      const Scalar magnitude = in(i) < 0 ? -in(i) : in(i);  // a NaN's is the NaN
+      if (magnitude > absmax || magnitude != magnitude) absmax = magnitude;
     }
-    const float scale = float(absmax / Scalar(127));
+    const Scalar spread = absmax - absmax;  // 0 for a finite absmax, NaN for a NaN or an infinity
+    const bool finite = spread == Scalar(0);
+    const float scale = finite ? float(absmax / Scalar(127)) : float(spread);
     scales(b) = scale;
     for (std::size_t i = first; i < last; ++i) {
-      if (scale == 0.0f) {
+      if (!finite || scale == 0.0f) {  // (casting a NaN to int8 is undefined)
         values(i) = 0;
         continue;
       }

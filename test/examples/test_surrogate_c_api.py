@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """The trained heat surrogate through the C API (libheat_surrogate) and Fortran (heat_solver): a
-short training run saves a model; test_c_api (C99) checks the API's errors and predictions;
+short training run saves a model; test_c_api (C99) checks the API's errors and predictions (a copy
+with too few feature stddevs, written here, refused by kfsdp_load);
 heat_solver's predictions equal predict_surrogate's (the C++ kfsdp::predictor) for the same inputs
 to 1e-12 relative; a missing file is a clear error; ldd lists no MPI for the library, heat_solver
 or test_c_api. A program given as 'none' (no C or Fortran compiler) is skipped.
 usage: test_surrogate_c_api.py TRAIN_SURROGATE PREDICT_SURROGATE LIBHEAT_SURROGATE TEST_C_API HEAT_SOLVER MPIRUN [MPIRUN_ARGS...]"""
-import os, re, subprocess, sys, tempfile
+import json, os, re, struct, subprocess, sys, tempfile
 
 train_surrogate, predict_surrogate, library, test_c_api, heat_solver, mpirun = *sys.argv[1:6], sys.argv[6:]
 failures = []
@@ -27,6 +28,20 @@ with tempfile.TemporaryDirectory() as tmp:
     # A short run: what matters is that every language predicts with the same weights.
     p = run(mpirun + ['-np', '2', train_surrogate, '--steps', '200', '--train-problems', '32', '--save', model], timeout=300)
     if p.returncode != 0: sys.exit(f'train_surrogate exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}')
+
+    # A copy without checksums whose statistics hold 2 feature stddevs for the model's 6 (a predictor once read
+    # past its buffer): test_c_api expects kfsdp_load to refuse it, naming the key.
+    with open(model, 'rb') as f:
+        size = struct.unpack('<Q', f.read(8))[0]
+        header = json.loads(f.read(size))
+        data = f.read()
+    header['__metadata__'] = {k: v for k, v in header['__metadata__'].items()
+                              if not k.startswith('checksum.') and k != 'kfsdp.header_checksum'}
+    header['__metadata__']['normalization.features.stddev'] = '1,2'
+    text = json.dumps(header).encode()
+    text += b' ' * (-len(text) % 8)
+    with open(os.path.join(tmp, 'bad-stats.safetensors'), 'wb') as f:
+        f.write(struct.pack('<Q', len(text)) + text + data)
 
     if test_c_api == 'none':
         print('skip test_c_api (no C compiler)')

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end checks of examples/train_gpt under mpirun (the README's main job, small sizes).
 usage: test_train_gpt.py TRAIN_GPT DATA_FILE MPIRUN [MPIRUN_ARGS...]"""
-import json, os, struct, subprocess, sys, tempfile
+import json, os, re, struct, subprocess, sys, tempfile
 
 train_gpt, data, mpirun = sys.argv[1], sys.argv[2], sys.argv[3:]
 small = ['--data', data, '--layers', '2', '--dim', '32', '--heads', '2', '--seq', '16', '--batch', '12',
@@ -103,6 +103,21 @@ with tempfile.TemporaryDirectory() as tmp:
     check(len(stopped) == 1 and 'kfsdp::trainer::step: the loss is ' in stopped[0] and 'expected finite values' in stopped[0]
           and 'nan |' not in out and not os.path.exists(f('diverged.st')),
           f'--clip 0 --lr 1e6 diverges: stopped with "{stopped[0] if stopped else out[-500:]}", no checkpoint')
+
+    # int8 collectives carry a NaN as one: in f32, the diverging run is refused at the same step, naming the same
+    # gradient, with int8 all-gathers and reductions as with scalar ones (the int8 reduction once summed the NaN
+    # gradient to numbers and stepped on, and the next step's NaN loss came with "the gradient norm 0").
+    def stop(*flags):
+        out = run(2, '--steps', '20', '--clip', '0', '--lr', '1e6', '--dtype', 'f32', *flags, expect=2)
+        lines = [line for line in out.splitlines() if line.startswith('error: train_gpt: step ')]
+        if len(lines) != 1: return None
+        found = re.match(r'error: train_gpt: (step \d+)/20: .* the gradient norm (\S+), expected finite values(, first in [^:]*)?:',
+                         lines[0])
+        return found.groups() if found else lines[0]
+    scalar_stop, int8_stop = stop(), stop('--reduce-dtype', 'int8', '--param-dtype', 'int8')
+    check(isinstance(int8_stop, tuple) and int8_stop[1] != '0' and int8_stop[0] == scalar_stop[0]
+          and int8_stop[2] == scalar_stop[2],
+          f'--lr 1e6 with int8 collectives stops as with scalar ones: {int8_stop} vs {scalar_stop}')
 
     # --trace: valid JSON with the compute regions and the collectives (bucket, bytes).
     run(2, '--steps', '2', '--sharding', 'zero3', '--trace', f('trace'))

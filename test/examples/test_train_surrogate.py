@@ -69,6 +69,36 @@ with tempfile.TemporaryDirectory() as tmp:
                        timeout=60, stdin=subprocess.DEVNULL)
     check(p.returncode == 2 and 'missing.safetensors' in p.stderr, 'predict_surrogate: a missing file is a clear error')
 
+    # Statistics that do not fit the model (a file without checksums, edited: 2 feature stddevs for 6 features
+    # once read past the predictor's buffer, a NaN stddev gave NaN predictions with no error) are refused by
+    # predict_surrogate and train_surrogate --eval alike, naming the key, what it holds and what was expected.
+    def edited(name, key, value):
+        with open(model, 'rb') as f:
+            size = struct.unpack('<Q', f.read(8))[0]
+            header = json.loads(f.read(size))
+            data = f.read()
+        meta = {k: v for k, v in header['__metadata__'].items()
+                if not k.startswith('checksum.') and k != 'kfsdp.header_checksum'}
+        meta[key] = value
+        header['__metadata__'] = meta
+        text = json.dumps(header).encode()
+        text += b' ' * (-len(text) % 8)
+        path = os.path.join(tmp, name)
+        with open(path, 'wb') as f:
+            f.write(struct.pack('<Q', len(text)) + text + data)
+        return path
+    for key, value, message in (
+            ('normalization.features.stddev', '1,2',
+             "'normalization.features.stddev' has 2 values, expected in_features = 6 (the model's)"),
+            ('normalization.features.stddev', '1,1,nan,1,1,1',
+             "'normalization.features.stddev' value 2 is nan, expected a finite number > 0"),
+            ('normalization.targets.stddev', '0', "'normalization.targets.stddev' value 0 is 0, expected a finite number > 0")):
+        bad = edited('bad-stats.safetensors', key, value)
+        p = subprocess.run([predict_surrogate, '--load', bad], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        check(p.returncode == 2 and message in p.stderr, f'predict_surrogate: {key} = {value} refused ({message!r}): {p.stderr[-500:]}')
+        out = run(2, '--load', bad, '--eval', 'on', expect=2, timeout=60)
+        check(out.count('error: ') == 1 and message in out, f'train_surrogate --eval: {key} = {value} refused ({message!r})')
+
     # Sharding, bucketing and checkpointing change how, not what: the same losses (double; printed
     # to 7 digits, hence 1e-6).
     short = ['--steps', '40', '--log-every', '10', '--train-problems', '8', '--grid', '8', '--test-problems', '2']

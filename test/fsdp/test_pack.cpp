@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -160,4 +161,71 @@ TEST_CASE("int8 gradient sums: a chunk summed over the senders' wire buffers is 
   const auto got = testing::to_host(sum);
   for (std::size_t i = 0; i < 5; ++i)
     CHECK(got[i] == (dequantized[0][i] + dequantized[1][i] + dequantized[2][i]) * 0.5);  // rank order, then the factor
+}
+
+TEST_CASE("int8 blocks: a block with a NaN, +Inf or -Inf dequantizes to NaN throughout; the other blocks as before") {
+  // Five blocks of 256 (the last 100 long): finite, NaN, +Inf, -Inf, and an infinity followed by a NaN.
+  const int8_blocks blocks{4 * 256 + 100};
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> values(blocks.numel);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = std::sin(0.37 * double(i));
+  values[256 + 17] = nan;   // not the block's first value: the absmax loop has seen finite ones before it
+  values[512 + 255] = inf;  // its last
+  values[768] = -inf;       // its first
+  values[1024 + 3] = inf;
+  values[1024 + 50] = -nan;
+  Kokkos::View<double*> in("in", values.size());
+  auto host_in = Kokkos::create_mirror_view(in);
+  for (std::size_t i = 0; i < values.size(); ++i) host_in(i) = values[i];
+  Kokkos::deep_copy(in, host_in);
+  for (const bool as_float : {false, true}) {
+    CAPTURE(as_float);
+    Kokkos::View<float*> wire("wire", blocks.words());
+    if (as_float) {
+      Kokkos::View<float*> f("f", values.size());
+      auto host_f = Kokkos::create_mirror_view(f);
+      for (std::size_t i = 0; i < values.size(); ++i) host_f(i) = float(values[i]);
+      Kokkos::deep_copy(f, host_f);
+      kernels::quantize_int8<float>(f, blocks.values(wire.data()), blocks.scales(wire.data()));
+    } else {
+      kernels::quantize_int8<double>(in, blocks.values(wire.data()), blocks.scales(wire.data()));
+    }
+    Kokkos::View<float*> scales_view = blocks.scales(wire.data());
+    const auto scales = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace{}, scales_view);
+    CHECK(std::isfinite(scales(0)));
+    for (std::size_t b = 1; b < blocks.block_count; ++b) CHECK(std::isnan(scales(b)));
+    Kokkos::View<std::int8_t*> values_view = blocks.values(wire.data());
+    const auto q = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace{}, values_view);
+    for (std::size_t i = 256; i < values.size(); ++i) CHECK(q(i) == 0);  // no NaN was cast to int8
+    Kokkos::View<double*> out("out", values.size());
+    kernels::dequantize_int8<double>(blocks.values(wire.data()), blocks.scales(wire.data()), 0, out);
+    const auto back = testing::to_host(out);
+    for (std::size_t i = 0; i < 256; ++i) CHECK(std::abs(back[i] - values[i]) <= double(scales(0)) / 2 * (1 + 1e-5));
+    std::size_t numbers = 0;
+    for (std::size_t i = 256; i < values.size(); ++i) numbers += !std::isnan(back[i]);
+    CHECK(numbers == 0);
+  }
+  // The gradient sum: one sender's NaN block makes the sum NaN there, the other blocks stay numbers.
+  const int8_blocks layout{512};
+  const int8_chunk chunk{0, {0, 512}, {0, 512}, {0, 2}};
+  constexpr std::size_t senders = 3;
+  Kokkos::View<float*> wires("wires", senders * layout.words());
+  for (std::size_t s = 0; s < senders; ++s) {
+    char* wire = reinterpret_cast<char*>(wires.data()) + s * layout.bytes();
+    Kokkos::View<double*> grads("grads", 512);
+    auto host = Kokkos::create_mirror_view(grads);
+    for (std::size_t i = 0; i < 512; ++i) host(i) = std::cos(double(s + 3 * i));
+    if (s == 1) host(300) = nan;
+    Kokkos::deep_copy(grads, host);
+    kernels::quantize_int8<double>(grads, layout.values(wire), layout.scales(wire));
+  }
+  Kokkos::View<double*> sum("sum", 512);
+  const Kokkos::View<const char*> received(reinterpret_cast<const char*>(wires.data()), senders * layout.bytes());
+  kernels::sum_dequantized_int8<double>(received, senders, layout, chunk, 1.0 / 3, sum);
+  const auto got = testing::to_host(sum);
+  std::size_t finite_first = 0, nan_second = 0;
+  for (std::size_t i = 0; i < 256; ++i) finite_first += std::isfinite(got[i]);
+  for (std::size_t i = 256; i < 512; ++i) nan_second += std::isnan(got[i]);
+  CHECK(finite_first == 256);
+  CHECK(nan_second == 256);
 }

@@ -59,6 +59,10 @@ int main(int argc, char** argv) {
   check_error(kfsdp_load(path, &model), KFSDP_LOAD_FAILED,
               "no-sizes.safetensors: no 'surrogate.width' in its metadata",
               "a file without the surrogate's sizes (the factory's exception)");
+  snprintf(path, sizeof path, "%s/bad-stats.safetensors", argv[2]); /* written by test_surrogate_c_api.py */
+  check_error(kfsdp_load(path, &model), KFSDP_LOAD_FAILED,
+              "'normalization.features.stddev' has 2 values, expected in_features = 6 (the model's)",
+              "normalisation statistics that do not fit the model (io::stats_from_metadata)");
 
   check(kfsdp_load(argv[1], &model) == KFSDP_OK && model != NULL, "the trained surrogate loads");
   if (model == NULL) {

@@ -149,3 +149,37 @@ TEST_CASE("predictor: a file that does not fit the model is refused, naming the 
         "kfsdp::predictor: " + path.string() + " holds tensor 'head.weight', which the model does not have");
   std::filesystem::remove(path);
 }
+
+TEST_CASE("predictor: normalisation statistics that do not fit the model are refused, naming the key") {
+  // A file without checksums whose statistics are edited: too few stddevs read past the buffer, a NaN stddev gave
+  // NaN predictions and a zero one constant predictions, all with no error.
+  const auto path = scratch("stats.safetensors");
+  (void)train_and_save<double>(path, true);
+  kfsdp::io::metadata_map metadata;
+  const kfsdp::state_dict weights = kfsdp::io::load_state_dict_file(path, &metadata);
+  const auto refused = [&](const std::string& key, const std::string& value) {
+    kfsdp::io::metadata_map edited;  // the statistics (the writer sets the checksums)
+    for (const auto& [k, v] : metadata)
+      if (k.starts_with("normalization.")) edited[k] = v;
+    edited.at(key) = value;
+    kfsdp::io::save_state_dict_file(path, weights, edited);
+    return kfsdp::test::error_message([&] { kfsdp::predictor<mlp, double> model(mlp{}, path); });
+  };
+  const std::string prefix = "kfsdp::predictor: " + path.string() +
+                             " has normalisation statistics that do not fit the model: kfsdp::io::stats_from_metadata: ";
+  CHECK(refused("normalization.features.stddev", "1,2") ==
+        prefix + "'normalization.features.stddev' has 2 values, expected in_features = 3 (the model's)");
+  CHECK(refused("normalization.features.mean", "1,2,3,4") ==
+        prefix + "'normalization.features.mean' has 4 values, expected in_features = 3 (the model's)");
+  CHECK(refused("normalization.targets.stddev", "1") ==
+        prefix + "'normalization.targets.stddev' has 1 values, expected out_features = 2 (the model's)");
+  CHECK(refused("normalization.features.stddev", "1,nan,2") ==
+        prefix + "'normalization.features.stddev' value 1 is nan, expected a finite number > 0");
+  CHECK(refused("normalization.targets.stddev", "0,1") ==
+        prefix + "'normalization.targets.stddev' value 0 is 0, expected a finite number > 0");
+  CHECK(refused("normalization.features.stddev", "1,1,-2") ==
+        prefix + "'normalization.features.stddev' value 2 is -2, expected a finite number > 0");
+  CHECK(refused("normalization.targets.mean", "inf,0") ==
+        prefix + "'normalization.targets.mean' value 0 is inf, expected a finite number");
+  std::filesystem::remove(path);
+}

@@ -5,11 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <optional>
+#include <string>
 #include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include <kfsdp/io/data/array_dataset.hpp>
+
+#include "../support/messages.hpp"
 
 using kfsdp::io::array_dataset;
 
@@ -168,12 +172,15 @@ TEST_CASE("normalize() by the set's own statistics, kept as checkpoint metadata 
   test.normalize(stats);
   CHECK(host(test.rows<double>(0, 1).second) == std::vector<double>{3});
 
-  const kfsdp::io::metadata_map metadata = kfsdp::io::stats_metadata({{{0.1, 1.0 / 3}, {2, 0}}, {{-7.5}, {1e-300}}});
+  CHECK(stats.features.stddev == std::vector<double>{1, 1});  // as applied: the constant column divided by 1
+  CHECK(kfsdp::io::stats_from_metadata(kfsdp::io::stats_metadata(stats), 2, 1).features.stddev == stats.features.stddev);
+
+  const kfsdp::io::metadata_map metadata = kfsdp::io::stats_metadata({{{0.1, 1.0 / 3}, {2, 0.5}}, {{-7.5}, {1e-300}}});
   CHECK(metadata.at("normalization.features.mean") == "0.1,0.3333333333333333");
   CHECK(metadata.at("normalization.targets.stddev") == "1e-300");
   const array_dataset::normalization back = kfsdp::io::stats_from_metadata(metadata);  // every bit back
   CHECK(back.features.mean == std::vector<double>{0.1, 1.0 / 3});
-  CHECK(back.features.stddev == std::vector<double>{2, 0});
+  CHECK(back.features.stddev == std::vector<double>{2, 0.5});
   CHECK(back.targets.mean == std::vector<double>{-7.5});
   CHECK(back.targets.stddev == std::vector<double>{1e-300});
 
@@ -187,6 +194,42 @@ TEST_CASE("normalize() by the set's own statistics, kept as checkpoint metadata 
   CHECK_THROWS_WITH_AS(kfsdp::io::stats_from_metadata(broken),
                        "kfsdp::io::stats_from_metadata: no 'normalization.features.stddev', expected it",
                        std::invalid_argument);
+}
+
+TEST_CASE("stats_from_metadata refuses statistics that cannot normalise: counts, widths, non-finite, stddev <= 0") {
+  const kfsdp::io::metadata_map good = kfsdp::io::stats_metadata({{{0.1, 0.2, 0.3}, {1, 2, 3}}, {{-7.5}, {4}}});
+  CHECK(kfsdp::io::stats_from_metadata(good, 3, 1).features.stddev == std::vector<double>{1, 2, 3});
+  const auto refused = [&](const std::string& key, const std::string& value, std::optional<std::size_t> in,
+                           std::optional<std::size_t> out) {
+    kfsdp::io::metadata_map edited = good;
+    edited.at(key) = value;
+    return kfsdp::test::error_message([&] { (void)kfsdp::io::stats_from_metadata(edited, in, out); });
+  };
+  const std::string p = "kfsdp::io::stats_from_metadata: ";
+  // The means counted, the stddevs not: a predictor read past its buffer.
+  CHECK(refused("normalization.features.stddev", "1,2", std::nullopt, std::nullopt) ==
+        p + "'normalization.features.stddev' has 2 values, expected 3 as 'normalization.features.mean' has");
+  CHECK(refused("normalization.features.stddev", "1,2", 3, 1) ==
+        p + "'normalization.features.stddev' has 2 values, expected in_features = 3 (the model's)");
+  CHECK(refused("normalization.features.mean", "1,2", 3, 1) ==
+        p + "'normalization.features.mean' has 2 values, expected in_features = 3 (the model's)");
+  CHECK(refused("normalization.targets.mean", "1,2", 3, 1) ==
+        p + "'normalization.targets.mean' has 2 values, expected out_features = 1 (the model's)");
+  CHECK(kfsdp::test::error_message([&] { (void)kfsdp::io::stats_from_metadata(good, 6, 1); }) ==
+        p + "'normalization.features.mean' has 3 values, expected in_features = 6 (the model's)");
+  // Values: finite, stddev > 0.
+  CHECK(refused("normalization.features.stddev", "1,nan,3", 3, 1) ==
+        p + "'normalization.features.stddev' value 1 is nan, expected a finite number > 0");
+  CHECK(refused("normalization.features.stddev", "1,2,0", 3, 1) ==
+        p + "'normalization.features.stddev' value 2 is 0, expected a finite number > 0");
+  CHECK(refused("normalization.targets.stddev", "-inf", 3, 1) ==
+        p + "'normalization.targets.stddev' value 0 is -inf, expected a finite number > 0");
+  CHECK(refused("normalization.targets.stddev", "-1", std::nullopt, std::nullopt) ==
+        p + "'normalization.targets.stddev' value 0 is -1, expected a finite number > 0");
+  CHECK(refused("normalization.features.mean", "0,inf,0", 3, 1) ==
+        p + "'normalization.features.mean' value 1 is inf, expected a finite number");
+  CHECK(refused("normalization.targets.mean", "nan", std::nullopt, std::nullopt) ==
+        p + "'normalization.targets.mean' value 0 is nan, expected a finite number");
 }
 
 TEST_CASE("bad sizes are clear errors naming the array") {

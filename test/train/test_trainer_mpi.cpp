@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <kfsdp/comm/mpi.hpp>
@@ -18,6 +19,7 @@
 #include <kfsdp/train/trainer.hpp>
 
 #include "gradient_check.hpp"
+#include "../support/messages.hpp"
 
 namespace {
 
@@ -271,6 +273,83 @@ TEST_CASE("a non-finite step names where it went non-finite: the first layer who
   CHECK_THROWS_WITH_AS((void)t.step({{x, y}}, adam, 1.0),
                        doctest::Contains("expected finite values, first in the gradient of 'scale.factor': "),
                        kfsdp::non_finite_loss);
+}
+
+TEST_CASE("a non-finite output names the unit the plan runs its layer in: a layer after the blocks is the root's") {
+  kfsdp::comm::mpi world;
+  const auto data = samples();
+  const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
+  auto [x, y] = data.rank_slice<double>(data.micro_batch(/*seed=*/1, 0, global_batch), rank, ws);
+  // Blocks: the hidden layers are units 1-3, input, scale and output the root's (unit 0, 'root').
+  kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::block_bucketing> t(
+      surrogate{}, world, {.wrap = {.policy = kfsdp::wrap_policy::blocks}});
+  REQUIRE(t.units().size() == 4);
+  REQUIRE(t.units()[0].name == "root");
+  t.initialize(42);
+  kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
+  const kfsdp::state_dict initial = t.engine().original_state_dict();
+  const auto message = [&](const std::string& param) {
+    kfsdp::state_dict full = initial;
+    full.at(param).values<double>()[0] = std::numeric_limits<double>::quiet_NaN();
+    t.engine().load_original_state_dict(full);
+    return kfsdp::test::error_message<kfsdp::non_finite_loss>([&] { (void)t.step({{x, y}}, adam, 1.0); });
+  };
+  // 'scale' runs after the last hidden block, in the root: it was named as in the last unit entered, 'hidden.2'.
+  CHECK_MESSAGE(message("scale.factor").find("first in the output of layer 'scale' (unit 'root'): ") != std::string::npos,
+                message("scale.factor"));
+  CHECK_MESSAGE(message("output.weight").find("first in the output of layer 'output' (unit 'root'): ") != std::string::npos,
+                message("output.weight"));
+  CHECK_MESSAGE(message("input.weight").find("first in the output of layer 'input' (unit 'root'): ") != std::string::npos,
+                message("input.weight"));
+  // A block's layer: its unit (named by its parameters' prefix, the layer's own name here, so not repeated).
+  REQUIRE(t.units()[2].name == "hidden.1.fc");
+  CHECK_MESSAGE(message("hidden.1.fc.weight").find("first in the output of layer 'hidden.1.fc': ") != std::string::npos,
+                message("hidden.1.fc.weight"));
+}
+
+TEST_CASE("int8 collectives carry NaN through: a non-finite step is refused as with scalar ones, naming the place") {
+  kfsdp::comm::mpi world;
+  const auto data = samples();
+  const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
+  auto [x, y] = data.rank_slice<double>(data.micro_batch(/*seed=*/1, 0, global_batch), rank, ws);
+  using kfsdp::wire_precision;
+  for (const auto& [param_dtype, reduce_dtype] : {std::pair{wire_precision::scalar, wire_precision::scalar},
+                                                  std::pair{wire_precision::int8, wire_precision::scalar},
+                                                  std::pair{wire_precision::scalar, wire_precision::int8},
+                                                  std::pair{wire_precision::int8, wire_precision::int8}}) {
+    const std::string wires = std::string(kfsdp::name_of(kfsdp::wire_precision_names, param_dtype)) + " all-gather, " +
+                              std::string(kfsdp::name_of(kfsdp::wire_precision_names, reduce_dtype)) + " reduction";
+    CAPTURE(wires);
+    kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::layer_bucketing> t(
+        surrogate{}, world, {.param_dtype = param_dtype, .reduce_dtype = reduce_dtype});
+    t.initialize(42);
+    kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
+    const kfsdp::state_dict initial = t.engine().original_state_dict();
+    // A NaN weight: the all-gather (int8 or not) hands the layer a NaN, its output and the loss are NaN, and so is
+    // every gradient behind it (an int8 reduction once summed them to numbers: "the gradient norm 0"). The text
+    // before ", expected" is the gradient norm: "nan" (or "-nan").
+    kfsdp::state_dict full = initial;
+    full.at("hidden.1.fc.weight").values<double>()[3] = std::numeric_limits<double>::quiet_NaN();
+    t.engine().load_original_state_dict(full);
+    CHECK_THROWS_WITH_AS((void)t.step({{x, y}}, adam, 1.0),
+                         doctest::Contains("nan, expected finite values, first in the output of layer 'hidden.1.fc': "),
+                         kfsdp::non_finite_loss);
+    if (param_dtype == wire_precision::int8) continue;  // 1e307 is beyond an f32 scale: the gather itself makes NaN
+    // A finite loss with a NaN gradient: the scale layer's input is huge (1e307) and its factor 0, so the prediction
+    // is the output's bias; d factor = sum of input · (output weights · d loss) meets +inf and -inf (the output
+    // weights alternate in sign) and is NaN on every rank. An int8 reduction once passed it on as a number.
+    full = initial;
+    for (double& b : full.at("hidden.2.fc.bias").values<double>()) b = 1e307;
+    full.at("scale.factor").values<double>()[0] = 0.0;
+    double sign = 1;
+    for (double& w : full.at("output.weight").values<double>()) w = (sign = -sign) * 1e6;
+    t.engine().load_original_state_dict(full);
+    CHECK_THROWS_WITH_AS((void)t.step({{x, y}}, adam, 1.0),
+                         doctest::Contains("nan, expected finite values, first in the gradient of 'scale.factor': "),
+                         kfsdp::non_finite_loss);
+    const kfsdp::state_dict after = t.engine().original_state_dict();
+    CHECK(after.at("scale.factor").values<double>()[0] == 0.0);  // not stepped
+  }
 }
 
 TEST_CASE("the MLP's gradients, the user's layer's included, match central differences") {

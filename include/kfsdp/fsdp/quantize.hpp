@@ -99,7 +99,8 @@ constexpr int8_blocks int8_bucket_blocks(const basic_shard_mapping<Plan>& map, s
 namespace kernels {
 
 // One chunk: values[i] = round(in[i] / scales[i / 256]), scales[b] = absmax of block b / 127 (0 for a
-// zero block).
+// zero block). A block with a NaN or an infinity gets a NaN scale and zero values: it dequantizes
+// (and sums) to NaN, so a non-finite shard or gradient stays non-finite across the collective.
 template <class Scalar>
 void quantize_int8(Kokkos::View<const Scalar*> in, Kokkos::View<std::int8_t*> values, Kokkos::View<float*> scales);
 

@@ -4,7 +4,8 @@
 // optimizer, no MPI (a program links the kfsdp library only). It is what a solver calls inside its time
 // loop. The weights come by name from a safetensors file in F64, F32, BF16 or F16, converted to
 // Scalar; a model's loss layer, if it has one, is not run. Normalisation statistics in the file's
-// metadata (io::stats_metadata's keys) are applied: inputs normalised, predictions mapped back.
+// metadata (io::stats_metadata's keys) are applied: inputs normalised, predictions mapped back; they
+// are refused unless io::stats_from_metadata accepts them for the model's widths.
 //
 //   kfsdp::environment kokkos_up(argc, argv);
 //   kfsdp::predictor<surrogate, double> model(make_surrogate(64, 4), "surrogate.safetensors");
@@ -66,7 +67,15 @@ class predictor {
       for (const tensor& t : file)
         if (index_of(t.name) == table_.size())
           refuse(weights, fmt::format("holds tensor '{}', which the model does not have", t.name));
-    if (metadata_.contains("normalization.features.mean")) stats_ = io::stats_from_metadata(metadata_);
+    // The statistics checked against the model's widths (io::stats_from_metadata): as many finite means and
+    // stddevs > 0 as it has input and output columns.
+    if (metadata_.contains("normalization.features.mean")) try {
+        constexpr bool takes_features = std::is_same_v<input_type, nn::const_matrix<Scalar>>;
+        stats_ = io::stats_from_metadata(metadata_, takes_features ? std::optional(in_features()) : std::nullopt,
+                                         out_features());
+      } catch (const std::invalid_argument& bad) {
+        refuse(weights, fmt::format("has normalisation statistics that do not fit the model: {}", bad.what()));
+      }
   }
 
   /// The model's output (the loss layer's input: predictions, logits) for `inputs`, in the units

@@ -76,9 +76,12 @@ class pass_context {
   void enter_backward(std::size_t unit) {
     if (schedule) schedule->enter_backward(unit);
   }
-  // Under checking_outputs, each layer's: whether its output is finite, in forward order.
-  void output_checked(const std::string& layer, bool finite) {
-    checked.push_back({layer, schedule ? schedule->current().name : layer, finite});
+  // Under checking_outputs, each layer's: whether its output is finite, in forward order, with the unit the
+  // plan runs it in (unit_assignment::runs_in; not the scheduler's last entered unit, which a layer after a
+  // block, in the root, would take for its own).
+  void output_checked(const std::string& layer, std::size_t unit, bool finite) {
+    const bool known = schedule != nullptr && unit < schedule->units().size();
+    checked.push_back({layer, known ? schedule->units()[unit].name : layer, finite});
   }
 
   unit_scheduler<S>* schedule = nullptr;  // null: nothing to gather (a predictor holds every parameter)
@@ -254,6 +257,7 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
     const model_node& record = b.node(self);
     name_ = record.name.empty() ? std::string("(unnamed layer)") : std::string(record.name.view());
     unit = b.unit_of(self);
+    runs_in_ = b.units.runs_in[self];
     bind_params(record);
     check_input_width(d, b);
     derive_output_width(b);
@@ -272,7 +276,7 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
       }
     } else {
       op_.forward(ctx.params(indices()), x, detail::ensure(y_, "kfsdp::nn::activation", name_, rows_, out_));
-      if (ctx.checking_outputs) ctx.output_checked(name_, detail::all_finite(nn::const_matrix<S>(y_)));
+      if (ctx.checking_outputs) ctx.output_checked(name_, runs_in_, detail::all_finite(nn::const_matrix<S>(y_)));
       return y_;
     }
   }
@@ -368,6 +372,7 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
   std::array<std::size_t, layer_params<S>::capacity> index_{};  // rows of the parameter table, in params() order
   std::size_t count_ = 0;
   std::string name_;
+  std::size_t runs_in_ = 0;  // the unit the plan runs this layer in (0: the root)
   std::size_t in_ = 0, out_ = 0, rows_ = 0;
   nn::matrix<S> y_, dx_;
 };

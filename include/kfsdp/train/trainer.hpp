@@ -247,8 +247,10 @@ class trainer_core {
   // Where a step went non-finite, for its error: with a non-finite loss, the first layer (in forward
   // order) whose output is not finite on some rank, from a forward of the same micro-batches
   // again; with a finite loss, the first parameter in backward order (the last in the table) whose
-  // gradient is not. Collective.
-  //   ", first in the output of layer 'h.1.mlp.c_fc' (unit 'h.1')" or ", first in the gradient of 'fc1.weight'"
+  // gradient is not. Collective. A layer's unit is the one the plan runs it in (a layer after the
+  // blocks, ln_f say, is the root's).
+  //   ", first in the output of layer 'h.1.mlp.c_fc' (unit 'h.1')", ", first in the output of layer 'ln_f' (unit 'root')"
+  //   or ", first in the gradient of 'fc1.weight'"
   std::string where_non_finite(std::span<const batch> micro_batches, bool loss_finite) {
     std::vector<std::string> places;
     std::vector<double> hit;  // per place: 1 where this rank saw a non-finite value, then summed over ranks

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes the HDF5 file test_hdf5_mpi.cpp reads, with h5py itself (pip install h5py numpy; the test
-needs only the file, committed beside this script): run from this folder."""
+"""Writes the HDF5 files test_hdf5_mpi.cpp reads, with h5py itself (pip install h5py numpy; the test
+needs only the files, committed beside this script): run from this folder. latest_filtered.h5 and
+lzf.h5 were written by h5py 3.16 (HDF5 2.0.0); data.h5 comes out byte for byte the same."""
 import math
 
 import h5py
@@ -29,3 +30,14 @@ with h5py.File('data.h5', 'w', libver='earliest') as f:
     f['train/y'] = train_y
     f['surrogate/x'] = np.array(surrogate_x).reshape(n, 6)
     f['surrogate/u'] = np.array(surrogate_u)
+
+# Files the reader refuses, naming the real cause (test_hdf5_mpi.cpp's "hdf5: a file HDF5 cannot decode or a
+# filter it lacks"): h5py's newest format with a filter, whose layout message an older HDF5 (1.10) cannot
+# decode; and an lzf-compressed dataset (lzf is h5py's own filter, not in the HDF5 library).
+small = np.arange(12, dtype=np.float64).reshape(6, 2)
+with h5py.File('latest_filtered.h5', 'w', libver='latest') as f:
+    f.create_dataset('x', data=small, chunks=(3, 2), compression='gzip')
+    f.create_dataset('y', data=small[:, 0], chunks=(3,), compression='gzip')
+with h5py.File('lzf.h5', 'w', libver='earliest') as f:
+    f.create_dataset('x', data=small, chunks=(3, 2), compression='lzf')
+    f['y'] = small[:, 0]

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -108,11 +109,21 @@ KFSDP_EXPORT class array_dataset {
   struct normalization {
     column_stats features{}, targets{};
   };
-  // Normalises by this set's own statistics and returns them, for a test set to take:
+  // Normalises by this set's own statistics and returns them as applied, for a test set to take
+  // (and a checkpoint to keep):
   //   const auto stats = train.normalize();  test.normalize(stats);
   normalization normalize() {
-    normalization stats{feature_stats(), target_stats()};
+    normalization stats = as_applied({feature_stats(), target_stats()});
     normalize(stats);
+    return stats;
+  }
+  // The statistics as normalize applies them: a zero stddev (a constant column, only centred) as 1,
+  // so that what a checkpoint keeps divides by what training divided by (and passes
+  // stats_from_metadata's stddev > 0).
+  [[nodiscard]] static normalization as_applied(normalization stats) {
+    for (auto* s : {&stats.features, &stats.targets})
+      for (double& v : s->stddev)
+        if (v == 0.0) v = 1.0;
     return stats;
   }
   void normalize(const normalization& stats) { normalize(stats.features, stats.targets); }
@@ -189,11 +200,18 @@ KFSDP_EXPORT inline metadata_map stats_metadata(const array_dataset::normalizati
   return metadata;
 }
 
-/// The statistics that stats_metadata wrote (a checkpoint's metadata, say); throws
-/// std::invalid_argument naming the key when one is missing or not a list of numbers.
+/// The statistics that stats_metadata wrote (a checkpoint's metadata, say), checked: the one place
+/// where saved statistics enter (the predictor, the C API's kfsdp_load, the examples' --eval). Throws
+/// std::invalid_argument naming the key, what it holds and what was expected when a key is missing
+/// or not a list of numbers; when a mean and its stddev differ in count, or (given) differ from the
+/// model's width (in_features for the features, out_features for the targets); when a value is not
+/// finite, or a stddev not > 0 (normalising would divide by it: NaN, infinite or constant results).
 ///
-///   const auto stats = kfsdp::io::stats_from_metadata(result.metadata);
-KFSDP_EXPORT inline array_dataset::normalization stats_from_metadata(const metadata_map& metadata) {
+///   const auto stats = kfsdp::io::stats_from_metadata(result.metadata, 6, 1);
+///   // 'normalization.features.stddev' has 2 values, expected in_features = 6 (the model's)
+KFSDP_EXPORT inline array_dataset::normalization stats_from_metadata(const metadata_map& metadata,
+                                                                     std::optional<std::size_t> in_features,
+                                                                     std::optional<std::size_t> out_features) {
   const auto numbers = [&](const std::string& key) {
     const auto found = metadata.find(key);
     if (found == metadata.end())
@@ -212,8 +230,34 @@ KFSDP_EXPORT inline array_dataset::normalization stats_from_metadata(const metad
     }
     return values;
   };
-  return {{numbers("normalization.features.mean"), numbers("normalization.features.stddev")},
-          {numbers("normalization.targets.mean"), numbers("normalization.targets.stddev")}};
+  const auto column = [&](std::string_view name, std::optional<std::size_t> width, std::string_view width_name) {
+    const std::string mean_key = fmt::format("normalization.{}.mean", name),
+                      stddev_key = fmt::format("normalization.{}.stddev", name);
+    array_dataset::column_stats s{numbers(mean_key), numbers(stddev_key)};
+    for (const auto& [key, values] : {std::pair<const std::string&, const std::vector<double>&>{mean_key, s.mean},
+                                      {stddev_key, s.stddev}})
+      if (width && values.size() != *width)
+        throw std::invalid_argument(fmt::format("kfsdp::io::stats_from_metadata: '{}' has {} values, expected {} = {} "
+                                                "(the model's)",
+                                                key, values.size(), width_name, *width));
+    if (s.stddev.size() != s.mean.size())
+      throw std::invalid_argument(fmt::format("kfsdp::io::stats_from_metadata: '{}' has {} values, expected {} as '{}' has",
+                                              stddev_key, s.stddev.size(), s.mean.size(), mean_key));
+    for (std::size_t c = 0; c < s.mean.size(); ++c) {
+      if (!std::isfinite(s.mean[c]))
+        throw std::invalid_argument(fmt::format("kfsdp::io::stats_from_metadata: '{}' value {} is {}, expected a finite "
+                                                "number", mean_key, c, s.mean[c]));
+      if (!(std::isfinite(s.stddev[c]) && s.stddev[c] > 0.0))
+        throw std::invalid_argument(fmt::format("kfsdp::io::stats_from_metadata: '{}' value {} is {}, expected a finite "
+                                                "number > 0", stddev_key, c, s.stddev[c]));
+    }
+    return s;
+  };
+  return {column("features", in_features, "in_features"), column("targets", out_features, "out_features")};
+}
+/// The same checks but the widths' (where the model is not known yet).
+KFSDP_EXPORT inline array_dataset::normalization stats_from_metadata(const metadata_map& metadata) {
+  return stats_from_metadata(metadata, std::nullopt, std::nullopt);
 }
 
 }  // namespace kfsdp::io

@@ -177,6 +177,43 @@ inline std::string type_text(hid_t type) {
   }
 }
 
+// What HDF5's own error stack says went wrong in the call that just failed: its innermost entry
+// (where the error arose, "unable to decode ... message" rather than the API's "unable to open
+// object"), as "H5Ocache.c H5O__chunk_deserialize: bad layout message version"; "" when the stack is
+// empty. Call it right after the failing call: the next HDF5 call clears the stack. (H5Ewalk2 does not.)
+inline std::string error_cause() {
+  std::string cause;
+  const H5E_walk2_t innermost = [](unsigned n, const H5E_error2_t* e, void* out) -> herr_t {
+    if (n == 0 && e != nullptr)
+      *static_cast<std::string*>(out) = fmt::format("{}{}", e->func_name != nullptr ? std::string(e->func_name) + ": " : "",
+                                                     e->desc != nullptr ? e->desc : "(no description)");
+    return 0;
+  };
+  (void)H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost, &cause);
+  return cause;
+}
+// ", HDF5 1.10.8 says: <cause>" for an error message; "" when HDF5 said nothing.
+inline std::string library_says(const std::string& cause) {
+  return cause.empty() ? std::string() : fmt::format(" (HDF5 {}.{}.{} says: {})", H5_VERS_MAJOR, H5_VERS_MINOR, H5_VERS_RELEASE, cause);
+}
+
+// The first filter of dataset `dataset`'s pipeline that this HDF5 library lacks, as "filter 32000
+// ('lzf')"; "" when it has them all. Optional ones too (h5py adds lzf as optional): a chunk the
+// writer filtered cannot be read without the filter.
+inline std::string missing_filter(hid_t dataset) {
+  const handle plist(H5Dget_create_plist(dataset), H5Pclose);
+  if (!plist.valid()) return {};
+  const int filters = H5Pget_nfilters(plist.get());
+  for (int k = 0; k < filters; ++k) {
+    unsigned flags = 0, config = 0;
+    std::size_t values = 0;
+    char name[256] = {};
+    const H5Z_filter_t id = H5Pget_filter2(plist.get(), unsigned(k), &flags, &values, nullptr, sizeof name, name, &config);
+    if (id >= 0 && H5Zfilter_avail(id) <= 0) return fmt::format("filter {} ('{}')", int(id), name);
+  }
+  return {};
+}
+
 }  // namespace hdf5_detail
 
 KFSDP_EXPORT class hdf5_dataset {
@@ -212,8 +249,8 @@ KFSDP_EXPORT class hdf5_dataset {
     H5Pset_fapl_mpio(access.get(), own, MPI_INFO_NULL);
     file_ = hdf5_detail::handle(H5Fopen(file_name_.c_str(), H5F_ACC_RDONLY, access.get()), H5Fclose);
     if (!file_.valid())
-      error = fmt::format("kfsdp::io::hdf5_dataset: '{}' could not be opened with parallel HDF5 on rank {}", file_name_,
-                          rank_);
+      error = fmt::format("kfsdp::io::hdf5_dataset: '{}' could not be opened with parallel HDF5 on rank {}{}", file_name_,
+                          rank_, hdf5_detail::library_says(hdf5_detail::error_cause()));
     hdf5_detail::agree(own, error);
 
     transfer_ = hdf5_detail::handle(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
@@ -301,9 +338,10 @@ KFSDP_EXPORT class hdf5_dataset {
     normalized_ = true;
   }
   void normalize(const array_dataset::normalization& stats) { normalize(stats.features, stats.targets); }
-  /// Normalises by this file's own statistics (collective) and returns them, for a test set to take.
+  /// Normalises by this file's own statistics (collective) and returns them as applied (a zero stddev
+  /// as 1: array_dataset::as_applied), for a test set to take.
   array_dataset::normalization normalize() {
-    array_dataset::normalization stats{feature_stats(), target_stats()};
+    array_dataset::normalization stats = array_dataset::as_applied({feature_stats(), target_stats()});
     normalize(stats);
     return stats;
   }
@@ -332,11 +370,20 @@ KFSDP_EXPORT class hdf5_dataset {
         return fmt::format("kfsdp::io::hdf5_dataset: {}: no dataset '{}', expected one of: {}", file_name_, name,
                            fmt::join(hdf5_detail::root_names(file_.get()), ", "));
     }
+    // An object HDF5 cannot open is not a group: it says why (a newer file format's message, say).
     const hdf5_detail::handle object(H5Oopen(file_.get(), c.name.c_str(), H5P_DEFAULT), H5Oclose);
-    if (!object.valid() || H5Iget_type(object.get()) != H5I_DATASET)
-      return refuse("is a group or a named type, expected a dataset");
+    if (!object.valid())
+      return refuse(fmt::format("could not be opened, expected a dataset this HDF5 library can read{}",
+                                hdf5_detail::library_says(hdf5_detail::error_cause())));
+    if (H5Iget_type(object.get()) != H5I_DATASET) return refuse("is a group or a named type, expected a dataset");
     c.dataset = hdf5_detail::handle(H5Dopen2(file_.get(), c.name.c_str(), H5P_DEFAULT), H5Dclose);
-    if (!c.dataset.valid()) return refuse("could not be opened");
+    if (!c.dataset.valid())
+      return refuse(fmt::format("could not be opened{}", hdf5_detail::library_says(hdf5_detail::error_cause())));
+    if (const std::string filter = hdf5_detail::missing_filter(c.dataset.get()); !filter.empty())
+      return refuse(fmt::format("is compressed with {}, which this HDF5 library ({}.{}.{}) does not have, expected a "
+                                "filter it has (gzip, shuffle, ...) or none: rewrite the dataset with one (h5py: "
+                                "compression='gzip'), or make the filter's plugin available (HDF5_PLUGIN_PATH)",
+                                filter, H5_VERS_MAJOR, H5_VERS_MINOR, H5_VERS_RELEASE));
     const hdf5_detail::handle type(H5Dget_type(c.dataset.get()), H5Tclose);
     c.dtype_bytes = H5Tget_size(type.get());
     if (H5Tget_class(type.get()) != H5T_FLOAT || (c.dtype_bytes != 2 && c.dtype_bytes != 4 && c.dtype_bytes != 8))
@@ -388,8 +435,8 @@ KFSDP_EXPORT class hdf5_dataset {
       status = H5Dread(c.dataset.get(), H5T_NATIVE_DOUBLE, memory_space.get(), file_space.get(), transfer_.get(),
                        values.empty() ? nullptr : values.data());
     const std::string error =
-        status < 0 ? fmt::format("kfsdp::io::hdf5_dataset: {}: reading {} rows of dataset '{}' failed on rank {}",
-                                 file_name_, total, c.name, rank_)
+        status < 0 ? fmt::format("kfsdp::io::hdf5_dataset: {}: reading {} rows of dataset '{}' failed on rank {}{}",
+                                 file_name_, total, c.name, rank_, hdf5_detail::library_says(hdf5_detail::error_cause()))
                    : std::string();
     if (options_.collective) hdf5_detail::agree<std::runtime_error>(comm_.get(), error);
     else if (!error.empty()) throw std::runtime_error(error);
