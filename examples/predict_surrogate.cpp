@@ -50,12 +50,8 @@ int main(int argc, char** argv) {
     const auto test = kfsdp::examples::heat_samples(kfsdp::examples::random_sources(c.size("test-problems"), c.size("test-seed")),
                                                     c.positive("grid"));
     const kfsdp::io::metadata_map saved = kfsdp::io::read_file_metadata(file);  // the sizes train_surrogate recorded
-    const auto size = [&](const char* key) {
-      const auto found = saved.find(key);
-      if (found == saved.end())
-        throw std::invalid_argument(fmt::format("predict_surrogate: {} has no '{}' in its metadata (not written by "
-                                                "train_surrogate --save)", file, key));
-      return std::stoull(found->second);
+    const auto size = [&](const char* key) {  // strict: "64abc" is refused
+      return kfsdp::io::metadata_count(saved, key, fmt::format("predict_surrogate: {}", file));
     };
     kfsdp::predictor<kfsdp::examples::surrogate, double> model(
         kfsdp::examples::make_surrogate(size("surrogate.width"), size("surrogate.depth")), file);

@@ -71,7 +71,7 @@ settings read(const kfsdp::examples::cli& c, int world_size) {
   s.log_every = std::max<std::size_t>(1, c.size("log-every"));
   s.lr = c.real("lr");
   s.weight_decay = c.real("weight-decay");
-  s.clip = c.real("clip");
+  s.clip = c.real_at_least("clip", 0);
   s.seed = c.size("seed");
   s.test_seed = c.size("test-seed");
   s.dtype = c.choice("dtype", {"f32", "f64"});
@@ -92,14 +92,6 @@ settings read(const kfsdp::examples::cli& c, int world_size) {
   if (!s.eval && (s.batch == 0 || s.batch % std::size_t(world_size) != 0))
     fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
   return s;
-}
-
-std::string field(const kfsdp::io::metadata_map& meta, const std::string& file, const std::string& key) {
-  const auto it = meta.find(key);
-  if (it == meta.end())
-    throw std::invalid_argument("train_surrogate: " + file + " has no '" + key +
-                                "' in its metadata (not written by train_surrogate --save)");
-  return it->second;
 }
 
 // ||pred − u||₂ / ||u||₂ over the whole set, in physical units: each rank predicts a contiguous
@@ -178,8 +170,8 @@ int run(const settings& s, kfsdp::session& job) {
     const kfsdp::io::array_dataset::normalization saved = kfsdp::io::stats_from_metadata(meta, 6, 1);  // the surrogate's widths
     const stats target = saved.targets;
     test_set.normalize(saved);
-    const auto model = make_surrogate(std::stoull(field(meta, s.load, "surrogate.width")),
-                                      std::stoull(field(meta, s.load, "surrogate.depth")));
+    const std::size_t width = kfsdp::io::metadata_count(meta, "surrogate.width", s.load);  // strict: "64abc" refused
+    const auto model = make_surrogate(width, kfsdp::io::metadata_count(meta, "surrogate.depth", s.load));
     return kfsdp::with_trainer<Scalar>(model, engine_comm, fsdp, training, [&](auto& trainer) {
       kfsdp::io::load_model(s.load, trainer.engine(), job.shard_group());
       const double error = relative_l2(trainer, test_set, test.targets, target, world);

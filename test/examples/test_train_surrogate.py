@@ -92,7 +92,10 @@ with tempfile.TemporaryDirectory() as tmp:
              "'normalization.features.stddev' has 2 values, expected in_features = 6 (the model's)"),
             ('normalization.features.stddev', '1,1,nan,1,1,1',
              "'normalization.features.stddev' value 2 is nan, expected a finite number > 0"),
-            ('normalization.targets.stddev', '0', "'normalization.targets.stddev' value 0 is 0, expected a finite number > 0")):
+            ('normalization.targets.stddev', '0', "'normalization.targets.stddev' value 0 is 0, expected a finite number > 0"),
+            # Numbers in metadata are read strictly (kfsdp::parse_count): "64abc" once read as 64.
+            ('surrogate.width', '64abc', "metadata 'surrogate.width' is '64abc', expected a whole number >= 0"),
+            ('surrogate.depth', '-1', "metadata 'surrogate.depth' is '-1', expected a whole number >= 0")):
         bad = edited('bad-stats.safetensors', key, value)
         p = subprocess.run([predict_surrogate, '--load', bad], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         check(p.returncode == 2 and message in p.stderr, f'predict_surrogate: {key} = {value} refused ({message!r}): {p.stderr[-500:]}')
@@ -170,6 +173,10 @@ with tempfile.TemporaryDirectory() as tmp:
             (['--sharding', 'zero4'], "--sharding is 'zero4', expected one of zero2, zero3"),
             (['--batch', '3'], '--batch is 3, expected a positive multiple of the 2 ranks'),
             (['--widht', '8'], 'unknown flag --widht'),
+            # One strict reader for every numeric flag: -1 clipping was accepted, " 8" and "8k" read as 8.
+            (['--clip', '-1'], '--clip is -1, expected at least 0'),
+            (['--width', '8k'], "--width is '8k', expected a whole number >= 0"),
+            (['--lr', '1e-3x'], "--lr is '1e-3x', expected a finite number"),
             (['--eval', 'on'], '--load FILE and --eval on go together'),
             (['--load', os.path.join(tmp, 'missing.safetensors'), '--eval', 'on'], 'missing.safetensors'),
             (['--metrics', os.path.join(tmp, 'no-dir', 'm.jsonl')],

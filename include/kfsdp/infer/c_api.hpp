@@ -6,8 +6,8 @@
 //
 //   #include <kfsdp/infer/c_api.hpp>
 //   surrogate surrogate_from(const kfsdp::io::metadata_map& saved) {     // sizes from the metadata
-//     const std::size_t width = std::stoull(saved.at("surrogate.width"));
-//     return make_surrogate(width, std::stoull(saved.at("surrogate.depth")));
+//     const std::size_t width = kfsdp::io::metadata_count(saved, "surrogate.width", "the model file");
+//     return make_surrogate(width, kfsdp::io::metadata_count(saved, "surrogate.depth", "the model file"));
 //   }
 //   KFSDP_INFER_C_API(surrogate_from)
 //
