@@ -21,6 +21,7 @@
 
 #include <kfsdp/environment.hpp>
 #include <kfsdp/infer/predictor.hpp>
+#include <kfsdp/io/checkpoint/stateful.hpp>  // metadata_count
 
 #include "cli.hpp"
 #include "heat_problem.hpp"
@@ -51,7 +52,7 @@ int main(int argc, char** argv) {
                                                     c.positive("grid"));
     const kfsdp::io::metadata_map saved = kfsdp::io::read_file_metadata(file);  // the sizes train_surrogate recorded
     const auto size = [&](const char* key) {  // strict: "64abc" is refused
-      return kfsdp::io::metadata_count(saved, key, fmt::format("predict_surrogate: {}", file));
+      return kfsdp::io::metadata_count(saved, key);
     };
     kfsdp::predictor<kfsdp::examples::surrogate, double> model(
         kfsdp::examples::make_surrogate(size("surrogate.width"), size("surrogate.depth")), file);

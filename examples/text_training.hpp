@@ -19,6 +19,7 @@
 #include <kfsdp/optim/any_optimizer.hpp>
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/step_log.hpp>
+#include <kfsdp/train/preemption.hpp>
 #include <kfsdp/train/trainer.hpp>
 #endif
 
@@ -67,15 +68,18 @@ inline text_training text_training_of(const cli& c) {
 
 // Steps first_step .. t.steps - 1: step s takes micro-batches s·K .. s·K + K − 1 (K = --grad-accum) of
 // `batch` windows, keyed by the step so that a resumed run sees the same data; every rank its slice.
-// after_step(s + 1) runs after each step (periodic saves).
+// after_step(s + 1) runs after each step (periodic saves). SIGTERM or SIGUSR1 on any rank stops every
+// rank at the next step boundary (kfsdp::stop_signals, as fit stops). Returns the steps done.
 template <class Trainer, class Optimizer, class AfterStep>
-void train_on_windows(Trainer& trainer, Optimizer& optimizer, const kfsdp::io::text_windows& data, const text_training& t,
+std::size_t train_on_windows(Trainer& trainer, Optimizer& optimizer, const kfsdp::io::text_windows& data, const text_training& t,
                       std::size_t batch, std::uint64_t seed, std::size_t first_step, kfsdp::comm::mpi& world,
                       kfsdp::step_log& log, const std::string& program, AfterStep&& after_step) {
   using batch_type = typename Trainer::batch;
   const std::size_t ws = std::size_t(world.size());
   std::vector<batch_type> batches(t.grad_accum);
+  const kfsdp::stop_signals signals;
   for (std::size_t step = first_step; step < t.steps; ++step) {
+    if (signals.stop_requested(world)) return step;
     for (std::size_t k = 0; k < t.grad_accum; ++k) {
       std::vector<int> tokens, targets;
       data.rank_slice(data.micro_batch(t.sampling, seed, step * t.grad_accum + k, batch), std::size_t(world.rank()), ws,
@@ -92,6 +96,17 @@ void train_on_windows(Trainer& trainer, Optimizer& optimizer, const kfsdp::io::t
     });
     after_step(step + 1);
   }
+  return std::max(first_step, t.steps);
+}
+
+// What a program prints and leaves when a signal stopped it after `steps` steps, its checkpoint
+// (if any) saved: one line, and the marker beside the checkpoint that a job script tests to requeue.
+inline void report_stopped(const std::string& program, std::size_t steps, const std::string& checkpoint, bool root) {
+  if (!checkpoint.empty()) kfsdp::mark_stopped(checkpoint, steps, root);
+  if (root)
+    fmt::print("{}: stopped by a signal at step {}{}\n", program, steps,
+               checkpoint.empty() ? std::string(" (no --save: nothing kept)")
+                                  : fmt::format(", saved {} (marker {})", checkpoint, kfsdp::stop_marker(checkpoint).string()));
 }
 
 }  // namespace kfsdp::examples

@@ -179,7 +179,8 @@ int run(const settings& s, kfsdp::session& job) {
     if (root && need.activations > 0) fmt::print("train_gpt: estimated memory per rank {}\n", kfsdp::describe(need));
     kfsdp::step_log log(world, {.program = "train_gpt", .metrics = s.training.metrics, .unit = "tokens",
                                 .steps = s.training.steps, .log_every = s.training.log_every});
-    kfsdp::examples::train_on_windows(trainer, optimizer, data, s.training, s.batch, s.seed, first_step, world, log, "train_gpt",
+    const std::size_t steps_done = kfsdp::examples::train_on_windows(
+        trainer, optimizer, data, s.training, s.batch, s.seed, first_step, world, log, "train_gpt",
                                       [&](std::size_t steps_done) {
                                         if (s.save_every > 0 && steps_done % s.save_every == 0 && steps_done < s.training.steps) {
                                           save(steps_done);
@@ -191,9 +192,15 @@ int run(const settings& s, kfsdp::session& job) {
       trace.write(fmt::format("{}.rank{}.json", s.trace, world.rank()));
       if (root) fmt::print("trace: {} events per rank in {}.rank<r>.json\n", trace.size(), s.trace);
     }
+    if (steps_done < s.training.steps) {  // SIGTERM / SIGUSR1: saved, marked, exit 0; --resume goes on
+      if (!s.save.empty()) save(steps_done);
+      kfsdp::examples::report_stopped("train_gpt", steps_done, s.save, root);
+      return 0;
+    }
     log.print_loss_change();
     if (!s.save.empty()) {
-      save(std::max(s.training.steps, first_step));
+      save(steps_done);
+      kfsdp::mark_finished(s.save, root);
       if (root) fmt::print("saved {}\n", s.save);
     }
     if (s.sample_bytes > 0) {

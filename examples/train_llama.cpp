@@ -132,14 +132,17 @@ int run(const settings& s, kfsdp::session& job) {
                      s.training.optimizer.kind, s.training.grad_accum, s.batch, s.window + 1, data.count(), s.data);
         kfsdp::step_log log(world, {.program = "train_llama", .metrics = s.training.metrics, .unit = "tokens",
                                     .steps = s.training.steps, .log_every = s.training.log_every});
-        kfsdp::examples::train_on_windows(trainer, optimizer, data, s.training, s.batch, s.seed, 0, world, log, "train_llama",
-                                          [](std::size_t) {});
-        log.print_loss_change();
+        const std::size_t steps_done = kfsdp::examples::train_on_windows(
+            trainer, optimizer, data, s.training, s.batch, s.seed, 0, world, log, "train_llama", [](std::size_t) {});
+        const bool stopped = steps_done < s.training.steps;  // SIGTERM / SIGUSR1: the weights so far, marked
+        if (!stopped) log.print_loss_change();
         if (!s.save.empty()) {
           kfsdp::io::save_pretrained(s.save, engine, job.shard_group(), kfsdp::io::llama_config_json(config, kfsdp::io::dtype_of<Scalar>),
                                      kfsdp::io::dtype_of<Scalar>);
-          if (root) fmt::print("saved {}\n", s.save);
+          if (!stopped) kfsdp::mark_finished(s.save, root);
+          if (root && !stopped) fmt::print("saved {}\n", s.save);
         }
+        if (stopped) kfsdp::examples::report_stopped("train_llama", steps_done, s.save, root);
         return 0;
       });
 }

@@ -35,6 +35,7 @@ import kfsdp;
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/schedule.hpp>
 #include <kfsdp/session.hpp>
+#include <kfsdp/train/preemption.hpp>
 #include <kfsdp/train/step_log.hpp>
 #include <kfsdp/train/trainer.hpp>
 #endif
@@ -92,6 +93,14 @@ settings read(const kfsdp::examples::cli& c, int world_size) {
   if (!s.eval && (s.batch == 0 || s.batch % std::size_t(world_size) != 0))
     fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
   return s;
+}
+
+// What --save records beside the weights: the normalisation (predictors apply it) and the sizes.
+kfsdp::io::metadata_map metadata_of(const kfsdp::io::array_dataset::normalization& normalization, const settings& s) {
+  kfsdp::io::metadata_map metadata = kfsdp::io::stats_metadata(normalization);
+  metadata["surrogate.width"] = std::to_string(s.width);
+  metadata["surrogate.depth"] = std::to_string(s.depth);
+  return metadata;
 }
 
 // ||pred − u||₂ / ||u||₂ over the whole set, in physical units: each rank predicts a contiguous
@@ -170,8 +179,8 @@ int run(const settings& s, kfsdp::session& job) {
     const kfsdp::io::array_dataset::normalization saved = kfsdp::io::stats_from_metadata(meta, 6, 1);  // the surrogate's widths
     const stats target = saved.targets;
     test_set.normalize(saved);
-    const std::size_t width = kfsdp::io::metadata_count(meta, "surrogate.width", s.load);  // strict: "64abc" refused
-    const auto model = make_surrogate(width, kfsdp::io::metadata_count(meta, "surrogate.depth", s.load));
+    const std::size_t width = kfsdp::io::metadata_count(meta, "surrogate.width");  // strict: "64abc" refused
+    const auto model = make_surrogate(width, kfsdp::io::metadata_count(meta, "surrogate.depth"));
     return kfsdp::with_trainer<Scalar>(model, engine_comm, fsdp, training, [&](auto& trainer) {
       kfsdp::io::load_model(s.load, trainer.engine(), job.shard_group());
       const double error = relative_l2(trainer, test_set, test.targets, target, world);
@@ -200,11 +209,21 @@ int run(const settings& s, kfsdp::session& job) {
     kfsdp::step_log log(world, {.program = "train_surrogate", .metrics = s.metrics, .unit = "samples", .steps = s.steps,
                                 .log_every = s.log_every});
     const auto start = std::chrono::steady_clock::now();
-    for (std::size_t step = 0; step < s.steps; ++step) {
+    const kfsdp::stop_signals signals;  // SIGTERM / SIGUSR1: every rank stops at the same step, as fit does
+    std::size_t steps_done = 0;
+    for (; steps_done < s.steps && !signals.stop_requested(world); ++steps_done) {
+      const std::size_t step = steps_done;
       const double lr = schedule(step);
       adam.set_lr(lr);
       auto [x, y] = sampler.next<Scalar>(train_set, std::size_t(world.rank()), std::size_t(job.size()));
       log.measure(step, trainer, adam, lr, s.batch, [&] { return trainer.step({{x, y}}, adam, s.clip); });
+    }
+    const bool stopped = steps_done < s.steps;
+    if (stopped) {  // the weights so far (no resume in this program), marked for the job script
+      if (!s.save.empty()) kfsdp::io::save_model(s.save, trainer.engine(), job.shard_group(), metadata_of(normalization, s));
+      if (!s.save.empty()) kfsdp::mark_stopped(s.save, steps_done, root);
+      if (root) fmt::print("train_surrogate: stopped by a signal at step {}{}\n", steps_done, s.save.empty() ? "" : ", saved " + s.save);
+      return 0;
     }
     log.print_loss_change();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -212,10 +231,8 @@ int run(const settings& s, kfsdp::session& job) {
     const double test_error = relative_l2(trainer, test_set, test.targets, target, world);
     if (root) fmt::print("train relative L2 {:.9g}\ntest relative L2 {:.9g}\ntrained in {:.1f} s\n", train_error, test_error, seconds);
     if (!s.save.empty()) {
-      kfsdp::io::metadata_map metadata = kfsdp::io::stats_metadata(normalization);  // predictors apply them
-      metadata["surrogate.width"] = std::to_string(s.width);
-      metadata["surrogate.depth"] = std::to_string(s.depth);
-      kfsdp::io::save_model(s.save, trainer.engine(), job.shard_group(), metadata);
+      kfsdp::io::save_model(s.save, trainer.engine(), job.shard_group(), metadata_of(normalization, s));
+      kfsdp::mark_finished(s.save, root);
       if (root) fmt::print("saved {}\n", s.save);
     }
     return 0;

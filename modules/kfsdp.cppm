@@ -65,6 +65,7 @@ module;
 #include <kfsdp/meta/fixed_string.hpp>
 #include <kfsdp/meta/half.hpp>
 #include <kfsdp/meta/inline_string.hpp>
+#include <kfsdp/meta/parse.hpp>
 #include <kfsdp/meta/shape_string.hpp>
 #include <kfsdp/meta/type_list.hpp>
 #include <kfsdp/model/containers.hpp>
@@ -102,6 +103,7 @@ module;
 #include <kfsdp/train/llama.hpp>
 #include <kfsdp/train/network.hpp>
 #include <kfsdp/train/ops.hpp>
+#include <kfsdp/train/preemption.hpp>
 #include <kfsdp/train/rowwise.hpp>
 #include <kfsdp/train/step_log.hpp>
 #include <kfsdp/train/trainer.hpp>
@@ -288,6 +290,12 @@ using kfsdp::io::window_sampling;
 export namespace kfsdp {
 using kfsdp::fixed_string;
 }
+// <kfsdp/meta/parse.hpp>
+export namespace kfsdp {
+using kfsdp::parse_count;
+using kfsdp::parse_real;
+using kfsdp::parse_switch;
+}
 // <kfsdp/model/containers.hpp>
 export namespace kfsdp {
 using kfsdp::block;
@@ -438,6 +446,13 @@ using kfsdp::layer_params;
 // <kfsdp/train/llama.hpp>
 export namespace kfsdp {
 using kfsdp::llama_init;
+}
+// <kfsdp/train/preemption.hpp>
+export namespace kfsdp {
+using kfsdp::mark_finished;
+using kfsdp::mark_stopped;
+using kfsdp::stop_marker;
+using kfsdp::stop_signals;
 }
 // <kfsdp/train/step_log.hpp>
 export namespace kfsdp {

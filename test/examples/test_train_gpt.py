@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end checks of examples/train_gpt under mpirun (the README's main job, small sizes).
 usage: test_train_gpt.py TRAIN_GPT DATA_FILE MPIRUN [MPIRUN_ARGS...]"""
-import json, os, re, struct, subprocess, sys, tempfile
+import json, os, re, signal, struct, subprocess, sys, tempfile
 
 train_gpt, data, mpirun = sys.argv[1], sys.argv[2], sys.argv[3:]
 small = ['--data', data, '--layers', '2', '--dim', '32', '--heads', '2', '--seq', '16', '--batch', '12',
@@ -195,6 +195,27 @@ with tempfile.TemporaryDirectory() as tmp:
         out = run(2, *flags, expect=2)
         check('the model does not fit: it needs' in out and f'--{flags[0][2:]} {flags[1]}' in out and
               'available to each of the 2 ranks' in out, f'{" ".join(flags)}: refused as not fitting')
+
+    # Preemption (SIGUSR1, which mpirun forwards to every rank, as Slurm's --signal=USR1@N): every rank
+    # stops at the same step boundary, the checkpoint is saved and marked, the job exits 0; --resume
+    # then finishes the run and the marker goes. train_gpt once ignored the signal and lost its steps.
+    cmd = mpirun + ['-np', '2', train_gpt] + small + ['--steps', '100000', '--save', f('stopped.st')]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in job.stdout:
+        lines.append(line)
+        if line.startswith('step ') and int(line.split('/')[0].split()[1]) >= 3:
+            job.send_signal(signal.SIGUSR1)
+            break
+    out = ''.join(lines) + job.communicate(timeout=120)[0]
+    stopped = [line for line in out.splitlines() if 'stopped by a signal at step' in line]
+    at = int(stopped[0].split('at step ')[1].split(',')[0]) if stopped else -1
+    check(job.returncode == 0 and at >= 3 and os.path.exists(f('stopped.st')) and
+          open(f('stopped.st.stopped')).read() == f'stopped at step {at}\n',
+          f'SIGUSR1: stopped at step {at}, saved and marked, exit {job.returncode}')
+    out = run(2, '--steps', str(at + 2), '--resume', f('stopped.st'), '--save', f('stopped.st'))
+    check(f'resumed {f("stopped.st")} at step {at}' in out and len(losses(out)) == 2 and
+          not os.path.exists(f('stopped.st.stopped')), 'resumed after the stop, finished, the marker removed')
 
     # --help prints the program's flags alone (Kokkos' own help is --kokkos-help), and Kokkos' flags
     # still reach Kokkos rather than the program's parser.

@@ -94,8 +94,8 @@ with tempfile.TemporaryDirectory() as tmp:
              "'normalization.features.stddev' value 2 is nan, expected a finite number > 0"),
             ('normalization.targets.stddev', '0', "'normalization.targets.stddev' value 0 is 0, expected a finite number > 0"),
             # Numbers in metadata are read strictly (kfsdp::parse_count): "64abc" once read as 64.
-            ('surrogate.width', '64abc', "metadata 'surrogate.width' is '64abc', expected a whole number >= 0"),
-            ('surrogate.depth', '-1', "metadata 'surrogate.depth' is '-1', expected a whole number >= 0")):
+            ('surrogate.width', '64abc', "checkpoint metadata: 'surrogate.width' is '64abc', expected a whole number >= 0"),
+            ('surrogate.depth', '-1', "checkpoint metadata: 'surrogate.depth' is '-1', expected a whole number >= 0")):
         bad = edited('bad-stats.safetensors', key, value)
         p = subprocess.run([predict_surrogate, '--load', bad], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         check(p.returncode == 2 and message in p.stderr, f'predict_surrogate: {key} = {value} refused ({message!r}): {p.stderr[-500:]}')

@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   fwrite("\x02\0\0\0\0\0\0\0{}", 1, 10, file); /* a safetensors file with no tensors and no metadata */
   fclose(file);
   check_error(kfsdp_load(path, &model), KFSDP_LOAD_FAILED,
-              "no-sizes.safetensors: no 'surrogate.width' in its metadata",
+              "no-sizes.safetensors: checkpoint metadata: no 'surrogate.width'",
               "a file without the surrogate's sizes (the factory's exception)");
   snprintf(path, sizeof path, "%s/bad-stats.safetensors", argv[2]); /* written by test_surrogate_c_api.py */
   check_error(kfsdp_load(path, &model), KFSDP_LOAD_FAILED,

@@ -13,7 +13,7 @@ TEST_CASE("metadata_count and check_metadata name the key, the value and the exp
   const metadata_map saved{{"fit.step", "12"}, {"optimizer", "adamw"}, {"bad", "1x"}};
   CHECK(kfsdp::io::metadata_count(saved, "fit.step") == 12);
   CHECK_THROWS_WITH_AS(kfsdp::io::metadata_count(saved, "bad"),
-                       "checkpoint metadata: 'bad' is '1x', expected a count (decimal digits)", std::invalid_argument);
+                       "checkpoint metadata: 'bad' is '1x', expected a whole number >= 0", std::invalid_argument);
   CHECK_THROWS_WITH_AS(kfsdp::io::metadata_text(saved, "step"),
                        "checkpoint metadata: no 'step', expected it (a checkpoint of another program?)",
                        std::invalid_argument);

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -481,29 +482,52 @@ concept communicator_in = ranked<C> && synchronises<C> && moves_elements_in<C, f
 //
 //   kfsdp::comm::all_gather(comm, shard, std::span(full));   // = comm.iall_gather(...).wait()
 
-// On host memory (std::span) they run on copies that their request owns and copy the result out
-// once complete: an operation abandoned by a timeout (request) keeps its copies, so a late peer
-// never writes into the caller's frame after it has returned. A copy costs far less than the
-// collective at the sizes these are called with (a loss, a norm, a count).
+// On host memory (std::span) of up to own_copy_max_bytes they run on copies that their request
+// owns and copy the result out once complete: an operation abandoned by a timeout (request) keeps
+// its copies, so a late peer never writes into the caller's frame after it has returned. A copy
+// costs far less than the collective at those sizes (a loss, a norm, a count: what a frame holds);
+// larger buffers (heap memory, a parameter) go to the backend as they are, unchecked copies of
+// gigabytes being worse than the risk, and a program under session::run ends at once after a timeout.
 namespace detail {
+inline constexpr std::size_t own_copy_max_bytes = std::size_t(256) << 10;
 template <class T>
 struct on_own_copy : finished_on_completion<on_own_copy<T>> {
   std::vector<T> send, recv;  // what the backend reads and writes
-  std::span<T> result;        // the caller's, written once the operation completes
+  std::size_t result_offset = 0;  // where the caller's recv lies in `recv`
+  std::span<T> result;            // the caller's, written once the operation completes
   request operation;
   request& awaited() { return operation; }
-  void finish() { std::copy(recv.begin(), recv.end(), result.begin()); }
+  void finish() { std::copy_n(recv.begin() + std::ptrdiff_t(result_offset), result.size(), result.begin()); }
 };
 // start(send copy, recv copy) -> request, waited on; `recv`'s elements are copied in first when
-// `in_place` (broadcast, all-reduce), and the result copied out into `recv`.
+// `in_place` (broadcast, all-reduce), and the result copied out into `recv`. Where send and recv
+// overlap, one copy of both keeps their offsets, so the backend sees the caller's aliasing (an
+// in-place all-gather, or an overlap it refuses).
 template <class T, class Start>
 void wait_on_own_copy(std::span<const T> send, std::span<T> recv, bool in_place, Start&& start) {
+  if (send.size_bytes() + recv.size_bytes() > own_copy_max_bytes) return start(send, recv).wait();
   on_own_copy<T> state;
-  state.send.assign(send.begin(), send.end());
-  if (in_place) state.recv.assign(recv.begin(), recv.end());
-  else state.recv.resize(recv.size());
   state.result = recv;
-  state.operation = start(std::span<const T>(state.send), std::span<T>(state.recv));  // moves keep the heap buffers
+  const std::less<const T*> before;
+  const bool overlap = !send.empty() && !recv.empty() && before(send.data(), recv.data() + recv.size()) &&
+                       before(recv.data(), send.data() + send.size());
+  std::span<const T> send_copy;
+  std::span<T> recv_copy;
+  if (overlap) {
+    const T* first = std::min(send.data(), static_cast<const T*>(recv.data()), before);
+    const T* last = std::max(send.data() + send.size(), static_cast<const T*>(recv.data() + recv.size()), before);
+    state.recv.assign(first, last);
+    state.result_offset = std::size_t(recv.data() - first);
+    recv_copy = std::span<T>(state.recv).subspan(state.result_offset, recv.size());
+    send_copy = std::span<const T>(state.recv).subspan(std::size_t(send.data() - first), send.size());
+  } else {
+    state.send.assign(send.begin(), send.end());
+    if (in_place) state.recv.assign(recv.begin(), recv.end());
+    else state.recv.resize(recv.size());
+    send_copy = state.send;
+    recv_copy = state.recv;
+  }
+  state.operation = start(send_copy, recv_copy);  // moving the state keeps the vectors' heap buffers
   request(std::move(state)).wait();
 }
 }  // namespace detail

@@ -6,8 +6,8 @@
 //
 //   #include <kfsdp/infer/c_api.hpp>
 //   surrogate surrogate_from(const kfsdp::io::metadata_map& saved) {     // sizes from the metadata
-//     const std::size_t width = kfsdp::io::metadata_count(saved, "surrogate.width", "the model file");
-//     return make_surrogate(width, kfsdp::io::metadata_count(saved, "surrogate.depth", "the model file"));
+//     const std::size_t width = kfsdp::io::metadata_count(saved, "surrogate.width");
+//     return make_surrogate(width, kfsdp::io::metadata_count(saved, "surrogate.depth"));
 //   }
 //   KFSDP_INFER_C_API(surrogate_from)
 //
@@ -37,6 +37,7 @@
 #include <kfsdp/environment.hpp>
 #include <kfsdp/infer/predictor.hpp>
 #include <kfsdp/io/checkpoint/safetensors_file.hpp>
+#include <kfsdp/io/checkpoint/stateful.hpp>  // metadata_count, for the factory
 
 // The C header's opaque type: a model of any type behind the C functions.
 struct kfsdp_model {

@@ -62,6 +62,7 @@
 #include <kfsdp/optim/adamw.hpp>     // what a fit program steps with: the optimizers
 #include <kfsdp/optim/schedule.hpp>  // and the schedules
 #include <kfsdp/optim/sgd.hpp>
+#include <kfsdp/train/preemption.hpp>  // stop_signals, the stop marker
 #include <kfsdp/session.hpp>
 #include <kfsdp/train/step_log.hpp>
 #include <kfsdp/train/trainer.hpp>
@@ -145,34 +146,6 @@ inline std::vector<std::size_t> checkpoint_steps(const std::filesystem::path& di
 }
 
 namespace detail {
-
-// The signal that asked fit to stop (0: none); written by the handler, read between steps.
-inline volatile std::sig_atomic_t fit_stop_signal = 0;
-inline void record_stop_signal(int signal) { fit_stop_signal = signal; }
-
-// SIGTERM and SIGUSR1 set fit_stop_signal while a fit runs; the program's own handlers come back after.
-class stop_signals {
- public:
-  stop_signals() {
-    fit_stop_signal = 0;
-    struct sigaction action {};
-    action.sa_handler = &record_stop_signal;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;  // MPI's and the file system's calls go on
-    sigaction(SIGTERM, &action, &previous_term_);
-    sigaction(SIGUSR1, &action, &previous_usr1_);
-  }
-  ~stop_signals() {
-    sigaction(SIGTERM, &previous_term_, nullptr);
-    sigaction(SIGUSR1, &previous_usr1_, nullptr);
-  }
-  stop_signals(const stop_signals&) = delete;
-  stop_signals& operator=(const stop_signals&) = delete;
-
- private:
-  struct sigaction previous_term_ {
-  }, previous_usr1_{};
-};
 
 template <class Trainer>
 inline constexpr bool classifies = std::is_same_v<typename Trainer::target_type, nn::const_index_vector>;
@@ -429,14 +402,15 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
 
   const std::size_t log_every =
       options.log_every > 0 ? options.log_every : std::max<std::size_t>(1, total / 10);
-  const detail::stop_signals signals;
+  const stop_signals signals;  // train/preemption.hpp, as the example programs stop
   std::size_t step = sampler.step(), last_saved = result.resumed_from > 0 ? step : total + 1,
               logged_step = step;
   auto logged_time = std::chrono::steady_clock::now(), step_started = logged_time;
   while (step < total) {
     // One agreement per step: a signal seen by any rank stops every rank at the same boundary.
-    if (comm::any_rank(world, detail::fit_stop_signal != 0)) {
+    if (signals.stop_requested(world)) {
       if (checkpoints && last_saved != step) save(step);
+      if (checkpoints) mark_stopped(options.checkpoint_dir, step, root);  // "checkpoints.stopped": requeue me
       result.preempted = true;
       if (root)
         fmt::print("fit: stopped by a signal at step {}{}\n", step,
@@ -487,6 +461,7 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
   if (!result.preempted) {
     if (options.eval_data) evaluate(step);
     if (checkpoints && last_saved != step) save(step);
+    if (checkpoints) mark_finished(options.checkpoint_dir, root);  // a requeued run that finishes clears it
   }
   return result;
 }

@@ -30,9 +30,6 @@
 #include <string_view>
 #include <vector>
 
-#include <fmt/format.h>
-
-#include <kfsdp/meta/parse.hpp>
 #include <kfsdp/tensor/dtype.hpp>  // dtype, dtype_of, dtype_name, dtype_size, parse_dtype
 
 namespace kfsdp::io {
@@ -46,19 +43,6 @@ class format_error : public std::runtime_error {
 
 /// `__metadata__`: string keys to string values, written in key order.
 KFSDP_EXPORT using metadata_map = std::map<std::string, std::string, std::less<>>;
-
-/// The whole number stored under `key` in a file's metadata, read strictly (kfsdp::parse_count:
-/// "64abc", "-1" and overflow are refused); `source` names the file in the message. Throws
-/// std::invalid_argument for a missing key or a bad value.
-///
-///   const std::size_t width = kfsdp::io::metadata_count(saved, "surrogate.width", "model.safetensors");
-KFSDP_EXPORT inline std::uint64_t metadata_count(const metadata_map& metadata, std::string_view key,
-                                                 std::string_view source) {
-  const auto found = metadata.find(key);
-  if (found == metadata.end())
-    throw std::invalid_argument(fmt::format("{}: no '{}' in its metadata", source, key));
-  return parse_count(found->second, fmt::format("{}: metadata '{}'", source, key));
-}
 
 /// What the writer knows about a tensor before it is written: name, element type, shape.
 ///

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include <kfsdp/io/checkpoint/safetensors.hpp>  // metadata_map
+#include <kfsdp/meta/parse.hpp>
 
 namespace kfsdp::io {
 
@@ -84,18 +85,13 @@ inline const std::string& metadata_text(const metadata_map& metadata, std::strin
   return found->second;
 }
 
-/// The value of `key` as a count (decimal digits only); throws std::invalid_argument naming the key,
+/// The value of `key` as a count, read strictly as every number kfsdp reads (kfsdp::parse_count:
+/// digits only; "64abc", "-1" and overflow refused); throws std::invalid_argument naming the key,
 /// the value seen and what is expected.
 ///
 ///   const std::size_t step = kfsdp::io::metadata_count(metadata, "fit.step");
 KFSDP_EXPORT inline std::uint64_t metadata_count(const metadata_map& metadata, std::string_view key) {
-  const std::string& text = metadata_text(metadata, key);
-  std::uint64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size())
-    throw std::invalid_argument(
-        fmt::format("checkpoint metadata: '{}' is '{}', expected a count (decimal digits)", key, text));
-  return value;
+  return parse_count(metadata_text(metadata, key), fmt::format("checkpoint metadata: '{}'", key));
 }
 
 /// Throws std::invalid_argument unless the file's `key` equals `expected`: a checkpoint of another
