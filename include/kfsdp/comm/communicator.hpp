@@ -493,40 +493,29 @@ inline constexpr std::size_t own_copy_max_bytes = std::size_t(256) << 10;
 template <class T>
 struct on_own_copy : finished_on_completion<on_own_copy<T>> {
   std::vector<T> send, recv;  // what the backend reads and writes
-  std::size_t result_offset = 0;  // where the caller's recv lies in `recv`
-  std::span<T> result;            // the caller's, written once the operation completes
+  std::span<T> result;        // the caller's, written once the operation completes
   request operation;
   request& awaited() { return operation; }
-  void finish() { std::copy_n(recv.begin() + std::ptrdiff_t(result_offset), result.size(), result.begin()); }
+  void finish() { std::copy(recv.begin(), recv.end(), result.begin()); }
 };
 // start(send copy, recv copy) -> request, waited on; `recv`'s elements are copied in first when
-// `in_place` (broadcast, all-reduce), and the result copied out into `recv`. Where send and recv
-// overlap, one copy of both keeps their offsets, so the backend sees the caller's aliasing (an
-// in-place all-gather, or an overlap it refuses).
+// `in_place` (broadcast, all-reduce), and the result copied out into `recv`.
 template <class T, class Start>
 void wait_on_own_copy(std::span<const T> send, std::span<T> recv, bool in_place, Start&& start) {
   if (send.size_bytes() + recv.size_bytes() > own_copy_max_bytes) return start(send, recv).wait();
   on_own_copy<T> state;
   state.result = recv;
+  // Overlapping buffers (an in-place all-gather, or an overlap the backend refuses) go as they are,
+  // so that the backend checks them before anything is read.
   const std::less<const T*> before;
-  const bool overlap = !send.empty() && !recv.empty() && before(send.data(), recv.data() + recv.size()) &&
-                       before(recv.data(), send.data() + send.size());
-  std::span<const T> send_copy;
-  std::span<T> recv_copy;
-  if (overlap) {
-    const T* first = std::min(send.data(), static_cast<const T*>(recv.data()), before);
-    const T* last = std::max(send.data() + send.size(), static_cast<const T*>(recv.data() + recv.size()), before);
-    state.recv.assign(first, last);
-    state.result_offset = std::size_t(recv.data() - first);
-    recv_copy = std::span<T>(state.recv).subspan(state.result_offset, recv.size());
-    send_copy = std::span<const T>(state.recv).subspan(std::size_t(send.data() - first), send.size());
-  } else {
-    state.send.assign(send.begin(), send.end());
-    if (in_place) state.recv.assign(recv.begin(), recv.end());
-    else state.recv.resize(recv.size());
-    send_copy = state.send;
-    recv_copy = state.recv;
-  }
+  if (!send.empty() && !recv.empty() && before(send.data(), recv.data() + recv.size()) &&
+      before(recv.data(), send.data() + send.size()))
+    return start(send, recv).wait();
+  state.send.assign(send.begin(), send.end());
+  if (in_place) state.recv.assign(recv.begin(), recv.end());
+  else state.recv.resize(recv.size());
+  const std::span<const T> send_copy(state.send);
+  const std::span<T> recv_copy(state.recv);
   state.operation = start(send_copy, recv_copy);  // moving the state keeps the vectors' heap buffers
   request(std::move(state)).wait();
 }
