@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <map>
 #include <stdexcept>
@@ -67,8 +68,9 @@ class cli {
   [[nodiscard]] std::string str(const std::string& name) const { return entry(name).value; }
 
   // Strict, as every number kfsdp reads (kfsdp::parse_count): digits only, no sign, no overflow.
-  [[nodiscard]] std::size_t size(const std::string& name) const {
-    return static_cast<std::size_t>(kfsdp::parse_count(str(name), fmt::format("{}: --{}", program_, name)));
+  // `most` bounds a run-time size the flag's help documents (--sample: bytes, each one forward pass).
+  [[nodiscard]] std::size_t size(const std::string& name, std::uint64_t most = std::uint64_t(-1)) const {
+    return static_cast<std::size_t>(kfsdp::parse_count(str(name), fmt::format("{}: --{}", program_, name), 0, most));
   }
 
   // A size that must be at least 1 (a zero names the flag, not the object it would size).

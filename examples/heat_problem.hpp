@@ -18,6 +18,12 @@
 
 #include <fmt/format.h>
 
+#ifdef KFSDP_IMPORT_MODULE  // the module build (-Dmodules=enabled) compiles the same program through the module
+import kfsdp;
+#else
+#include <kfsdp/meta/host_memory.hpp>  // require_host_memory
+#endif
+
 namespace kfsdp::examples {
 
 struct heat_source {
@@ -104,6 +110,7 @@ inline std::vector<heat_source> random_sources(std::size_t count, std::uint64_t 
     const double unit = static_cast<double>(rng() >> 11) * 0x1p-53;  // top 53 bits -> [0, 1)
     return low + (high - low) * unit;
   };
+  kfsdp::require_host_memory(double(count) * sizeof(heat_source), fmt::format("{} heat problems", count));
   std::vector<heat_source> sources(count);
   for (heat_source& s : sources) {  // one statement per field: argument order is unspecified
     s.x0 = uniform(0.2, 0.8);
@@ -124,6 +131,9 @@ struct surrogate_samples {
 // One sample per grid node per source, source-major then node j·n + i.
 inline surrogate_samples heat_samples(const std::vector<heat_source>& sources, std::size_t n) {
   if (n == 0) throw std::invalid_argument("kfsdp::examples::heat_samples: n is 0, expected at least 1");
+  // Checked in doubles before anything is allocated: n² and the sample count cannot wrap.
+  kfsdp::require_host_memory(double(sources.size()) * double(n) * double(n) * 7 * sizeof(double),
+                             fmt::format("the samples of {} heat problems on a {}×{} grid", sources.size(), n, n));
   surrogate_samples samples{{}, {}, sources.size() * n * n};
   samples.features.reserve(samples.count * 6);
   samples.targets.reserve(samples.count);

@@ -18,11 +18,7 @@ namespace {
 
 // The sizes train_surrogate --save recorded in the file's metadata.
 kfsdp::examples::surrogate surrogate_from(const kfsdp::io::metadata_map& saved) {
-  const auto size = [&](const char* key) {  // strict: "64abc" is refused
-    return kfsdp::io::metadata_count(saved, key);
-  };
-  const std::size_t width = size("surrogate.width");  // one statement each: argument order is unspecified
-  return kfsdp::examples::make_surrogate(width, size("surrogate.depth"));
+  return kfsdp::examples::make_saved_surrogate(saved, "the library's weights", sizeof(double));
 }
 
 }  // namespace

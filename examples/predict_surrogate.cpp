@@ -21,7 +21,7 @@
 
 #include <kfsdp/environment.hpp>
 #include <kfsdp/infer/predictor.hpp>
-#include <kfsdp/io/checkpoint/stateful.hpp>  // metadata_count
+#include <kfsdp/io/checkpoint/stateful.hpp>  // metadata_map, read_file_metadata
 
 #include "cli.hpp"
 #include "heat_problem.hpp"
@@ -51,11 +51,8 @@ int main(int argc, char** argv) {
     const auto test = kfsdp::examples::heat_samples(kfsdp::examples::random_sources(c.size("test-problems"), c.size("test-seed")),
                                                     c.positive("grid"));
     const kfsdp::io::metadata_map saved = kfsdp::io::read_file_metadata(file);  // the sizes train_surrogate recorded
-    const auto size = [&](const char* key) {  // strict: "64abc" is refused
-      return kfsdp::io::metadata_count(saved, key);
-    };
-    kfsdp::predictor<kfsdp::examples::surrogate, double> model(
-        kfsdp::examples::make_surrogate(size("surrogate.width"), size("surrogate.depth")), file);
+    kfsdp::predictor<kfsdp::examples::surrogate, double> model(kfsdp::examples::make_saved_surrogate(saved, file, sizeof(double)),
+                                                               file);
     if (const std::string inputs = c.str("inputs"); !inputs.empty()) {
       const std::vector<double> x = read_numbers(inputs);
       if (x.empty() || x.size() % 6 != 0)

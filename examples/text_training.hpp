@@ -24,6 +24,7 @@
 #endif
 
 #include "cli.hpp"
+#include "stop_report.hpp"
 
 namespace kfsdp::examples {
 
@@ -97,16 +98,6 @@ std::size_t train_on_windows(Trainer& trainer, Optimizer& optimizer, const kfsdp
     after_step(step + 1);
   }
   return std::max(first_step, t.steps);
-}
-
-// What a program prints and leaves when a signal stopped it after `steps` steps, its checkpoint
-// (if any) saved: one line, and the marker beside the checkpoint that a job script tests to requeue.
-inline void report_stopped(const std::string& program, std::size_t steps, const std::string& checkpoint, bool root) {
-  if (!checkpoint.empty()) kfsdp::mark_stopped(checkpoint, steps, root);
-  if (root)
-    fmt::print("{}: stopped by a signal at step {}{}\n", program, steps,
-               checkpoint.empty() ? std::string(" (no --save: nothing kept)")
-                                  : fmt::format(", saved {} (marker {})", checkpoint, kfsdp::stop_marker(checkpoint).string()));
 }
 
 }  // namespace kfsdp::examples

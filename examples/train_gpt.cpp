@@ -60,7 +60,7 @@ cli make_cli() {
       .flag("resume", "", "continue the run saved in this checkpoint (weights, optimizer, step)")
       .flag("load", "", "start from these weights (safetensors)")
       .flag("eval", "0", "with --load: print eval_loss over the first W windows and exit")
-      .flag("sample", "200", "bytes of generated text printed at the end (0: none)");
+      .flag("sample", "200", "bytes of generated text printed at the end, one forward pass each (0: none; at most 65536)");
   kfsdp::examples::add_step_log_flags(c)
       .flag("trace", "", "write a Chrome/Perfetto timeline of the steps here (one file per rank: FILE.rank<r>.json)")
       .flag("backend", "mpi", "mpi | nccl (one GPU per rank; needs a CUDA build of Kokkos)");
@@ -73,7 +73,7 @@ settings read(const cli& c, int world_size) {
              .resume = c.str("resume"), .backend = c.choice("backend", {"mpi", "nccl"}),
              .dtype = c.choice("dtype", {"f32", "f64"}), .save_every = c.size("save-every"),
              .hybrid_shard = c.str("hybrid-shard") == "node" ? kfsdp::shard_per_node : c.size("hybrid-shard"),
-             .batch = c.size("batch"), .eval_windows = c.size("eval"), .sample_bytes = c.size("sample"),
+             .batch = c.size("batch"), .eval_windows = c.size("eval"), .sample_bytes = c.size("sample", 65536),
              .seed = c.size("seed"), .model = kfsdp::examples::gpt_config_of(c),
              .training = kfsdp::examples::text_training_of(c), .flags = kfsdp::examples::fsdp_flags_of(c)};
   auto fail = [](const std::string& m) { throw std::invalid_argument("train_gpt: " + m); };
@@ -105,17 +105,25 @@ int run(const settings& s, kfsdp::session& job) {
   const kfsdp::memory_need need = kfsdp::estimate_gpt_memory(
       s.model,
       {.scalar_bytes = sizeof(Scalar), .shard_ranks = std::size_t(job.shard_group().size()), .windows_per_rank = s.batch / ws,
-       .optimizer_states = s.training.optimizer.kind == "adamw" ? 2u : s.training.optimizer.momentum > 0 ? 1u : 0u,
+       .optimizer_states = s.training.optimizer.states(),
        .checkpointing = s.flags.checkpointing, .fsdp = s.flags.fsdp},
       job.host_memory_per_rank());
   job.require_memory(need, sizing_flags(s));
   const auto data = kfsdp::io::text_windows::from_file(s.data, s.model.seq);
   // A checkpoint records the model's configuration; one saved for another is refused, naming the field.
   const auto config = kfsdp::gpt_metadata(s.model);
-  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--resume", s.resume}, {"--load", s.load}})
-    if (!path.empty())
-      kfsdp::io::check_config(kfsdp::io::read_metadata(path, world), config, /*required=*/flag == "--resume",
-                              fmt::format("train_gpt: checkpoint {} ({}) ", path, flag));
+  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--resume", s.resume}, {"--load", s.load}}) {
+    if (path.empty()) continue;
+    const kfsdp::io::metadata_map saved = kfsdp::io::read_metadata(path, world);
+    kfsdp::io::check_config(saved, config, /*required=*/flag == "--resume", fmt::format("train_gpt: checkpoint {} ({}) ", path, flag));
+    if (flag == "--resume") try {  // windows are drawn by step from the seed and the batch: others would train on others
+        kfsdp::io::check_metadata(saved, "seed", std::to_string(s.seed));
+        kfsdp::io::check_metadata(saved, "batch", std::to_string(s.batch));
+      } catch (const std::invalid_argument& other_run) {
+        throw std::invalid_argument(fmt::format("train_gpt: --resume {}: {}: resume with the --seed and --batch it was saved with",
+                                                path, other_run.what()));
+      }
+  }
   // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
   kfsdp::comm::threaded overlapped(job.shard_group());
   kfsdp::comm::any_communicator engine_comm = s.flags.overlap ? kfsdp::comm::any_communicator(overlapped)
@@ -155,7 +163,8 @@ int run(const settings& s, kfsdp::session& job) {
     // A checkpoint: the weights, the optimizer's state (the checkpoint protocol), the step and the configuration.
     // Under HSDP the first shard group writes the (flat) file; every group resumes from it.
     const auto save = [&](std::size_t steps_done) {
-      kfsdp::io::metadata_map metadata{{"format", "pt"}, {"step", std::to_string(steps_done)}, {"seed", std::to_string(s.seed)}};
+      kfsdp::io::metadata_map metadata{{"format", "pt"}, {"step", std::to_string(steps_done)}, {"seed", std::to_string(s.seed)},
+                                        {"batch", std::to_string(s.batch)}};
       metadata.insert(config.begin(), config.end());
       kfsdp::io::save_training_state(s.save, engine, job.shard_group(), metadata, optimizer);
     };

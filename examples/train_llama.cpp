@@ -101,6 +101,14 @@ int run(const settings& s, kfsdp::session& job) {
   kfsdp::comm::mpi& world = job.world();
   const bool root = job.is_root();
   const kfsdp::llama_config config = s.load.empty() ? s.model : kfsdp::io::read_llama_config(s.load);
+  // Stops, before the model is built, one that cannot fit this rank's share of its node's memory.
+  job.require_memory(kfsdp::estimate_sharded_memory(config.parameters(), sizeof(Scalar), s.training.optimizer.states(),
+                                                    std::size_t(job.shard_group().size())),
+                     s.load.empty() ? fmt::format("--layers {} --dim {} --hidden {} --dtype {} (more ranks or smaller sizes "
+                                                  "need less)", config.layers, config.dim, config.hidden, s.dtype)
+                                    : fmt::format("{}'s config.json (num_hidden_layers {}, hidden_size {}, intermediate_size "
+                                                  "{}, vocab_size {})", s.load, config.layers, config.dim, config.hidden,
+                                                  config.vocab));
   const auto data = kfsdp::io::text_windows::from_file(s.data, s.window);
   // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
   kfsdp::comm::threaded overlapped(job.shard_group());

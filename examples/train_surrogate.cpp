@@ -46,6 +46,7 @@ import kfsdp;
 #include "cli.hpp"
 #include "heat_problem.hpp"
 #include "heat_surrogate.hpp"
+#include "stop_report.hpp"
 
 namespace {
 
@@ -179,8 +180,7 @@ int run(const settings& s, kfsdp::session& job) {
     const kfsdp::io::array_dataset::normalization saved = kfsdp::io::stats_from_metadata(meta, 6, 1);  // the surrogate's widths
     const stats target = saved.targets;
     test_set.normalize(saved);
-    const std::size_t width = kfsdp::io::metadata_count(meta, "surrogate.width");  // strict: "64abc" refused
-    const auto model = make_surrogate(width, kfsdp::io::metadata_count(meta, "surrogate.depth"));
+    const auto model = make_saved_surrogate(meta, s.load, sizeof(Scalar));
     return kfsdp::with_trainer<Scalar>(model, engine_comm, fsdp, training, [&](auto& trainer) {
       kfsdp::io::load_model(s.load, trainer.engine(), job.shard_group());
       const double error = relative_l2(trainer, test_set, test.targets, target, world);
@@ -195,6 +195,10 @@ int run(const settings& s, kfsdp::session& job) {
   test_set.normalize(normalization);
   const stats target = normalization.targets;
 
+  // Stops, before the model is built, one that cannot fit this rank's share of its node's memory.
+  job.require_memory(kfsdp::estimate_sharded_memory(surrogate_parameters(s.width, s.depth), sizeof(Scalar), 2 /*AdamW*/,
+                                                    std::size_t(job.shard_group().size())),
+                     fmt::format("--width {} --depth {} --dtype {}", s.width, s.depth, s.dtype));
   return kfsdp::with_trainer<Scalar>(make_surrogate(s.width, s.depth), engine_comm, fsdp, training, [&](auto& trainer) {
     trainer.initialize(s.seed);
     kfsdp::optim::adamw<Scalar> adam(trainer, {.weight_decay = s.weight_decay});  // 2-D weights decay, 1-D not
@@ -221,8 +225,7 @@ int run(const settings& s, kfsdp::session& job) {
     const bool stopped = steps_done < s.steps;
     if (stopped) {  // the weights so far (no resume in this program), marked for the job script
       if (!s.save.empty()) kfsdp::io::save_model(s.save, trainer.engine(), job.shard_group(), metadata_of(normalization, s));
-      if (!s.save.empty()) kfsdp::mark_stopped(s.save, steps_done, root);
-      if (root) fmt::print("train_surrogate: stopped by a signal at step {}{}\n", steps_done, s.save.empty() ? "" : ", saved " + s.save);
+      report_stopped("train_surrogate", steps_done, s.save, root);
       return 0;
     }
     log.print_loss_change();

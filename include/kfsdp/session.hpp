@@ -141,10 +141,8 @@ KFSDP_EXPORT class session {
     const bool here = too_big[0] > 0;
     comm::all_reduce_sum(world_, std::span<double>(too_big));
     if (here)
-      throw std::invalid_argument(fmt::format(
-          "the model does not fit: it needs {} per rank, and {} of memory is available to each of the {} ranks on "
-          "this node; set by {}",
-          describe(need), format_bytes(available), node_ranks, set_by));
+      throw std::invalid_argument(fmt::format("{}; set by {}", detail::does_not_fit("the model", describe(need) + " per rank",
+                                                                                      available, node_ranks), set_by));
     if (too_big[0] > 0)
       throw std::invalid_argument(fmt::format("the model does not fit the memory of another rank's node; set by {}", set_by));
   }

@@ -29,19 +29,20 @@ with tempfile.TemporaryDirectory() as tmp:
     p = run(mpirun + ['-np', '2', train_surrogate, '--steps', '200', '--train-problems', '32', '--save', model], timeout=300)
     if p.returncode != 0: sys.exit(f'train_surrogate exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}')
 
-    # A copy without checksums whose statistics hold 2 feature stddevs for the model's 6 (a predictor once read
-    # past its buffer): test_c_api expects kfsdp_load to refuse it, naming the key.
+    # Copies without checksums, edited, that test_c_api expects kfsdp_load to refuse, naming the key or the sizes:
+    # statistics holding 2 feature stddevs for the model's 6 (a predictor once read past its buffer), and a depth
+    # of 1e12 (once ran until the kernel's OOM killer).
     with open(model, 'rb') as f:
         size = struct.unpack('<Q', f.read(8))[0]
         header = json.loads(f.read(size))
         data = f.read()
-    header['__metadata__'] = {k: v for k, v in header['__metadata__'].items()
-                              if not k.startswith('checksum.') and k != 'kfsdp.header_checksum'}
-    header['__metadata__']['normalization.features.stddev'] = '1,2'
-    text = json.dumps(header).encode()
-    text += b' ' * (-len(text) % 8)
-    with open(os.path.join(tmp, 'bad-stats.safetensors'), 'wb') as f:
-        f.write(struct.pack('<Q', len(text)) + text + data)
+    for name, key, value in (('bad-stats', 'normalization.features.stddev', '1,2'), ('huge-depth', 'surrogate.depth', '1000000000000')):
+        edited = {k: v for k, v in header['__metadata__'].items() if not k.startswith('checksum.') and k != 'kfsdp.header_checksum'}
+        edited[key] = value
+        text = json.dumps(dict(header, __metadata__=edited)).encode()
+        text += b' ' * (-len(text) % 8)
+        with open(os.path.join(tmp, name + '.safetensors'), 'wb') as f:
+            f.write(struct.pack('<Q', len(text)) + text + data)
 
     if test_c_api == 'none':
         print('skip test_c_api (no C compiler)')

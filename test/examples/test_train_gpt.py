@@ -96,6 +96,10 @@ with tempfile.TemporaryDirectory() as tmp:
     run(2, '--steps', '1', '--tie-weights', 'on', '--save', f('tied.st'))
     out = run(2, '--steps', '2', '--resume', f('tied.st'), expect=2)
     check('was saved with tie_weights = on, this model has tie_weights = off' in out, '--resume into another --tie-weights is refused')
+    # Windows are drawn by step from --seed and --batch: resuming with another seed once trained on other windows.
+    out = run(2, '--steps', '6', '--resume', f('half.st'), '--seed', '7', expect=2)
+    check(f"--resume {f('half.st')}: checkpoint metadata: 'seed' is '1337', expected '7' (this run's): resume with the --seed"
+          in out, '--resume with another --seed is refused')
 
     # A diverged run stops at its first non-finite step with an error naming it, exits non-zero and saves nothing.
     out = run(2, '--steps', '20', '--clip', '0', '--lr', '1e6', '--save', f('diverged.st'), expect=2)
@@ -173,7 +177,11 @@ with tempfile.TemporaryDirectory() as tmp:
                            (['--data', tmp], f"the data file '{tmp}' is not a regular file"),
                            (['--metrics', f('no-dir/m.jsonl')],
                             f"--metrics '{f('no-dir/m.jsonl')}' cannot be opened for writing: No such file or directory"),
-                           (['--metrics', tmp], f"--metrics '{tmp}' cannot be opened for writing: Is a directory")):
+                           (['--metrics', tmp], f"--metrics '{tmp}' cannot be opened for writing: Is a directory"),
+                           # A metrics file that cannot be written (a full disk) was lost with exit 0.
+                           (['--steps', '2', '--metrics', '/dev/full'], "--metrics '/dev/full': writing failed: No space left on device"),
+                           # Each byte is a forward pass: 1e11 ran on for days.
+                           (['--sample', '100000000000'], "--sample is '100000000000', expected a whole number from 0 to 65536")):
         out = run(2, *flags, expect=2)
         check(message in out, f'{" ".join(flags)}: "{message}"')
     # A bad KFSDP_* variable is a bad input too: every rank stops with exit 2 and names it (was an abort, rc 134).

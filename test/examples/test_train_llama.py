@@ -83,5 +83,15 @@ with tempfile.TemporaryDirectory() as tmp:
     check('kv_heads is 3' in out, 'a --kv-heads that does not divide --heads is refused, naming it')
     out = run(1, '--data', data, '--eval', '4', expect=1)
     check('--eval needs --load' in out, '--eval without --load is refused')
+    # Sizes past the memory stop before the model is built, with both figures and what set them
+    # (num_hidden_layers 1e9 in a config.json ran until the kernel's OOM killer).
+    huge = os.path.join(tmp, 'huge')
+    os.makedirs(huge)
+    json.dump(dict(config, num_hidden_layers=1000000000), open(os.path.join(huge, 'config.json'), 'w'))
+    out = run(2, '--data', data, '--load', huge, '--eval', '4', expect=2)
+    check('the model does not fit: it needs' in out and 'available to each of the 2 ranks' in out and
+          f"set by {huge}'s config.json (num_hidden_layers 1000000000," in out, 'a config.json of 1e9 layers is refused')
+    out = run(2, '--data', data, '--layers', '1000000000', '--steps', '1', expect=2)
+    check('the model does not fit: it needs' in out and 'set by --layers 1000000000 ' in out, '--layers 1e9 is refused')
 
 sys.exit(1 if failures else 0)

@@ -95,7 +95,9 @@ with tempfile.TemporaryDirectory() as tmp:
             ('normalization.targets.stddev', '0', "'normalization.targets.stddev' value 0 is 0, expected a finite number > 0"),
             # Numbers in metadata are read strictly (kfsdp::parse_count): "64abc" once read as 64.
             ('surrogate.width', '64abc', "checkpoint metadata: 'surrogate.width' is '64abc', expected a whole number >= 0"),
-            ('surrogate.depth', '-1', "checkpoint metadata: 'surrogate.depth' is '-1', expected a whole number >= 0")):
+            ('surrogate.depth', '-1', "checkpoint metadata: 'surrogate.depth' is '-1', expected a whole number >= 0"),
+            # A depth of 1e12 ran until the kernel's OOM killer: sizes are checked against memory before the model is built.
+            ('surrogate.depth', '1000000000000', 'surrogate.depth 1000000000000) does not fit: it needs')):
         bad = edited('bad-stats.safetensors', key, value)
         p = subprocess.run([predict_surrogate, '--load', bad], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         check(p.returncode == 2 and message in p.stderr, f'predict_surrogate: {key} = {value} refused ({message!r}): {p.stderr[-500:]}')
@@ -178,6 +180,11 @@ with tempfile.TemporaryDirectory() as tmp:
             (['--width', '8k'], "--width is '8k', expected a whole number >= 0"),
             (['--lr', '1e-3x'], "--lr is '1e-3x', expected a finite number"),
             (['--eval', 'on'], '--load FILE and --eval on go together'),
+            # Sizes past the memory are refused with both figures before anything is allocated (--depth 1e9 ran
+            # until the OOM killer; others said only std::bad_alloc).
+            (['--depth', '1000000000'], 'the model does not fit: it needs'),
+            (['--train-problems', '100000000000'], '100000000000 heat problems does not fit: it needs'),
+            (['--grid', '10000000000'], 'on a 10000000000×10000000000 grid does not fit: it needs'),
             (['--load', os.path.join(tmp, 'missing.safetensors'), '--eval', 'on'], 'missing.safetensors'),
             (['--metrics', os.path.join(tmp, 'no-dir', 'm.jsonl')],
              f"--metrics '{os.path.join(tmp, 'no-dir', 'm.jsonl')}' cannot be opened for writing: No such file or directory")):

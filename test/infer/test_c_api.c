@@ -63,6 +63,9 @@ int main(int argc, char** argv) {
   check_error(kfsdp_load(path, &model), KFSDP_LOAD_FAILED,
               "'normalization.features.stddev' has 2 values, expected in_features = 6 (the model's)",
               "normalisation statistics that do not fit the model (io::stats_from_metadata)");
+  snprintf(path, sizeof path, "%s/huge-depth.safetensors", argv[2]); /* written by test_surrogate_c_api.py */
+  check_error(kfsdp_load(path, &model), KFSDP_LOAD_FAILED, "surrogate.depth 1000000000000) does not fit: it needs",
+              "a depth of 1e12 is refused before the model is built (kfsdp::require_host_memory)");
 
   check(kfsdp_load(argv[1], &model) == KFSDP_OK && model != NULL, "the trained surrogate loads");
   if (model == NULL) {

@@ -385,3 +385,27 @@ TEST_CASE("hdf5: refusals name the file and the dataset, on every rank alike") {
   job.world().barrier();
   if (job.is_root()) std::filesystem::remove(path);
 }
+
+TEST_CASE("hdf5: a shape past memory is refused with its figures before anything is sized from it") {
+  kfsdp::session job;
+  // A chunked dataset of 2^62 rows none of which is written: a small file, a shape no rank could index.
+  const auto path = shared_path(job.world(), "huge.h5");
+  if (job.is_root()) {
+    const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const hsize_t dims[2] = {hsize_t(1) << 62, 6}, chunk[2] = {1024, 6};
+    const hid_t space = H5Screate_simple(2, dims, nullptr), properties = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(properties, 2, chunk);
+    H5Dclose(H5Dcreate2(file, "x", H5T_IEEE_F64LE, space, H5P_DEFAULT, properties, H5P_DEFAULT));
+    H5Pclose(properties);
+    H5Sclose(space);
+    H5Fclose(file);
+  }
+  job.world().barrier();
+  const std::string refused = error_message([&] { const hdf5_dataset huge(path, "x", "x", job.world().native()); });
+  CHECK(refused.starts_with(fmt::format("kfsdp::io::hdf5_dataset: {}: dataset 'x' is too large: a dataset of shape "
+                                        "(4611686018427387904, 6) does not fit: it needs ",
+                                        path.string())));
+  CHECK(refused.find("of memory is available to each of the") != std::string::npos);
+  job.world().barrier();
+  if (job.is_root()) std::filesystem::remove(path);
+}

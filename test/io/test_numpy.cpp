@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -79,4 +81,33 @@ TEST_CASE("refusals name the file, the array and what was expected") {
           (void)kfsdp::io::numpy_dataset(dir + "/data.npz", "x", "ids");  // fine: integer targets convert
           (void)kfsdp::io::numpy_dataset(dir + "/cube.npy", "x", "y");
         }).find("not a readable .npz (zip) archive") != std::string::npos);
+}
+
+namespace {
+// A version 1 .npy file of shape `shape` (the header's text) over `data_bytes` zero bytes of f8.
+std::string npy_file(const std::string& name, const std::string& shape, std::size_t data_bytes) {
+  std::string header = "{'descr': '<f8', 'fortran_order': False, 'shape': " + shape + ", }";
+  header += std::string(63 - (10 + header.size()) % 64, ' ') + "\n";
+  const std::string path = std::filesystem::temp_directory_path() / ("kfsdp-test-numpy-" + name + ".npy");
+  std::ofstream out(path, std::ios::binary);
+  out << "\x93NUMPY\x01" << '\0' << char(header.size() % 256) << char(header.size() / 256) << header
+      << std::string(data_bytes, '\0');
+  return path;
+}
+}  // namespace
+
+TEST_CASE("a .npy header's shape is bounded: an extent past 2^64, a product past it or past memory is refused") {
+  // (3074457345618258603, 6): the product wrapped to 2 elements and 16 bytes of data were accepted.
+  const std::string wraps = npy_file("wraps", "(3074457345618258603, 6)", 16);
+  CHECK(error_message([&] { (void)kfsdp::io::read_npy(wraps); }) ==
+        "kfsdp::io: " + wraps + ": shape (3074457345618258603, ...) of '<f8' needs more bytes of data than the file's 144");
+  // (2^64 + 1, 6) read as (1, 6).
+  const std::string past = npy_file("past", "(18446744073709551617, 6)", 48);
+  CHECK(error_message([&] { (void)kfsdp::io::read_npy(past); })
+            .starts_with("kfsdp::io: " + past + ": the .npy header's shape is not whole numbers below 2^64 (an extent is "
+                         "'18446744073709551617', expected a whole number >= 0)"));
+  // A shape that fits its file still reads.
+  const std::string fine = npy_file("fine", "(2, 3)", 48);
+  CHECK(kfsdp::io::read_npy(fine).shape == std::vector<std::size_t>{2, 3});
+  for (const std::string& path : {wraps, past, fine}) std::filesystem::remove(path);
 }

@@ -239,15 +239,11 @@ class request {
   // True when the operation is complete (the request is then empty); never blocks.
   [[nodiscard]] bool test() {
     if (state_ == nullptr) return true;
-    bool complete = false;
-    try {
-      complete = table_->test(state_);
-    } catch (...) {
-      detach().abandon();  // a failed operation counts as finished; MPI may still hold its buffers
-      throw;
-    }
-    if (complete) detach();
-    return complete;
+    detached testing = detach();  // abandoned if the test throws (MPI may still hold its buffers), as in wait()
+    if (testing.table->test(testing.state)) return true;
+    table_ = testing.table;  // still in flight: the request keeps it
+    state_ = std::exchange(testing.state, nullptr);
+    return false;
   }
 
   // Work issued on `stream` after this call starts only once the operation is complete; afterwards

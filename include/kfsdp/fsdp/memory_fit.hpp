@@ -16,14 +16,12 @@
 // Figures are doubles: an absurd size gives a huge estimate, never a wrapped small one.
 
 #include <cstddef>
-#include <fstream>
-#include <limits>
 #include <span>
-#include <sstream>
 #include <string>
 #include <fmt/format.h>
 
 #include <kfsdp/fsdp/options.hpp>
+#include <kfsdp/meta/host_memory.hpp>  // available_host_memory, require_host_memory, format_bytes
 #include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
@@ -70,15 +68,6 @@ KFSDP_EXPORT template <class Params, class Buckets>
   return need;
 }
 
-// "1.50 GiB": bytes for people.
-inline std::string format_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 6) bytes /= 1024, ++u;
-  return u == 0 ? fmt::format("{:.0f} B", bytes) : bytes < 1e6 ? fmt::format("{:.2f} {}", bytes, units[u])
-                                                                : fmt::format("{:.3g} {}", bytes, units[u]);
-}
-
 // "4.00 GiB (params 1.00 GiB, grads 1.00 GiB, optimizer 2.00 GiB, unsharded 0 B, activations 0 B)".
 KFSDP_EXPORT inline std::string describe(const memory_need& need) {
   return fmt::format("{} (params {}, grads {}, optimizer {}, unsharded peak {}, activations {})", format_bytes(need.total()),
@@ -86,18 +75,14 @@ KFSDP_EXPORT inline std::string describe(const memory_need& need) {
                      format_bytes(need.unsharded), format_bytes(need.activations));
 }
 
-// The host memory this machine can still give (MemAvailable of /proc/meminfo); the largest double
-// where that is not known, so that no check refuses on a guess.
-inline double available_host_memory() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string line;
-  while (std::getline(meminfo, line))
-    if (line.rfind("MemAvailable:", 0) == 0) {
-      std::istringstream fields(line.substr(13));
-      double kib = 0;
-      if (fields >> kib) return kib * 1024;
-    }
-  return std::numeric_limits<double>::max();
+// The coarse figure from a parameter count alone, before any descriptor, graph or table is built
+// (where absurd sizes would already fail): one rank's shard of the parameters, their gradients and
+// the optimizer's states. Doubles: a count of 1e18 stays 1e18.
+//   estimate_sharded_memory(7e9, 2, 2, 8)  ->  params 1.75 GB, grads 1.75 GB, optimizer 3.5 GB
+KFSDP_EXPORT constexpr memory_need estimate_sharded_memory(double parameters, std::size_t scalar_bytes,
+                                                           std::size_t optimizer_states, std::size_t shard_ranks) {
+  const double shard = parameters * double(scalar_bytes) / double(shard_ranks == 0 ? 1 : shard_ranks);
+  return {.params = shard, .grads = shard, .optimizer = double(optimizer_states) * shard};
 }
 
 }  // namespace kfsdp

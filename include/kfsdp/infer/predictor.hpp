@@ -33,6 +33,7 @@
 #include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/io/checkpoint/safetensors_file.hpp>
 #include <kfsdp/meta/half.hpp>
+#include <kfsdp/meta/host_memory.hpp>  // require_host_memory
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/train/network.hpp>
 
@@ -48,6 +49,10 @@ class predictor {
   /// naming the file and the tensor that does not fit.
   predictor(const Model& model, const std::filesystem::path& weights)
       : table_(make_param_table(model)), network_(model, table_, wrap_options{}), context_(*this) {
+    // The weights twice (as the file holds them, 8 bytes an element at most, and converted), checked before either is read.
+    double numel = 0;
+    for (const param_info& param : table_) numel += double(param.numel);
+    require_host_memory(numel * double(sizeof(Scalar) + 8), fmt::format("the model's weights for {}", weights.string()));
     const state_dict file = io::load_state_dict_file(weights, &metadata_);
     std::size_t found = 0;
     for (const param_info& param : table_) {

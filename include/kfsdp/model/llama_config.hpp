@@ -29,6 +29,16 @@ KFSDP_EXPORT struct llama_config {
   // Each query head's width (head_dim).
   constexpr std::size_t head_dim() const { return dim / heads; }
 
+  // make_llama's parameters, counted before anything is built, in doubles (absurd sizes give huge
+  // counts, never wrapped ones): the embeddings; a layer's q and o (dim²), k and v (dim·kv_heads·head_dim),
+  // SwiGLU MLP (3·dim·hidden) and two norms; the final norm; lm_head unless tied.
+  //   {.vocab = 128256, .dim = 4096, .hidden = 14336, .layers = 32, .heads = 32, .kv_heads = 8}  ->  8.03e9
+  constexpr double parameters() const {
+    const double d = double(dim), kv = double(kv_heads) * double(head_dim());
+    const double layer = 2 * d * d + 2 * d * kv + 3 * d * double(hidden) + 2 * d;
+    return double(vocab) * d * (tie_weights ? 1 : 2) + double(layers) * layer + d;
+  }
+
   // Throws std::invalid_argument naming the size that is zero, heads not dividing dim, kv_heads not
   // dividing heads, or an odd head width (RoPE rotates pairs).
   constexpr void validate() const {

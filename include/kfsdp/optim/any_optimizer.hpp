@@ -31,6 +31,9 @@ KFSDP_EXPORT struct optimizer_choice {
   double lr = 1e-3;
   double momentum = 0.0;      // sgd's (0: no momentum buffer); adamw's betas are its defaults'
   double weight_decay = 0.0;  // adamw: decoupled, on the groups that decay; sgd: L2 on every element
+
+  // Shard-sized states it keeps, for memory estimates: AdamW 2, SGD with momentum 1, without 0.
+  [[nodiscard]] std::size_t states() const { return kind == "adamw" ? 2 : momentum > 0 ? 1 : 0; }
 };
 
 KFSDP_EXPORT template <class Scalar>

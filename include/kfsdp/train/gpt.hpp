@@ -70,8 +70,8 @@ KFSDP_EXPORT inline memory_need estimate_gpt_memory(const gpt_config& model, con
                                        double stop_above = std::numeric_limits<double>::max()) {
   const double bytes = double(o.scalar_bytes), d = double(model.dim), layers = double(model.layers);
   const double table = layers * 16 * 2 * sizeof(param_info);  // the table and the plan, ~16 entries a block
-  const double shard = layers * 12 * d * d * bytes / double(o.shard_ranks);
-  memory_need need{.params = shard + table, .grads = shard, .optimizer = double(o.optimizer_states) * shard};
+  memory_need need = estimate_sharded_memory(layers * 12 * d * d, o.scalar_bytes, o.optimizer_states, o.shard_ranks);
+  need.params += table;
   if (need.total() > stop_above || !std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>)
     return need;
   const model_graph graph = make_model_graph(make_gpt(model));

@@ -55,13 +55,16 @@ struct json_field {
 
 /// Rank 0's JSON-lines file. Opening is collective: rank 0 broadcasts its errno, so a bad path
 /// throws std::invalid_argument on every rank alike: "train_gpt: --metrics 'm.jsonl' cannot be
-/// opened for writing: No such file or directory", `what` first.
+/// opened for writing: No such file or directory", `what` first. Writing is collective too, where
+/// a path was given: a write that fails (a full disk, /dev/full) throws std::runtime_error on every
+/// rank, naming the file and the cause, instead of losing the metrics silently.
 class json_lines {
  public:
   json_lines() = default;
   json_lines(comm::mpi& world, std::string what, const std::filesystem::path& path, bool append = false)
-      : what_(std::move(what)) {
+      : what_(std::move(what)), path_(path) {
     if (path.empty()) return;
+    world_ = &world;
     std::int64_t error[1] = {0};
     if (world.rank() == 0) {
       file_ = std::fopen(path.c_str(), append ? "a" : "w");
@@ -81,23 +84,26 @@ class json_lines {
   /// True on the rank that writes (rank 0, with a path given).
   explicit operator bool() const noexcept { return file_ != nullptr; }
 
-  /// One line {"key": value, ...}; a no-op on the other ranks.
+  /// One line {"key": value, ...}, written by rank 0 and flushed; collective where a path was given.
   void write(std::span<const json_field> fields) {
-    if (file_ == nullptr) return;
-    std::string line = "{";
-    for (const json_field& f : fields) line += fmt::format("{}\"{}\": {}", line.size() > 1 ? ", " : "", f.key, f.json);
-    line += "}\n";
-    if (std::fputs(line.c_str(), file_) == EOF || std::fflush(file_) != 0) {
-      // Only rank 0 writes: throwing here would leave the other ranks waiting in a collective.
-      fmt::print(stderr, "warning: {}: writing failed ({}); no more metrics are written\n", what_, std::strerror(errno));
-      std::fclose(file_);
-      file_ = nullptr;
+    if (world_ == nullptr) return;
+    std::int64_t error[1] = {0};
+    if (file_ != nullptr) {
+      std::string line = "{";
+      for (const json_field& f : fields) line += fmt::format("{}\"{}\": {}", line.size() > 1 ? ", " : "", f.key, f.json);
+      line += "}\n";
+      if (std::fputs(line.c_str(), file_) == EOF || std::fflush(file_) != 0) error[0] = errno != 0 ? errno : EIO;
     }
+    comm::broadcast(*world_, std::span<std::int64_t>(error), 0);  // every rank stops alike, none waits
+    if (error[0] != 0)
+      throw std::runtime_error(fmt::format("{} '{}': writing failed: {}", what_, path_.string(), std::strerror(int(error[0]))));
   }
   void write(std::initializer_list<json_field> fields) { write(std::span<const json_field>(fields.begin(), fields.size())); }
 
  private:
   std::string what_;
+  std::filesystem::path path_;
+  comm::mpi* world_ = nullptr;  // set where a path was given: every rank then takes part in write
   std::FILE* file_ = nullptr;
 };
 

@@ -40,6 +40,7 @@
 
 #include <kfsdp/io/data/array_dataset.hpp>  // column_stats, normalization
 #include <kfsdp/io/data/dataset.hpp>
+#include <kfsdp/meta/host_memory.hpp>  // require_host_memory
 #include <kfsdp/nn/views.hpp>
 
 #ifndef H5_HAVE_PARALLEL
@@ -394,6 +395,15 @@ KFSDP_EXPORT class hdf5_dataset {
     if (dims > 0) (void)H5Sget_simple_extent_dims(space.get(), shape.data(), nullptr);
     if (dims < 1 || dims > 2 || shape[0] == 0 || (dims == 2 && shape[1] == 0))
       return refuse(fmt::format("has shape ({}), expected (N, width) or (N,), N and width > 0", fmt::join(shape, ", ")));
+    // What the reader sizes from the shape before reading a row (the statistics' sums of each chunk of
+    // rows; a shuffle's sample indices), in doubles: a product past 2^64 cannot wrap into a small one.
+    const double rows = double(shape[0]), width = dims == 2 ? double(shape[1]) : 1;
+    try {
+      require_host_memory((rows / double(options_.stats_chunk_rows) + 1) * width * 8 + rows * 8,
+                          fmt::format("a dataset of shape ({})", fmt::join(shape, ", ")));
+    } catch (const std::invalid_argument& too_big) {
+      return refuse(fmt::format("is too large: {}", too_big.what()));
+    }
     c.count = std::size_t(shape[0]);
     c.width = dims == 2 ? std::size_t(shape[1]) : 1;
     c.vector = dims == 1;

@@ -32,6 +32,8 @@
 #include <fmt/ranges.h>
 
 #include <kfsdp/io/data/array_dataset.hpp>
+#include <kfsdp/meta/host_memory.hpp>  // require_host_memory
+#include <kfsdp/meta/parse.hpp>        // parse_count
 #include <kfsdp/meta/half.hpp>
 
 namespace kfsdp::io {
@@ -129,11 +131,16 @@ inline numpy_array parse_npy(std::span<const unsigned char> image, const std::st
     const std::string_view digits = shape.substr(0, comma);
     if (digits.empty()) break;
     std::size_t extent = 0;
-    for (const char c : digits) {
-      if (c < '0' || c > '9') numpy_refuse(file, fmt::format("the .npy header's shape is not numbers: {}", header));
-      extent = extent * 10 + std::size_t(c - '0');
+    try {  // strict and bounded: "2^64 + 1" is refused, not read as 1
+      extent = parse_count(digits.substr(0, digits.find_last_not_of(' ') + 1), "an extent");
+    } catch (const std::invalid_argument& bad) {
+      numpy_refuse(file, fmt::format("the .npy header's shape is not whole numbers below 2^64 ({}): {}", bad.what(), header));
     }
     array.shape.push_back(extent);
+    // In doubles, so that a product past 2^64 is seen instead of wrapping to a small size.
+    if (double(count) * double(extent) * double(bytes) > double(image.size()))
+      numpy_refuse(file, fmt::format("shape ({}{}) of '{}' needs more bytes of data than the file's {}", fmt::join(array.shape, ", "),
+                                     comma == std::string_view::npos ? "" : ", ...", dtype, image.size()));
     count *= extent;
     if (comma == std::string_view::npos) break;
     shape.remove_prefix(comma + 1);
@@ -141,6 +148,8 @@ inline numpy_array parse_npy(std::span<const unsigned char> image, const std::st
   if (image.size() - data_offset < count * bytes)
     numpy_refuse(file, fmt::format("shape ({}) of '{}' needs {} bytes of data, the file holds {} (cut short?)",
                                    fmt::join(array.shape, ", "), dtype, count * bytes, image.size() - data_offset));
+  // The values as doubles: up to 8 times the file's bytes (one-byte types).
+  require_host_memory(double(count) * sizeof(double), fmt::format("{}'s values (shape ({}))", file, fmt::join(array.shape, ", ")));
   array.values.resize(count);
   const unsigned char* data = image.data() + data_offset;
   // Fortran order: element (i, j, ...) sits at i + d0·(j + d1·...); C order: the reverse strides.
