@@ -64,6 +64,7 @@ module;
 #include <kfsdp/meta/enum_names.hpp>
 #include <kfsdp/meta/fixed_string.hpp>
 #include <kfsdp/meta/half.hpp>
+#include <kfsdp/meta/host_memory.hpp>
 #include <kfsdp/meta/inline_string.hpp>
 #include <kfsdp/meta/parse.hpp>
 #include <kfsdp/meta/shape_string.hpp>
@@ -189,6 +190,7 @@ using kfsdp::with_fsdp;
 export namespace kfsdp {
 using kfsdp::describe;
 using kfsdp::estimate_memory;
+using kfsdp::estimate_sharded_memory;
 using kfsdp::memory_need;
 }
 // <kfsdp/fsdp/options.hpp>
@@ -262,6 +264,7 @@ using kfsdp::io::read_file_metadata;
 // <kfsdp/io/checkpoint/stateful.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::check_config;
+using kfsdp::io::check_metadata;
 using kfsdp::io::metadata_count;
 }
 // <kfsdp/io/data/array_dataset.hpp>
@@ -289,6 +292,10 @@ using kfsdp::io::window_sampling;
 // <kfsdp/meta/fixed_string.hpp>
 export namespace kfsdp {
 using kfsdp::fixed_string;
+}
+// <kfsdp/meta/host_memory.hpp>
+export namespace kfsdp {
+using kfsdp::require_host_memory;
 }
 // <kfsdp/meta/parse.hpp>
 export namespace kfsdp {

@@ -111,3 +111,19 @@ TEST_CASE("a .npy header's shape is bounded: an extent past 2^64, a product past
   CHECK(kfsdp::io::read_npy(fine).shape == std::vector<std::size_t>{2, 3});
   for (const std::string& path : {wraps, past, fine}) std::filesystem::remove(path);
 }
+
+TEST_CASE("files that once crashed the reader are refused with invalid_argument (test/io/corpus_numpy, fuzz_numpy)") {
+  const std::string seeds = dir + "/../corpus_numpy/";
+  for (const char* file : {"npy_v2_cut_short.npy", "npy_empty_descr.npy", "npy_shape_not_a_tuple.npy",
+                           "npy_shape_product_wraps.npy", "npy_extent_past_2_64.npy"})
+    CHECK_THROWS_AS((void)kfsdp::io::read_npy(seeds + file), std::invalid_argument);
+  CHECK(error_message([&] { (void)kfsdp::io::read_npy(seeds + "npy_v2_cut_short.npy"); }).find("cut short") !=
+        std::string::npos);
+  CHECK(error_message([&] { (void)kfsdp::io::read_npy(seeds + "npy_shape_not_a_tuple.npy"); })
+            .find("shape is not a tuple") != std::string::npos);
+  for (const char* file : {"zip64_record_offset_wraps.npz", "zip64_directory_offset_wraps.npz",
+                           "zip64_extra_past_end.npz", "zip64_member_offset_wraps.npz", "zip64_member_size_wraps.npz"})
+    CHECK_THROWS_AS((void)kfsdp::io::read_npz(seeds + file, "x"), std::invalid_argument);
+  CHECK(error_message([&] { (void)kfsdp::io::read_npz(seeds + "zip64_member_size_wraps.npz", "x"); }) ==
+        "kfsdp::io: " + seeds + "zip64_member_size_wraps.npz: array 'x' runs past the end (cut short?)");
+}

@@ -48,7 +48,8 @@ KFSDP_EXPORT inline double parse_real(std::string_view text, std::string_view wh
                                       double least = -std::numeric_limits<double>::max(),
                                       double most = std::numeric_limits<double>::max()) {
   double value = 0;
-  const char* begin = text.data() + (text.starts_with('+') ? 1 : 0);  // from_chars takes no '+'
+  // from_chars takes no '+'; one is skipped, but not before a '-' ("+-1" is not -1).
+  const char* begin = text.data() + (text.starts_with('+') && !text.substr(1).starts_with('-') ? 1 : 0);
   const char* end = text.data() + text.size();
   const auto [stop, error] = std::from_chars(begin, end, value);
   if (text.empty() || error != std::errc{} || stop != end || !std::isfinite(value) || value < least || value > most) {

@@ -98,7 +98,7 @@ KFSDP_EXPORT inline std::uint64_t metadata_count(const metadata_map& metadata, s
 /// configuration is refused, naming the key, not silently continued.
 ///
 ///   kfsdp::io::check_metadata(metadata, "optimizer", "adamw");
-inline void check_metadata(const metadata_map& metadata, std::string_view key, std::string_view expected) {
+KFSDP_EXPORT inline void check_metadata(const metadata_map& metadata, std::string_view key, std::string_view expected) {
   const std::string& found = metadata_text(metadata, key);
   if (found != expected)
     throw std::invalid_argument(

@@ -215,6 +215,60 @@ inline std::string missing_filter(hid_t dataset) {
   return {};
 }
 
+// A dataset as kfsdp reads it: open, its rows, its width and the bytes of one stored value.
+struct checked_dataset {
+  handle dataset;
+  std::size_t count = 0, width = 0, dtype_bytes = 0;
+  bool vector = false;  // shape (N,): width 1
+};
+
+// Opens dataset `name` of the open file `file` (named `file_name` in messages) into `c` and checks
+// what HDF5 reports of it (the links to it, its object type, filters, datatype and dims), or returns
+// why not. No MPI: hdf5_dataset calls it on every rank, fuzz_hdf5 on a file image.
+inline std::string open_dataset(hid_t file, const std::string& file_name, std::string_view name, checked_dataset& c) {
+  const std::string path(name);
+  const auto refuse = [&](const std::string& what) {
+    return fmt::format("kfsdp::io::hdf5_dataset: {}: dataset '{}' {}", file_name, name, what);
+  };
+  // Each level of a path exists before the next is asked (HDF5 fails on a missing group).
+  for (std::size_t slash = 0; slash != std::string::npos;) {
+    slash = path.find('/', slash + 1);
+    const std::string prefix = path.substr(0, slash);
+    if (prefix.empty() || prefix == "/") continue;
+    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0)
+      return fmt::format("kfsdp::io::hdf5_dataset: {}: no dataset '{}', expected one of: {}", file_name, name,
+                         fmt::join(root_names(file), ", "));
+  }
+  // An object HDF5 cannot open is not a group: it says why (a newer file format's message, say).
+  const handle object(H5Oopen(file, path.c_str(), H5P_DEFAULT), H5Oclose);
+  if (!object.valid())
+    return refuse(fmt::format("could not be opened, expected a dataset this HDF5 library can read{}",
+                              library_says(error_cause())));
+  if (H5Iget_type(object.get()) != H5I_DATASET) return refuse("is a group or a named type, expected a dataset");
+  c.dataset = handle(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!c.dataset.valid())
+    return refuse(fmt::format("could not be opened{}", library_says(error_cause())));
+  if (const std::string filter = missing_filter(c.dataset.get()); !filter.empty())
+    return refuse(fmt::format("is compressed with {}, which this HDF5 library ({}.{}.{}) does not have, expected a "
+                              "filter it has (gzip, shuffle, ...) or none: rewrite the dataset with one (h5py: "
+                              "compression='gzip'), or make the filter's plugin available (HDF5_PLUGIN_PATH)",
+                              filter, H5_VERS_MAJOR, H5_VERS_MINOR, H5_VERS_RELEASE));
+  const handle type(H5Dget_type(c.dataset.get()), H5Tclose);
+  c.dtype_bytes = H5Tget_size(type.get());
+  if (H5Tget_class(type.get()) != H5T_FLOAT || (c.dtype_bytes != 2 && c.dtype_bytes != 4 && c.dtype_bytes != 8))
+    return refuse(fmt::format("has {}, expected floating point (16, 32 or 64-bit)", type_text(type.get())));
+  const handle space(H5Dget_space(c.dataset.get()), H5Sclose);
+  const int dims = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> shape(std::size_t(std::max(dims, 0)));
+  if (dims > 0) (void)H5Sget_simple_extent_dims(space.get(), shape.data(), nullptr);
+  if (dims < 1 || dims > 2 || shape[0] == 0 || (dims == 2 && shape[1] == 0))
+    return refuse(fmt::format("has shape ({}), expected (N, width) or (N,), N and width > 0", fmt::join(shape, ", ")));
+  c.count = std::size_t(shape[0]);
+  c.width = dims == 2 ? std::size_t(shape[1]) : 1;
+  c.vector = dims == 1;
+  return {};
+}
+
 }  // namespace hdf5_detail
 
 KFSDP_EXPORT class hdf5_dataset {
@@ -348,65 +402,24 @@ KFSDP_EXPORT class hdf5_dataset {
   }
 
  private:
-  struct column {
+  struct column : hdf5_detail::checked_dataset {
     std::string name;
-    hdf5_detail::handle dataset;
-    std::size_t count = 0, width = 0, dtype_bytes = 0;
-    bool vector = false;  // shape (N,): width 1
     array_dataset::column_stats stats{};
   };
 
   // Opens dataset `name` into `c`, or returns why not.
   std::string open_column(column& c, std::string_view name) {
     c.name = std::string(name);
-    const auto refuse = [&](const std::string& what) {
-      return fmt::format("kfsdp::io::hdf5_dataset: {}: dataset '{}' {}", file_name_, name, what);
-    };
-    // Each level of a path exists before the next is asked (HDF5 fails on a missing group).
-    for (std::size_t slash = 0; slash != std::string::npos;) {
-      slash = c.name.find('/', slash + 1);
-      const std::string prefix = c.name.substr(0, slash);
-      if (prefix.empty() || prefix == "/") continue;
-      if (H5Lexists(file_.get(), prefix.c_str(), H5P_DEFAULT) <= 0)
-        return fmt::format("kfsdp::io::hdf5_dataset: {}: no dataset '{}', expected one of: {}", file_name_, name,
-                           fmt::join(hdf5_detail::root_names(file_.get()), ", "));
-    }
-    // An object HDF5 cannot open is not a group: it says why (a newer file format's message, say).
-    const hdf5_detail::handle object(H5Oopen(file_.get(), c.name.c_str(), H5P_DEFAULT), H5Oclose);
-    if (!object.valid())
-      return refuse(fmt::format("could not be opened, expected a dataset this HDF5 library can read{}",
-                                hdf5_detail::library_says(hdf5_detail::error_cause())));
-    if (H5Iget_type(object.get()) != H5I_DATASET) return refuse("is a group or a named type, expected a dataset");
-    c.dataset = hdf5_detail::handle(H5Dopen2(file_.get(), c.name.c_str(), H5P_DEFAULT), H5Dclose);
-    if (!c.dataset.valid())
-      return refuse(fmt::format("could not be opened{}", hdf5_detail::library_says(hdf5_detail::error_cause())));
-    if (const std::string filter = hdf5_detail::missing_filter(c.dataset.get()); !filter.empty())
-      return refuse(fmt::format("is compressed with {}, which this HDF5 library ({}.{}.{}) does not have, expected a "
-                                "filter it has (gzip, shuffle, ...) or none: rewrite the dataset with one (h5py: "
-                                "compression='gzip'), or make the filter's plugin available (HDF5_PLUGIN_PATH)",
-                                filter, H5_VERS_MAJOR, H5_VERS_MINOR, H5_VERS_RELEASE));
-    const hdf5_detail::handle type(H5Dget_type(c.dataset.get()), H5Tclose);
-    c.dtype_bytes = H5Tget_size(type.get());
-    if (H5Tget_class(type.get()) != H5T_FLOAT || (c.dtype_bytes != 2 && c.dtype_bytes != 4 && c.dtype_bytes != 8))
-      return refuse(fmt::format("has {}, expected floating point (16, 32 or 64-bit)", hdf5_detail::type_text(type.get())));
-    const hdf5_detail::handle space(H5Dget_space(c.dataset.get()), H5Sclose);
-    const int dims = H5Sget_simple_extent_ndims(space.get());
-    std::vector<hsize_t> shape(std::size_t(std::max(dims, 0)));
-    if (dims > 0) (void)H5Sget_simple_extent_dims(space.get(), shape.data(), nullptr);
-    if (dims < 1 || dims > 2 || shape[0] == 0 || (dims == 2 && shape[1] == 0))
-      return refuse(fmt::format("has shape ({}), expected (N, width) or (N,), N and width > 0", fmt::join(shape, ", ")));
+    if (std::string bad = hdf5_detail::open_dataset(file_.get(), file_name_, name, c); !bad.empty()) return bad;
     // What the reader sizes from the shape before reading a row (the statistics' sums of each chunk of
     // rows; a shuffle's sample indices), in doubles: a product past 2^64 cannot wrap into a small one.
-    const double rows = double(shape[0]), width = dims == 2 ? double(shape[1]) : 1;
+    const double rows = double(c.count), width = double(c.width);
     try {
       require_host_memory((rows / double(options_.stats_chunk_rows) + 1) * width * 8 + rows * 8,
-                          fmt::format("a dataset of shape ({})", fmt::join(shape, ", ")));
+                          fmt::format("a dataset of shape ({}{})", c.count, c.vector ? "" : fmt::format(", {}", c.width)));
     } catch (const std::invalid_argument& too_big) {
-      return refuse(fmt::format("is too large: {}", too_big.what()));
+      return fmt::format("kfsdp::io::hdf5_dataset: {}: dataset '{}' is too large: {}", file_name_, name, too_big.what());
     }
-    c.count = std::size_t(shape[0]);
-    c.width = dims == 2 ? std::size_t(shape[1]) : 1;
-    c.vector = dims == 1;
     return {};
   }
 

@@ -97,6 +97,8 @@ inline numpy_array parse_npy(std::span<const unsigned char> image, const std::st
   const unsigned major = image[6];
   if (major < 1 || major > 3) numpy_refuse(file, fmt::format("the .npy format version is {}, expected 1, 2 or 3", major));
   const std::size_t length_bytes = major == 1 ? 2 : 4;
+  if (image.size() < 8 + length_bytes)
+    numpy_refuse(file, fmt::format("the .npy file is {} bytes, cut short in its header length", image.size()));
   std::size_t header_length = 0;
   for (std::size_t i = 0; i < length_bytes; ++i) header_length |= std::size_t(image[8 + i]) << (8 * i);
   const std::size_t data_offset = 8 + length_bytes + header_length;
@@ -106,7 +108,7 @@ inline numpy_array parse_npy(std::span<const unsigned char> image, const std::st
 
   numpy_array array;
   const std::string_view descr = header_value(header, "descr", file);
-  array.dtype = std::string(descr.substr(1, descr.size() >= 2 ? descr.size() - 2 : 0));
+  array.dtype = std::string(descr.size() >= 2 ? descr.substr(1, descr.size() - 2) : std::string_view());
   const std::string_view dtype = array.dtype;
   const char order = dtype.empty() ? '?' : dtype[0];
   const char kind = dtype.size() > 1 ? dtype[1] : '?';
@@ -123,6 +125,8 @@ inline numpy_array parse_npy(std::span<const unsigned char> image, const std::st
   const bool fortran = header_value(header, "fortran_order", file) == "True";
 
   std::string_view shape = header_value(header, "shape", file);  // "(100, 6)", "(100,)", "()"
+  if (shape.size() < 2 || !shape.starts_with('('))
+    numpy_refuse(file, fmt::format("the .npy header's shape is not a tuple: {}", header));
   shape = shape.substr(1, shape.size() - 2);
   std::size_t count = 1;
   while (!shape.empty()) {
@@ -205,14 +209,15 @@ inline std::vector<zip_member> zip_directory(std::span<const unsigned char> zip,
   std::uint64_t entries = little(zip, end + 10, 2), directory = little(zip, end + 16, 4);
   if ((entries == 0xFFFF || directory == 0xFFFFFFFF) && end >= 20 && little(zip, end - 20, 4) == 0x07064b50) {
     const std::uint64_t record = little(zip, end - 20 + 8, 8);  // the zip64 end record
-    if (record + 56 > zip.size() || little(zip, record, 4) != 0x06064b50) bad("a broken zip64 end record");
+    if (zip.size() < 56 || record > zip.size() - 56 || little(zip, record, 4) != 0x06064b50)
+      bad("a broken zip64 end record");
     entries = little(zip, record + 32, 8);
     directory = little(zip, record + 48, 8);
   }
   std::vector<zip_member> members;
-  std::size_t at = directory;
+  std::uint64_t at = directory;
   for (std::uint64_t e = 0; e < entries; ++e) {
-    if (at + 46 > zip.size() || little(zip, at, 4) != 0x02014b50) bad("a broken central directory");
+    if (at > zip.size() || zip.size() - at < 46 || little(zip, at, 4) != 0x02014b50) bad("a broken central directory");
     zip_member m;
     m.method = std::uint16_t(little(zip, at + 10, 2));
     m.size = little(zip, at + 24, 4);  // uncompressed
@@ -223,13 +228,22 @@ inline std::vector<zip_member> zip_directory(std::span<const unsigned char> zip,
     if (at + 46 + name_length + extra_length > zip.size()) bad("a central directory entry past the end");
     m.name.assign(reinterpret_cast<const char*>(zip.data()) + at + 46, name_length);
     // zip64: the sizes and offset that do not fit 32 bits are in extra field 0x0001, in this order.
-    for (std::size_t x = at + 46 + name_length; x + 4 <= at + 46 + name_length + extra_length;) {
+    const std::size_t extra_end = at + 46 + name_length + extra_length;
+    for (std::size_t x = at + 46 + name_length; x + 4 <= extra_end;) {
       const std::size_t id = little(zip, x, 2), length = little(zip, x + 2, 2);
+      const std::size_t field_end = std::min(x + 4 + length, extra_end);
       std::size_t field = x + 4;
+      // Each 8-byte value read lies inside its field (a short field would be read past the archive's end).
+      const auto zip64_value = [&] {
+        if (field + 8 > field_end) bad("a zip64 extra field shorter than its values");
+        const std::uint64_t value = little(zip, field, 8);
+        field += 8;
+        return value;
+      };
       if (id == 0x0001) {
-        if (m.size == 0xFFFFFFFF) m.size = little(zip, field, 8), field += 8;
-        if (compressed == 0xFFFFFFFF) field += 8;
-        if (m.offset == 0xFFFFFFFF) m.offset = little(zip, field, 8);
+        if (m.size == 0xFFFFFFFF) m.size = zip64_value();
+        if (compressed == 0xFFFFFFFF) (void)zip64_value();
+        if (m.offset == 0xFFFFFFFF) m.offset = zip64_value();
       }
       x += 4 + length;
     }
@@ -237,6 +251,27 @@ inline std::vector<zip_member> zip_directory(std::span<const unsigned char> zip,
     at += 46 + name_length + extra_length + comment_length;
   }
   return members;
+}
+
+// The array `name` of an .npz archive's bytes (read_npz's, or a fuzzer's); `file` names it in errors.
+inline numpy_array parse_npz(std::span<const unsigned char> zip, std::string_view name, const std::string& file) {
+  std::vector<std::string> names;
+  for (const zip_member& m : zip_directory(zip, file)) {
+    const std::string array = m.name.ends_with(".npy") ? m.name.substr(0, m.name.size() - 4) : m.name;
+    names.push_back(array);
+    if (array != name) continue;
+    if (m.method != 0)
+      numpy_refuse(file, fmt::format("array '{}' is compressed (numpy.savez_compressed), expected an archive "
+                                     "of numpy.savez (stored), or a .npy file", name));
+    // Compared as remaining bytes: a zip64 offset or size near 2^64 would wrap a sum past the check.
+    if (m.offset > zip.size() || zip.size() - m.offset < 30 || little(zip, m.offset, 4) != 0x04034b50)
+      numpy_refuse(file, fmt::format("array '{}': a broken local zip header", name));
+    const std::size_t data = m.offset + 30 + little(zip, m.offset + 26, 2) + little(zip, m.offset + 28, 2);
+    if (data > zip.size() || m.size > zip.size() - data)
+      numpy_refuse(file, fmt::format("array '{}' runs past the end (cut short?)", name));
+    return parse_npy(zip.subspan(data, m.size), fmt::format("{}, array '{}'", file, name));
+  }
+  numpy_refuse(file, fmt::format("no array '{}', expected one of: {}", name, fmt::join(names, ", ")));
 }
 
 }  // namespace detail
@@ -265,23 +300,7 @@ inline std::vector<std::string> npz_names(const std::filesystem::path& path) {
 ///
 ///   const kfsdp::io::numpy_array x = kfsdp::io::read_npz("heat.npz", "x");
 KFSDP_EXPORT inline numpy_array read_npz(const std::filesystem::path& path, std::string_view name) {
-  const std::vector<unsigned char> zip = detail::read_bytes(path, "read_npz");
-  const std::string file = path.string();
-  std::vector<std::string> names;
-  for (const detail::zip_member& m : detail::zip_directory(zip, file)) {
-    const std::string array = m.name.ends_with(".npy") ? m.name.substr(0, m.name.size() - 4) : m.name;
-    names.push_back(array);
-    if (array != name) continue;
-    if (m.method != 0)
-      detail::numpy_refuse(file, fmt::format("array '{}' is compressed (numpy.savez_compressed), expected an archive "
-                                             "of numpy.savez (stored), or a .npy file", name));
-    if (m.offset + 30 > zip.size() || detail::little(zip, m.offset, 4) != 0x04034b50)
-      detail::numpy_refuse(file, fmt::format("array '{}': a broken local zip header", name));
-    const std::size_t data = m.offset + 30 + detail::little(zip, m.offset + 26, 2) + detail::little(zip, m.offset + 28, 2);
-    if (data + m.size > zip.size()) detail::numpy_refuse(file, fmt::format("array '{}' runs past the end (cut short?)", name));
-    return detail::parse_npy(std::span(zip).subspan(data, m.size), fmt::format("{}, array '{}'", file, name));
-  }
-  detail::numpy_refuse(file, fmt::format("no array '{}', expected one of: {}", name, fmt::join(names, ", ")));
+  return detail::parse_npz(detail::read_bytes(path, "read_npz"), name, path.string());
 }
 
 /// A dataset of two arrays of an .npz archive: features [N, F] (or [N]: F = 1) and targets [N, T]
