@@ -43,7 +43,8 @@ def tasks():
             pass
     return found
 
-with tempfile.TemporaryDirectory() as tmp:
+# In the cluster's folder, which slurm-cluster removes however the test ends.
+with tempfile.TemporaryDirectory(dir=os.environ['KFSDP_SLURM_DIR']) as tmp:
     out_file = os.path.join(tmp, 'job.out')
     env = {**os.environ, 'TRAIN_GPT': train_gpt, 'CHECKPOINT': os.path.join(tmp, 'run.st'), 'KFSDP_COLLECTIVE_TIMEOUT': '20'}
     p = subprocess.run(['sbatch', '--parsable', '--chdir', tmp, '--output', out_file, job_script, *flags],

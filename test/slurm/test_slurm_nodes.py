@@ -24,7 +24,8 @@ def losses(name):  # rank 0's --metrics: the losses in full
 def close(a, b, tol):
     return len(a) == len(b) > 0 and all(abs(x - y) <= tol * abs(y) for x, y in zip(a, b))
 
-with tempfile.TemporaryDirectory() as tmp:
+# In the cluster's folder, which slurm-cluster removes however the test ends.
+with tempfile.TemporaryDirectory(dir=os.environ['KFSDP_SLURM_DIR']) as tmp:
     subnet = os.environ['KFSDP_SLURM_SUBNET']
     # The nodes reach each other over their veth links only.
     env = {**os.environ, 'TRAIN_GPT': train_gpt, 'SAVE_EVERY': '0', 'OMPI_MCA_btl': 'self,tcp',

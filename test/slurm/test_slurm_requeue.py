@@ -55,7 +55,8 @@ def submit(tmp, name):
 def finished(job):
     return job_field(job, 'JobState') in ('COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'OUT_OF_MEMORY')
 
-with tempfile.TemporaryDirectory() as tmp:
+# In the cluster's folder, which slurm-cluster removes however the test ends.
+with tempfile.TemporaryDirectory(dir=os.environ['KFSDP_SLURM_DIR']) as tmp:
     f = lambda name: os.path.join(tmp, name)
     # The uninterrupted job.
     reference = submit(tmp, 'reference')
