@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Hosts on this machine, sourced by scripts/sim-cluster and scripts/slurm-cluster: each host a network
 # namespace with one veth link (kfsdp0 inside) to a bridge in this namespace. Needs root and iproute2.
 #
