@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""A task of examples/slurm/train_gpt.sbatch killed with SIGKILL, on a local cluster (scripts/slurm-cluster): srun
-(--kill-on-bad-exit=1) ends the other tasks and the job fails within 30 s, with a message naming the task; the script
-does not requeue it (no stop marker). Skipped (exit 77) where the cluster cannot start.
+"""examples/slurm/train_gpt.sbatch on a local cluster (scripts/slurm-cluster), ended from outside: a task killed with
+SIGKILL makes srun (--kill-on-bad-exit=1) end the other tasks, and the job fails within 30 s with a message naming the
+task, not requeued; a plain `scancel` ends the job for good (the tasks save on its SIGTERM, and the script does not
+requeue a job that is no longer running). Skipped (exit 77) where the cluster cannot start.
 usage: test_slurm_faults.py SLURM_CLUSTER TRAIN_GPT DATA_FILE JOB_SCRIPT"""
 import os, re, signal, subprocess, sys, tempfile, time
 
@@ -45,19 +46,25 @@ def tasks():
 
 # In the cluster's folder, which slurm-cluster removes however the test ends.
 with tempfile.TemporaryDirectory(dir=os.environ['KFSDP_SLURM_DIR']) as tmp:
-    out_file = os.path.join(tmp, 'job.out')
-    env = {**os.environ, 'TRAIN_GPT': train_gpt, 'CHECKPOINT': os.path.join(tmp, 'run.st'), 'KFSDP_COLLECTIVE_TIMEOUT': '20'}
-    p = subprocess.run(['sbatch', '--parsable', '--chdir', tmp, '--output', out_file, job_script, *flags],
-                       capture_output=True, text=True, env=env, timeout=60)
-    if p.returncode != 0:
-        sys.exit(f'sbatch exited {p.returncode}: {p.stderr}')
-    job = p.stdout.strip().split(';')[0]
+    def submit(name):
+        env = {**os.environ, 'TRAIN_GPT': train_gpt, 'CHECKPOINT': os.path.join(tmp, f'{name}.st'),
+               'KFSDP_COLLECTIVE_TIMEOUT': '20'}
+        p = subprocess.run(['sbatch', '--parsable', '--chdir', tmp, '--output', os.path.join(tmp, f'{name}.out'),
+                            job_script, *flags], capture_output=True, text=True, env=env, timeout=60)
+        if p.returncode != 0:
+            sys.exit(f'sbatch exited {p.returncode}: {p.stderr}')
+        return p.stdout.strip().split(';')[0]
+
+    def ended(job):
+        return job_field(job, 'JobState') not in ('RUNNING', 'COMPLETING', 'PENDING', None)
+
+    out_file = os.path.join(tmp, 'killed.out')
+    job = submit('killed')
     wait_for(f'job {job} training', lambda: 'step ' in read(out_file) and len(tasks()) == 2, 60)
     victim = max(tasks())
     os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
-    wait_for(f'job {job} ended after a task was killed',
-             lambda: job_field(job, 'JobState') not in ('RUNNING', 'COMPLETING', 'PENDING', None), 60)
+    wait_for(f'job {job} ended after a task was killed', lambda: ended(job), 60)
     took = time.monotonic() - killed
     out = read(out_file)
     check(took <= 30, f'a task killed with SIGKILL: job {job} {job_field(job, "JobState")} (exit '
@@ -67,5 +74,18 @@ with tempfile.TemporaryDirectory(dir=os.environ['KFSDP_SLURM_DIR']) as tmp:
     check(message is not None, f'with a message: "{message.group(0) if message else out[-2000:]}"')
     check(not tasks(), 'no task is left')
 
-print(f'train_gpt under Slurm, a task killed: {len(failures)} checks failed')
+    # scancel: SIGTERM to the tasks and the batch shell; the tasks save, the job stays cancelled.
+    out_file = os.path.join(tmp, 'cancelled.out')
+    job = submit('cancelled')
+    wait_for(f'job {job} training', lambda: 'step ' in read(out_file) and len(tasks()) == 2, 60)
+    subprocess.run(['scancel', job], check=True, timeout=60)
+    wait_for(f'job {job} ended after scancel', lambda: ended(job), 60)
+    time.sleep(2)  # a requeue would show by now
+    out = read(out_file)
+    check(job_field(job, 'JobState') == 'CANCELLED' and job_field(job, 'Restarts') == '0' and 'requeueing' not in out,
+          f'scancel: job {job} {job_field(job, "JobState")}, {job_field(job, "Restarts")} restarts')
+    check('train_gpt: stopped by a signal at step' in out and os.path.exists(os.path.join(tmp, 'cancelled.st.stopped')),
+          'scancel: the tasks saved and left the marker (a new submission resumes)')
+
+print(f'train_gpt under Slurm, killed and cancelled: {len(failures)} checks failed')
 sys.exit(1 if failures else 0)
