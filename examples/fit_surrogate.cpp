@@ -13,7 +13,7 @@ using surrogate = sequential<"", linear<"input", 6, 64>, gelu<>,
                              linear<"output", 64, 1>, mse<>>;
 
 int main(int argc, char** argv) {
-  session job(argc, argv);  // MPI, Kokkos, the world communicator (README: Environment variables)
+  session job(argc, argv);  // MPI, Kokkos, the world communicator (docs/training.md: Environment variables)
   return job.run([&] {
     const auto train = examples::heat_samples(examples::random_sources(512, /*seed=*/1), /*grid=*/10);
     const auto test = examples::heat_samples(examples::random_sources(32, /*seed=*/1000), 10);

@@ -4,7 +4,7 @@
 //
 // Every rank holds 1/N of the parameters, gradients and optimizer state; each step all-gathers
 // the buckets it needs unit by unit (each block; the rest is the root) and reduce-scatters the
-// gradients (see README.md). The model is one descriptor (kfsdp::make_gpt); kfsdp::trainer trains it.
+// gradients (see docs/semantics.md). The model is one descriptor (kfsdp::make_gpt); kfsdp::trainer trains it.
 // kfsdp::step_log prints a line per step (loss, tokens/s, per-rank memory, bytes communicated) and
 // --metrics F writes the same as JSON lines.
 

@@ -12,7 +12,7 @@
 //     });
 //   }                                                   // groups freed, Kokkos and MPI finalised
 //
-// The environment variables it reads (README: "Environment variables"):
+// The environment variables it reads (docs/training.md, "Environment variables"):
 //   KFSDP_CHECK_COLLECTIVES   1|on|0|off  compare every collective across ranks first (on without NDEBUG)
 //   KFSDP_COLLECTIVE_TIMEOUT  seconds     a collective waiting longer throws, naming the call (600; 0: none)
 //   KFSDP_HYBRID_SHARD        N|node|0    HSDP shard groups of N consecutive ranks, or per node (0: flat)

@@ -1,7 +1,7 @@
 // Tests for include/kfsdp/optim/param_groups.hpp and adamw's groups: the layout over a 3-rank plan
 // (padding in its parameter's group), the default rule under zero gradients (2-D decays, 1-D not),
 // a group by name with lr scale 0 frozen, one all-decaying group equal to the ungrouped optimizer bit
-// for bit, padding kept zero, bad groups; and the README's snippet on a trainer.
+// for bit, padding kept zero, bad groups; and the snippet of docs/training.md on a trainer.
 #include <doctest/doctest.h>
 
 #include <kfsdp/comm/self.hpp>
@@ -155,14 +155,14 @@ TEST_CASE("bad groups name the group, the value seen and the expectation") {
         "make_param_groups: group 0: weight_decay = -0.5, expected a finite weight_decay >= 0");
 }
 
-TEST_CASE("README: a schedule and parameter groups on a trainer") {
+TEST_CASE("docs/training.md: a schedule and parameter groups on a trainer") {
   kfsdp::comm::self world;
   kfsdp::trainer<model, double, kfsdp::zero3, kfsdp::layer_bucketing> trainer(model{}, world);
   trainer.initialize(/*seed=*/0);
   const std::size_t steps = 20, rank = 0, world_size = 1;
   kfsdp::io::array_dataset data(test_values<double>(4 * 32, 1), 4, test_values<double>(32, 2), 1);
   const auto before = to_vector(trainer.engine().shards().flat());
-  // --- README snippet
+  // --- docs/training.md snippet
   kfsdp::optim::adamw<double> adam(trainer, {.lr = 1e-3, .weight_decay = 0.1},  // 1-D parameters: no decay
                                    {{.name_contains = "out.", .frozen = true}});    // the output layer frozen
   auto lr = kfsdp::optim::warmup_cosine(1e-3, /*warmup_steps=*/5, /*total_steps=*/steps, /*min_lr=*/1e-4);
