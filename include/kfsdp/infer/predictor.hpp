@@ -23,6 +23,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <type_traits>
 #include <vector>
 
@@ -49,10 +50,13 @@ class predictor {
   /// naming the file and the tensor that does not fit.
   predictor(const Model& model, const std::filesystem::path& weights)
       : table_(make_param_table(model)), network_(model, table_, wrap_options{}), context_(*this) {
-    // The weights twice (as the file holds them, 8 bytes an element at most, and converted), checked before either is read.
+    // The weights twice, as the file holds them and converted, checked before either is read.
     double numel = 0;
     for (const param_info& param : table_) numel += double(param.numel);
-    require_host_memory(numel * double(sizeof(Scalar) + 8), fmt::format("the model's weights for {}", weights.string()));
+    std::error_code no_size;
+    const auto file_bytes = std::filesystem::file_size(weights, no_size);  // a missing file is named by the load
+    require_host_memory(double(no_size ? 0 : file_bytes) + numel * double(sizeof(Scalar)),
+                        fmt::format("the model's weights for {}", weights.string()));
     const state_dict file = io::load_state_dict_file(weights, &metadata_);
     std::size_t found = 0;
     for (const param_info& param : table_) {
