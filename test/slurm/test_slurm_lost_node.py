@@ -7,33 +7,10 @@ test cancels it and submits the same script again on node0, which must resume fr
 Skipped (exit 77) where the cluster cannot start. usage: test_slurm_lost_node.py SLURM_CLUSTER TRAIN_GPT DATA_FILE JOB_SCRIPT"""
 import json, os, re, signal, struct, subprocess, sys, tempfile, time
 
-slurm_cluster, train_gpt, data, job_script = map(os.path.realpath, sys.argv[1:5])  # the jobs run elsewhere
-if 'KFSDP_SLURM_DIR' not in os.environ:
-    # Run again inside a cluster of its own, which stops its daemons however this ends (77: skipped).
-    os.execv(slurm_cluster, [slurm_cluster, '--nodes', '2', '--', sys.executable, *sys.argv])
+from slurm_jobs import arguments, check, failures, job_field, read, small_gpt, wait_for
 
-flags = ['--data', data, '--layers', '2', '--dim', '32', '--heads', '2', '--seq', '16', '--batch', '12',
-         '--dtype', 'f64', '--sample', '0', '--steps', '1000000', '--log-every', '10']
-failures = []
-
-def check(condition, what):
-    print(('ok   ' if condition else 'FAIL ') + what, flush=True)
-    if not condition: failures.append(what)
-
-def job_field(job, field):
-    p = subprocess.run(['scontrol', 'show', 'job', job], capture_output=True, text=True, timeout=60)
-    found = re.search(rf'\b{field}=(\S+)', p.stdout)
-    return found.group(1) if found else None
-
-def wait_for(what, condition, timeout):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            sys.exit(f'{what}: not after {timeout} s')
-        time.sleep(0.2)
-
-def read(path):
-    return open(path).read() if os.path.exists(path) else ''
+train_gpt, data, job_script = arguments(nodes=2)
+flags = small_gpt(data, 1000000) + ['--log-every', '10']
 
 def checkpoint_step(path):  # the "step" of a safetensors file's __metadata__
     with open(path, 'rb') as f:

@@ -5,18 +5,10 @@ node, replicas across) trains with the losses of 1 rank (double, 1e-10). Skipped
 cannot start. usage: test_slurm_nodes.py SLURM_CLUSTER TRAIN_GPT DATA_FILE JOB_SCRIPT"""
 import json, os, re, subprocess, sys, tempfile
 
-slurm_cluster, train_gpt, data, job_script = map(os.path.realpath, sys.argv[1:5])  # the jobs run elsewhere
-if 'KFSDP_SLURM_DIR' not in os.environ:
-    # Run again inside a cluster of its own, which stops its daemons however this ends (77: skipped).
-    os.execv(slurm_cluster, [slurm_cluster, '--nodes', '2', '--', sys.executable, *sys.argv])
+from slurm_jobs import arguments, check, failures, small_gpt
 
-flags = ['--data', data, '--layers', '2', '--dim', '32', '--heads', '2', '--seq', '16', '--batch', '12',
-         '--dtype', 'f64', '--sample', '0', '--steps', '3', '--sharding', 'zero3']
-failures = []
-
-def check(condition, what):
-    print(('ok   ' if condition else 'FAIL ') + what, flush=True)
-    if not condition: failures.append(what)
+train_gpt, data, job_script = arguments(nodes=2)
+flags = small_gpt(data, 3) + ['--sharding', 'zero3']
 
 def losses(name):  # rank 0's --metrics: the losses in full
     return [json.loads(line)['loss'] for line in open(os.path.join(tmp, f'{name}.jsonl'))]

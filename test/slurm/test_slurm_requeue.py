@@ -6,40 +6,18 @@ an uninterrupted job's. Skipped (exit 77) where the cluster cannot start (not ro
 usage: test_slurm_requeue.py SLURM_CLUSTER TRAIN_GPT DATA_FILE JOB_SCRIPT"""
 import os, re, subprocess, sys, tempfile, time
 
-slurm_cluster, train_gpt, data, job_script = map(os.path.abspath, sys.argv[1:5])  # the jobs run elsewhere
-if 'KFSDP_SLURM_DIR' not in os.environ:
-    # Run again inside a cluster of its own, which stops its daemons however this ends (77: skipped).
-    os.execv(slurm_cluster, [slurm_cluster, '--', sys.executable, *sys.argv])
+from slurm_jobs import arguments, check, failures, job_field, read, small_gpt, wait_for
 
+train_gpt, data, job_script = arguments()
 steps = 1000
-flags = ['--data', data, '--layers', '2', '--dim', '32', '--heads', '2', '--seq', '16', '--batch', '12',
-         '--dtype', 'f64', '--sample', '0', '--steps', str(steps), '--log-every', '10']
-failures = []
+flags = small_gpt(data, steps) + ['--log-every', '10']
 start = time.monotonic()
-
-def check(condition, what):
-    print(('ok   ' if condition else 'FAIL ') + what, flush=True)
-    if not condition: failures.append(what)
 
 def slurm(*cmd):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
         sys.exit(f'{" ".join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}')
     return p.stdout
-
-def job_field(job, field):
-    found = re.search(rf'\b{field}=(\S+)', slurm('scontrol', 'show', 'job', job))
-    return found.group(1) if found else None
-
-def wait_for(what, condition, timeout):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            sys.exit(f'{what}: not after {timeout} s')
-        time.sleep(0.2)
-
-def read(path):
-    return open(path).read() if os.path.exists(path) else ''
 
 def step_lines(text):
     return [line for line in text.splitlines() if line.startswith('step ')]
