@@ -45,3 +45,12 @@ def wait_for(what, condition, timeout):
 
 def read(path):
     return open(path).read() if os.path.exists(path) else ''
+
+
+def submit(job_script, flags, tmp, name, env, *sbatch_flags):
+    """sbatch JOB_SCRIPT FLAGS from `tmp`, its output in `tmp`/NAME.out; the job's id."""
+    p = subprocess.run(['sbatch', '--parsable', *sbatch_flags, '--chdir', tmp, '--output', os.path.join(tmp, f'{name}.out'),
+                        job_script, *flags], capture_output=True, text=True, env=env, timeout=60)
+    if p.returncode != 0:
+        sys.exit(f'sbatch exited {p.returncode}: {p.stderr}')
+    return p.stdout.strip().split(';')[0]

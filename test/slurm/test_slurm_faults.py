@@ -6,6 +6,7 @@ requeue a job that is no longer running). Skipped (exit 77) where the cluster ca
 usage: test_slurm_faults.py SLURM_CLUSTER TRAIN_GPT DATA_FILE JOB_SCRIPT"""
 import os, re, signal, subprocess, sys, tempfile, time
 
+import slurm_jobs
 from slurm_jobs import arguments, check, failures, job_field, read, small_gpt, wait_for
 
 train_gpt, data, job_script = arguments()
@@ -26,11 +27,7 @@ with tempfile.TemporaryDirectory(dir=os.environ['KFSDP_SLURM_DIR']) as tmp:
     def submit(name):
         env = {**os.environ, 'TRAIN_GPT': train_gpt, 'CHECKPOINT': os.path.join(tmp, f'{name}.st'),
                'KFSDP_COLLECTIVE_TIMEOUT': '20'}
-        p = subprocess.run(['sbatch', '--parsable', '--chdir', tmp, '--output', os.path.join(tmp, f'{name}.out'),
-                            job_script, *flags], capture_output=True, text=True, env=env, timeout=60)
-        if p.returncode != 0:
-            sys.exit(f'sbatch exited {p.returncode}: {p.stderr}')
-        return p.stdout.strip().split(';')[0]
+        return slurm_jobs.submit(job_script, flags, tmp, name, env)
 
     def ended(job):
         return job_field(job, 'JobState') not in ('RUNNING', 'COMPLETING', 'PENDING', None)

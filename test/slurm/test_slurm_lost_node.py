@@ -7,6 +7,7 @@ test cancels it and submits the same script again on node0, which must resume fr
 Skipped (exit 77) where the cluster cannot start. usage: test_slurm_lost_node.py SLURM_CLUSTER TRAIN_GPT DATA_FILE JOB_SCRIPT"""
 import json, os, re, signal, struct, subprocess, sys, tempfile, time
 
+import slurm_jobs
 from slurm_jobs import arguments, check, failures, job_field, read, small_gpt, wait_for
 
 train_gpt, data, job_script = arguments(nodes=2)
@@ -30,12 +31,7 @@ with tempfile.TemporaryDirectory(dir=os.environ['KFSDP_SLURM_DIR']) as tmp:
     env.pop('KFSDP_COLLECTIVE_TIMEOUT', None)
 
     def submit(name, nodes, per_node):
-        p = subprocess.run(['sbatch', '--parsable', f'--nodes={nodes}', f'--ntasks-per-node={per_node}', '--chdir', tmp,
-                            '--output', os.path.join(tmp, f'{name}.out'), job_script, *flags],
-                           capture_output=True, text=True, env=env, timeout=60)
-        if p.returncode != 0:
-            sys.exit(f'sbatch exited {p.returncode}: {p.stderr}')
-        return p.stdout.strip().split(';')[0]
+        return slurm_jobs.submit(job_script, flags, tmp, name, env, f'--nodes={nodes}', f'--ntasks-per-node={per_node}')
 
     out_file = os.path.join(tmp, 'lost.out')
     job = submit('lost', 2, 1)

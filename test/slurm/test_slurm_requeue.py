@@ -6,6 +6,7 @@ an uninterrupted job's. Skipped (exit 77) where the cluster cannot start (not ro
 usage: test_slurm_requeue.py SLURM_CLUSTER TRAIN_GPT DATA_FILE JOB_SCRIPT"""
 import os, re, subprocess, sys, tempfile, time
 
+import slurm_jobs
 from slurm_jobs import arguments, check, failures, job_field, read, small_gpt, wait_for
 
 train_gpt, data, job_script = arguments()
@@ -24,11 +25,7 @@ def step_lines(text):
 
 def submit(tmp, name):
     env = {**os.environ, 'TRAIN_GPT': train_gpt, 'CHECKPOINT': os.path.join(tmp, f'{name}.st'), 'SAVE_EVERY': '0'}
-    out = subprocess.run(['sbatch', '--parsable', '--chdir', tmp, '--output', os.path.join(tmp, f'{name}.out'),
-                          job_script, *flags], capture_output=True, text=True, env=env, timeout=60)
-    if out.returncode != 0:
-        sys.exit(f'sbatch exited {out.returncode}: {out.stderr}')
-    return out.stdout.strip().split(';')[0]
+    return slurm_jobs.submit(job_script, flags, tmp, name, env)
 
 def finished(job):
     return job_field(job, 'JobState') in ('COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'OUT_OF_MEMORY')
