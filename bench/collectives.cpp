@@ -52,6 +52,12 @@
 #include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/model/param_table.hpp>
 
+// The engine's per-bucket collectives, which these benchmarks drive directly (a trainer leaves them to its schedule).
+template <class Engine>
+auto buckets(Engine& engine) {
+  return kfsdp::detail::bucket_collectives(engine);
+}
+
 namespace {
 
 struct bench_options {
@@ -274,7 +280,7 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
                                    fsdp);
   Kokkos::deep_copy(engine.shards().flat(), 1.0F);
   const auto fill_full_grads = [&] {  // a step's backward: zero_grad, then the gradients
-    engine.reshard(0);
+    buckets(engine).reshard(0);
     engine.zero_grad();
     for (std::size_t p = 0; p < options.bucket_params; ++p) Kokkos::deep_copy(engine.full_grad(p), 1.0F);
   };
@@ -284,7 +290,7 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
     chunks.push_back(info.numel / world_size);
   // The engine's memory for every all-gather: bucket 0's shard, and the gathered buffer (no padding:
   // parameter 0 starts it), which the pool hands back at each unshard after a reshard.
-  engine.unshard(0);
+  buckets(engine).unshard(0);
   const std::span<const float> shard(engine.shards().bucket(0).data(), shard_numel);
   const std::span<float> gathered(engine.full_param(0).data(), shard_numel * world_size);
   const timings gather = time_forms(world, repeats,
@@ -298,8 +304,8 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
        }},
       {nothing, [&] { raw_gather_parts(world, chunks, shard, gathered); }},
       {nothing, [&] { kfsdp::comm::all_gather(world, shard, gathered); }},
-      {[&] { engine.reshard(0); }, [&] { engine.unshard(0); }});
-  engine.unshard(0);
+      {[&] { buckets(engine).reshard(0); }, [&] { buckets(engine).unshard(0); }});
+  buckets(engine).unshard(0);
   if (engine.full_param(0).data() != gathered.data())
     throw std::logic_error("bench_collectives: the engine's pool handed out another gathered buffer; the forms "
                            "no longer share their memory");
@@ -322,7 +328,7 @@ void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size
       {write_input(comm), [&] {
          kfsdp::comm::reduce_scatter_sum(world, std::span<const float>(comm.gathered), std::span(comm.shard));
        }},
-      {fill_full_grads, [&] { engine.reduce_gradients(0); }});
+      {fill_full_grads, [&] { buckets(engine).reduce_gradients(0); }});
   if (world.rank() == 0) {
     print_row("all-gather", shard_bytes, ranks, gather);
     print_row("reduce-scatter", shard_bytes, ranks, scatter);

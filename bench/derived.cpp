@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include <kfsdp/environment.hpp>
-#include <kfsdp/train/ops.hpp>
+#include <kfsdp/compute/ops.hpp>
 
 #include <hand_written.hpp>
 

@@ -32,7 +32,7 @@ module;
 #include <kfsdp/environment.hpp>
 #include <kfsdp/export.hpp>
 #include <kfsdp/expr/expression.hpp>
-#include <kfsdp/expr/rowwise_kernels.hpp>
+#include <kfsdp/compute/rowwise_kernels.hpp>
 #include <kfsdp/fsdp/bucket_unit.hpp>
 #include <kfsdp/fsdp/buffer_pool.hpp>
 #include <kfsdp/fsdp/engine.hpp>
@@ -100,12 +100,12 @@ module;
 #include <kfsdp/train/activation_meter.hpp>
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/gradient_check.hpp>
-#include <kfsdp/train/layer_params.hpp>
+#include <kfsdp/compute/layer_params.hpp>
 #include <kfsdp/train/llama.hpp>
-#include <kfsdp/train/network.hpp>
-#include <kfsdp/train/ops.hpp>
+#include <kfsdp/compute/network.hpp>
+#include <kfsdp/compute/ops.hpp>
 #include <kfsdp/train/preemption.hpp>
-#include <kfsdp/train/rowwise.hpp>
+#include <kfsdp/compute/rowwise.hpp>
 #include <kfsdp/train/step_log.hpp>
 #include <kfsdp/train/trainer.hpp>
 #ifdef KFSDP_HAVE_HDF5
@@ -446,7 +446,7 @@ using kfsdp::gpt2_init;
 export namespace kfsdp {
 using kfsdp::check_gradients;
 }
-// <kfsdp/train/layer_params.hpp>
+// <kfsdp/compute/layer_params.hpp>
 export namespace kfsdp {
 using kfsdp::layer_params;
 }

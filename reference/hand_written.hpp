@@ -2,13 +2,13 @@
 // The hand-written kernels that the derived ones replaced: the reference test/expr compares them with
 // and bench_derived times them against. Each op wraps its kernel (activation.hpp, layer_norm.hpp,
 // mse.hpp beside this) as kfsdp::compute_t's ops do; hand_written_t<Layer, S> names the op of a
-// built-in layer whose compute is derived_op (kfsdp/train/ops.hpp).
+// built-in layer whose compute is derived_op (kfsdp/compute/ops.hpp).
 
 #include "activation.hpp"
 #include "layer_norm.hpp"
 #include "mse.hpp"
 
-#include <kfsdp/train/ops.hpp>
+#include <kfsdp/compute/ops.hpp>
 
 namespace kfsdp::reference {
 

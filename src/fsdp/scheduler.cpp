@@ -84,15 +84,15 @@ void unit_scheduler<Scalar>::end_evaluation() {
 template <class Scalar>
 void unit_scheduler<Scalar>::hold_full_model() {
   const std::size_t buckets = engine_.plan().buckets.size();
-  for (std::size_t b = 0; b < buckets; ++b) engine_.begin_unshard(b);
-  for (std::size_t b = 0; b < buckets; ++b) engine_.finish_unshard(b);
+  for (std::size_t b = 0; b < buckets; ++b) buckets_.begin_unshard(b);
+  for (std::size_t b = 0; b < buckets; ++b) buckets_.finish_unshard(b);
   full_model_ = true;
 }
 
 template <class Scalar>
 void unit_scheduler<Scalar>::release_full_model() {
   full_model_ = false;
-  for (std::size_t b = 0; b < engine_.plan().buckets.size(); ++b) engine_.reshard(b);
+  for (std::size_t b = 0; b < engine_.plan().buckets.size(); ++b) buckets_.reshard(b);
 }
 
 template <class Scalar>
@@ -106,7 +106,7 @@ template <class Scalar>
 void unit_scheduler<Scalar>::after_forward(std::size_t unit) {
   expect(unit, "after_forward", {unit_state::forward});
   if (engine_.options().sharding() == sharding_strategy::zero3 && unit != 0)  // the root stays gathered
-    for (std::size_t b : units_[unit].buckets) engine_.reshard(b);
+    for (std::size_t b : units_[unit].buckets) buckets_.reshard(b);
   state_[unit] = unit_state::forward_done;
 }
 
@@ -123,15 +123,15 @@ void unit_scheduler<Scalar>::after_backward(std::size_t unit, bool sync) {
   // At most one unit of reduce-scatters in flight: the previous unit's, which ran behind this
   // unit's backward, finish now (and this unit's at once without overlap_reduce_scatter).
   for (std::size_t u : reducing_)
-    for (std::size_t b : units_[u].buckets) engine_.finish_reduce_gradients(b);
+    for (std::size_t b : units_[u].buckets) buckets_.finish_reduce_gradients(b);
   reducing_.clear();
   for (std::size_t b : units_[unit].buckets) {
-    if (sync) engine_.begin_reduce_gradients(b);
-    engine_.reshard(b);
+    if (sync) buckets_.begin_reduce_gradients(b);
+    buckets_.reshard(b);
   }
   if (sync) {
     if (engine_.options().overlap_reduce_scatter) reducing_.push_back(unit);
-    else for (std::size_t b : units_[unit].buckets) engine_.finish_reduce_gradients(b);
+    else for (std::size_t b : units_[unit].buckets) buckets_.finish_reduce_gradients(b);
   }
   state_[unit] = unit_state::backward_done;
 }
@@ -142,7 +142,7 @@ void unit_scheduler<Scalar>::reshard_all() {
     if (state_[u] == unit_state::backward)
       throw std::logic_error("kfsdp::fsdp: reshard_all() while unit " + describe(u) + " is in backward");
     for (std::size_t b : units_[u].buckets)
-      if (engine_.is_unsharded(b) || engine_.is_gathering(b)) engine_.reshard(b);
+      if (buckets_.is_unsharded(b) || buckets_.is_gathering(b)) buckets_.reshard(b);
     state_[u] = unit_state::sharded;
   }
 }
@@ -173,10 +173,10 @@ void unit_scheduler<Scalar>::expect(std::size_t unit, const char* transition, st
 
 template <class Scalar>
 void unit_scheduler<Scalar>::gather(std::size_t unit, std::optional<std::size_t> next) {
-  for (std::size_t b : units_[unit].buckets) engine_.begin_unshard(b);
+  for (std::size_t b : units_[unit].buckets) buckets_.begin_unshard(b);
   if (next)  // overlaps this unit's compute
-    for (std::size_t b : units_[checked(*next, "prefetch")].buckets) engine_.begin_unshard(b);
-  for (std::size_t b : units_[unit].buckets) engine_.finish_unshard(b);
+    for (std::size_t b : units_[checked(*next, "prefetch")].buckets) buckets_.begin_unshard(b);
+  for (std::size_t b : units_[unit].buckets) buckets_.finish_unshard(b);
 }
 
 // The unit to prefetch after `unit` in this direction (never the root: it is gathered first).

@@ -1,10 +1,10 @@
-// Row-wise expressions (include/kfsdp/expr/, train/rowwise.hpp): every primitive and every
+// Row-wise expressions (include/kfsdp/expr/, compute/rowwise.hpp): every primitive and every
 // row-wise layer passes the public gradient checker in f64, and the expression forms of the
 // built-in element-wise and row-wise layers equal the hand-written kernels (reference/).
 #include <doctest/doctest.h>
 
 #include <kfsdp/train/gradient_check.hpp>
-#include <kfsdp/train/ops.hpp>
+#include <kfsdp/compute/ops.hpp>
 
 #include <hand_written.hpp>
 

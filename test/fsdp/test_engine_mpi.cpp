@@ -14,6 +14,12 @@
 
 #include "engine_checks.hpp"
 
+// The engine's per-bucket collectives, which these tests drive directly (a trainer leaves them to its schedule).
+template <class Engine>
+auto buckets(Engine& engine) {
+  return kfsdp::detail::bucket_collectives(engine);
+}
+
 using namespace kfsdp;
 using namespace kfsdp::testing;
 
@@ -57,10 +63,10 @@ TEST_CASE("unsharded parameters are the same under none, layer and block bucketi
     CAPTURE(to_string(b));
     fsdp_engine<float> e(make_param_table(thunder_padding{}), world, {.bucketing_strategy = b});
     e.initialize(3, all_normal);
-    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.unshard(k);
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).unshard(k);
     for (std::size_t p = 0; p < e.params().size(); ++p)
       CHECK(to_host(e.full_param(p)) == expected_init<float>(e.params()[p], p, 3, all_normal));
-    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reshard(k);
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).reshard(k);
     CHECK(e.memory().unsharded_now == 0);
   }
 }
@@ -75,10 +81,10 @@ TEST_CASE("the parameter shards lie in shared memory on one node, and unshard re
     CHECK(e.shards().in_shared_memory() == (world.size() > 1));  // the tests' ranks share a node
     CHECK_FALSE(e.grads().in_shared_memory());
     e.initialize(5, all_normal);
-    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.unshard(k);
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).unshard(k);
     for (std::size_t p = 0; p < e.params().size(); ++p)
       CHECK(to_host(e.full_param(p)) == expected_init<float>(e.params()[p], p, 5, all_normal));
-    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reshard(k);
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).reshard(k);
   }
 }
 
@@ -96,7 +102,7 @@ TEST_CASE("reduce-scatter of known per-rank gradients gives the average, dividin
         const double r = world.rank();
         Kokkos::parallel_for(g.extent(0), KOKKOS_LAMBDA(std::size_t j) { g(j) = (r + 1) * double(j + 1) + double(p); });
       }
-      for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reduce_gradients(k);
+      for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).reduce_gradients(k);
       CHECK(e.memory().unsharded_now == 0);
       for (std::size_t p = 0; p < e.params().size(); ++p) {
         const auto& s = e.plan().params[p];
@@ -127,21 +133,21 @@ TEST_CASE("mixed precision: parameters gathered in bf16 / f16 are the shards rou
                             {.bucketing_strategy = b, .param_dtype = wire, .reduce_dtype = wire});
       e.initialize(3, all_normal);
       const std::size_t bytes_before = e.bytes_communicated();
-      for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.unshard(k);
+      for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).unshard(k);
       CHECK(e.bytes_communicated() - bytes_before == e.plan().shard_numel * std::size_t(ws) * 2);  // 2 bytes an element
       for (std::size_t p = 0; p < e.params().size(); ++p) {
         std::vector<double> want = expected_init<double>(e.params()[p], p, 3, all_normal);
         for (double& x : want) x = rounded(x);
         CHECK(to_host(e.full_param(p)) == want);
       }
-      for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reshard(k);
+      for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).reshard(k);
       // Small integers are exact in both: the sum is exact, the average rounds once, in Scalar.
       for (std::size_t p = 0; p < e.params().size(); ++p) {
         auto g = e.full_grad(p);
         const double r = world.rank();
         Kokkos::parallel_for(g.extent(0), KOKKOS_LAMBDA(std::size_t j) { g(j) = (r + 1) + double(p + j % 3); });
       }
-      for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reduce_gradients(k);
+      for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).reduce_gradients(k);
       CHECK(e.memory().unsharded_now == 0);
       for (std::size_t p = 0; p < e.params().size(); ++p) {
         const auto& s = e.plan().params[p];
@@ -169,7 +175,7 @@ TEST_CASE("int8 all-gather: parameters within half a block's scale of the shards
     std::size_t theory = 0;
     for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) theory += ws * int8_bucket_blocks(map, k).bytes();
     const std::size_t bytes_before = e.bytes_communicated();
-    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.unshard(k);
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).unshard(k);
     CHECK(e.bytes_communicated() - bytes_before == theory);
     for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) {
       const auto& bucket = e.plan().buckets[k];
@@ -190,7 +196,7 @@ TEST_CASE("int8 all-gather: parameters within half a block's scale of the shards
         }
       }
     }
-    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reshard(k);
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).reshard(k);
     CHECK(e.memory().unsharded_now == 0);
   }
 }
@@ -238,7 +244,7 @@ TEST_CASE("int8 gradient reduction (qgZ): the average within the quantization bo
         };
         fill();
         const std::size_t bytes_before = e.bytes_communicated();
-        for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reduce_gradients(k);
+        for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).reduce_gradients(k);
         // What crosses the wire: every shard-group rank's wire buffer of the unfrozen chunks; the
         // replicas' all-reduce in Scalar.
         std::size_t theory = 0;
@@ -276,7 +282,7 @@ TEST_CASE("int8 gradient reduction (qgZ): the average within the quantization bo
         }
         // Without zero_grad the next reduction adds: the same gradients give twice the shard.
         fill();
-        for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) e.reduce_gradients(k);
+        for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).reduce_gradients(k);
         for (std::size_t p = 0; p < e.params().size(); ++p) {
           const auto again = to_host(e.grads().chunk(p));
           std::size_t off = 0;
@@ -312,7 +318,7 @@ TEST_CASE("a parameter with dim0 below the world size: ranks holding only paddin
   CHECK(e.plan().params[bias].padding_rows == std::size_t(world.size() - 1));
   const auto chunk = to_host(e.shards().chunk(bias));
   if (world.rank() > 0) CHECK(chunk == std::vector<float>{0.0f});
-  e.unshard(e.plan().params[bias].bucket);
+  buckets(e).unshard(e.plan().params[bias].bucket);
   CHECK(to_host(e.full_param(bias)) == expected_init<float>(e.params()[bias], bias, 5, all_normal));
 }
 

@@ -12,6 +12,12 @@
 
 #include "engine_checks.hpp"
 
+// The engine's per-bucket collectives, which these tests drive directly (a trainer leaves them to its schedule).
+template <class Engine>
+auto buckets(Engine& engine) {
+  return kfsdp::detail::bucket_collectives(engine);
+}
+
 using namespace kfsdp;
 using namespace kfsdp::testing;
 
@@ -61,11 +67,11 @@ void run_units(E& engine, Forward&& on_forward, Backward&& on_backward) {
 
 // Units with a bucket unsharded or in flight right now.
 template <class E>
-std::vector<std::size_t> live_units(const E& e) {
+std::vector<std::size_t> live_units(E& e) {
   std::vector<std::size_t> live;
   for (std::size_t u = 0; u < e.units().size(); ++u)
     for (std::size_t b : e.units()[u].buckets)
-      if (e.is_unsharded(b) || e.is_gathering(b)) {
+      if (buckets(e).is_unsharded(b) || buckets(e).is_gathering(b)) {
         live.push_back(u);
         break;
       }
@@ -104,7 +110,7 @@ TEST_CASE("the schedule: zero3 holds the root and one unit in flight, zero2 keep
 
   auto check_reducing = [](auto& e, std::size_t u) {  // reduce-scatters run one unit behind the backward
     for (std::size_t t = 1; t < e.units().size(); ++t)
-      for (std::size_t b : e.units()[t].buckets) CHECK(e.is_reducing(b) == (t == u));
+      for (std::size_t b : e.units()[t].buckets) CHECK(buckets(e).is_reducing(b) == (t == u));
   };
   const std::size_t n = z3.units().size();
   run_units(
@@ -172,7 +178,7 @@ TEST_CASE("overlap_reduce_scatter = false finishes each unit's reduce-scatters a
   auto peak = [&](bool overlap) {
     fsdp<four_block_gpt, float, zero3, block_bucketing> e(four_block_gpt{}, one, {.overlap_reduce_scatter = overlap});
     run_units(e, [](std::size_t) {}, [&](std::size_t u) {
-      for (std::size_t b : e.units()[u].buckets) CHECK(e.is_reducing(b) == overlap);
+      for (std::size_t b : e.units()[u].buckets) CHECK(buckets(e).is_reducing(b) == overlap);
     });
     for (float x : testing::to_host(e.grads().flat())) CHECK(x == 1.0f);  // the same gradients either way
     return e.memory().unsharded_peak;
@@ -185,7 +191,7 @@ TEST_CASE("after zero_grad the reductions write the gradient shards; written thr
   fsdp<four_block_gpt, float, zero2, block_bucketing> e(four_block_gpt{}, one, {});
   const auto reduce_ones = [&] {
     for (std::size_t p = 0; p < e.plan().params.size(); ++p) Kokkos::deep_copy(e.full_grad(p), 1.0f);
-    for (std::size_t b = 0; b < e.plan().buckets.size(); ++b) e.reduce_gradients(b);
+    for (std::size_t b = 0; b < e.plan().buckets.size(); ++b) buckets(e).reduce_gradients(b);
   };
   const auto every_grad_is = [&](float want) {
     for (float x : testing::to_host(e.grads().flat())) CHECK(x == want);
@@ -214,7 +220,7 @@ TEST_CASE("grad_squared_norm: the sums the reductions left, or a pass now; the s
     CHECK(e.grad_squared_norm() == 0.0);
     for (std::size_t p = 0; p < e.plan().params.size(); ++p)
       Kokkos::deep_copy(e.full_grad(p), 0.5 + double(p % 3));  // unequal buckets
-    for (std::size_t b = 0; b < e.plan().buckets.size(); ++b) e.reduce_gradients(b);
+    for (std::size_t b = 0; b < e.plan().buckets.size(); ++b) buckets(e).reduce_gradients(b);
     return e.grad_squared_norm();
   };
   const double summed_when_asked = reduce_unequal_buckets();  // the default: the reductions sum nothing
@@ -266,7 +272,7 @@ TEST_CASE("the policies and the options never disagree in silence") {
 TEST_CASE("bad input to the engine is a clear exception") {
   comm::self one;
   fsdp_engine<float> e(make_param_table(thunder_padding{}), one, {.bucketing_strategy = bucketing::layer});
-  CHECK_THROWS_WITH_AS(e.unshard(2), "kfsdp::fsdp::begin_unshard: bucket is 2, expected less than 2", std::out_of_range);
+  CHECK_THROWS_WITH_AS(buckets(e).unshard(2), "kfsdp::fsdp::begin_unshard: bucket is 2, expected less than 2", std::out_of_range);
   CHECK_THROWS_WITH_AS((void)e.full_param(0), "kfsdp::fsdp::full_param: '0.weight' is sharded (bucket 0); unshard it first",
                        std::logic_error);
   CHECK_THROWS_WITH_AS((void)e.full_grad(4), "kfsdp::fsdp::full_grad: param is 4, expected less than 4", std::out_of_range);

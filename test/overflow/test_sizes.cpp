@@ -21,7 +21,7 @@
 #include <kfsdp/nn/embedding.hpp>
 #include <kfsdp/nn/linear.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
-#include <kfsdp/train/network.hpp>
+#include <kfsdp/compute/network.hpp>
 #include <kfsdp/train/trainer.hpp>
 
 #include <activation.hpp>
@@ -120,8 +120,7 @@ TEST_CASE("the layers' buffer sizes") {
 TEST_CASE("a network built with them: the activations' sizes stop the forward") {
   using model = kfsdp::sequential<"", kfsdp::linear<"fc">, kfsdp::relu<>, kfsdp::mse<>>;
   const model m(kfsdp::linear<"fc">(pow2(30), pow2(30)), {}, {});
-  const auto table = kfsdp::make_param_table(m);
-  kfsdp::network<model, double> net(m, table, {});
+  kfsdp::network<model, double> net(m);
   no_params_pass pass;
   std::array<double, 4> storage{};
   // A batch of 2^40 rows × 2^30 features: fc's output [2^40, 2^30] has 2^70 elements.
@@ -129,8 +128,7 @@ TEST_CASE("a network built with them: the activations' sizes stop the forward") 
   check_overflow([&] { (void)net.forward(pass, x); }, {"layer 'fc'", text(pow2(40)), text(pow2(30))});
   // 2^31 rows into a linear(4, 1): 16 GiB of output would fit 64 bits, the kernels' int rows do not.
   const model narrow(kfsdp::linear<"fc">(4, 1), {}, {});
-  const auto narrow_table = kfsdp::make_param_table(narrow);
-  kfsdp::network<model, double> narrow_net(narrow, narrow_table, {});
+  kfsdp::network<model, double> narrow_net(narrow);
   const kfsdp::nn::const_matrix<double> tall(storage.data(), pow2(31), 4);
   check_overflow([&] { (void)narrow_net.forward(pass, tall); }, {"layer 'fc'", text(pow2(31)), "rows", "at most 2147483647"});
 }

@@ -5,7 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <kfsdp/train/gradient_check.hpp>
-#include <kfsdp/train/ops.hpp>
+#include <kfsdp/compute/ops.hpp>
 
 #include <cmath>
 #include <cstddef>

@@ -8,11 +8,13 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <kfsdp/comm/mpi.hpp>
 #include <kfsdp/comm/self.hpp>
+#include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/gradient_check.hpp>
@@ -157,6 +159,25 @@ TEST_CASE("gradient accumulation over 2 micro-batches equals one batch, both mod
     check_same(train<kfsdp::zero3, kfsdp::layer_bucketing>(world, false, 2, mode), reference);
     check_same(train<kfsdp::zero2, kfsdp::block_bucketing>(world, true, 2, mode), reference);
   }
+}
+
+// What trainer.engine() gives a user: no per-bucket collective (the trainer's schedule alone issues them).
+template <class E>
+concept exposes_bucket_collectives =
+    requires(E& e) { e.begin_unshard(0); } || requires(E& e) { e.finish_unshard(0); } || requires(E& e) { e.unshard(0); } ||
+    requires(E& e) { e.reshard(0); } || requires(E& e) { e.begin_reduce_gradients(0); } ||
+    requires(E& e) { e.finish_reduce_gradients(0); } || requires(E& e) { e.reduce_gradients(0); };
+using surrogate_trainer = kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::block_bucketing>;
+static_assert(!exposes_bucket_collectives<std::remove_reference_t<decltype(std::declval<surrogate_trainer&>().engine())>>);
+static_assert(exposes_bucket_collectives<kfsdp::detail::bucket_collectives<double>>);  // the check sees them where they are
+
+TEST_CASE("a trainer builds its model's graph once and assigns its units once") {
+  kfsdp::comm::mpi world;
+  const std::size_t graphs = kfsdp::detail::model_graphs_built, assignments = kfsdp::detail::unit_assignments_made;
+  surrogate_trainer t(surrogate{}, world);
+  CHECK(kfsdp::detail::model_graphs_built - graphs == 1);
+  CHECK(kfsdp::detail::unit_assignments_made - assignments == 1);
+  CHECK(t.units().size() == 4);  // the schedule's units and the network's are the one assignment's
 }
 
 TEST_CASE("the units come from the tree; a hook out of order names the unit and its state") {

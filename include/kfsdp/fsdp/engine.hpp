@@ -14,11 +14,12 @@
 //
 //   kfsdp::fsdp_engine<float> e(kfsdp::make_param_table(model), comm, {.bucketing_strategy = kfsdp::bucketing::layer});
 //   e.initialize(seed, choose_init);        // each rank evaluates its own rows only
-//   e.unshard(b);                          // all-gather bucket b
-//   auto w = e.full_param(p);              // the full, unpadded parameter p (dim0 · row_numel)
-//   e.full_grad(p) ...                     // accumulate p's full gradient here
-//   e.reduce_gradients(b);                 // pack, reduce-scatter, divide by world size
-//   e.reshard(b);                          // free the unsharded buffers
+// and, through the schedule (fsdp/scheduler.hpp), which alone issues a bucket's collectives:
+//   unshard(b)                             all-gather bucket b
+//   e.full_param(p)                        the full, unpadded parameter p (dim0 · row_numel)
+//   e.full_grad(p) ...                     accumulate p's full gradient here
+//   reduce_gradients(b)                    pack, reduce-scatter, divide by world size
+//   reshard(b)                             free the unsharded buffers
 
 #include <cmath>
 #include <cstddef>
@@ -77,6 +78,11 @@ struct param_range {
   std::size_t last = 0;
 };
 
+namespace detail {
+template <class Scalar>
+class bucket_collectives;
+}
+
 KFSDP_EXPORT template <class Scalar>
 class fsdp_engine {
  public:
@@ -111,11 +117,14 @@ class fsdp_engine {
   [[nodiscard]] std::size_t param_index(std::string_view name) const;
 
   [[nodiscard]] sharded_storage<Scalar>& shards() noexcept { return shards_; }
+  [[nodiscard]] const sharded_storage<Scalar>& shards() const noexcept { return shards_; }
   // Write access to the gradient shards: from here on every bucket's next reduction adds into them.
   [[nodiscard]] sharded_storage<Scalar>& grads() noexcept {
     for (auto& unit : units_) unit.set_shard_grads_zero(false);
     return grads_;
   }
+  // Read access to the gradient shards, without grads()'s effect on the next reduction.
+  [[nodiscard]] const sharded_storage<Scalar>& grad_shards() const noexcept { return grads_; }
 
   // --- initialisation (collective when options().broadcast_from is set) ---
   // Every parameter from choose(info): zeros, ones or normal(0, std) keyed by (seed, parameter,
@@ -132,30 +141,11 @@ class fsdp_engine {
   // The same for the gradient shards: the full, averaged gradients under the parameters' names.
   [[nodiscard]] state_dict original_grad_dict(bool rank0_only = false);
 
-  // --- one bucket's collectives ---
-  void begin_unshard(std::size_t bucket);   // issue the all-gather (non-blocking)
-  void finish_unshard(std::size_t bucket);  // wait for it
-  void unshard(std::size_t bucket) {
-    begin_unshard(bucket);
-    finish_unshard(bucket);
-  }
-  void reshard(std::size_t bucket);  // free the bucket's unsharded parameters
-  [[nodiscard]] bool is_unsharded(std::size_t bucket) const;
-  [[nodiscard]] bool is_gathering(std::size_t bucket) const;
+  // --- the full parameters and gradients of gathered buckets (what a pass's layers read and write) ---
   // The full, unpadded parameter (dim0 · row_numel, row-major) while its bucket is unsharded.
   [[nodiscard]] flat_view full_param(std::size_t param) const;
   // Where parameter `param`'s full gradient accumulates (zero when first asked for).
   [[nodiscard]] flat_view full_grad(std::size_t param);
-  // Packs the bucket's full gradients, reduce-scatters them with SUM, divides by world size and
-  // adds the result to the gradient shards; frees the full gradients (collective). The begin /
-  // finish halves let the reduce-scatter run behind the next unit's backward.
-  void begin_reduce_gradients(std::size_t bucket);
-  void finish_reduce_gradients(std::size_t bucket);
-  void reduce_gradients(std::size_t bucket) {
-    begin_reduce_gradients(bucket);
-    finish_reduce_gradients(bucket);
-  }
-  [[nodiscard]] bool is_reducing(std::size_t bucket) const;
   // Finishes every reduce-scatter still in flight (before the optimizer reads the gradients).
   void finish_gradient_reductions();
   // Zeros the gradient shards; each bucket's next reduction then writes its shard instead of
@@ -201,6 +191,28 @@ class fsdp_engine {
 
  private:
   class state_dict_io;  // src/fsdp/state_dict_io.cpp
+  friend class detail::bucket_collectives<Scalar>;
+
+  // --- one bucket's collectives (the schedule's alone: detail::bucket_collectives) ---
+  void begin_unshard(std::size_t bucket);   // issue the all-gather (non-blocking)
+  void finish_unshard(std::size_t bucket);  // wait for it
+  void unshard(std::size_t bucket) {
+    begin_unshard(bucket);
+    finish_unshard(bucket);
+  }
+  void reshard(std::size_t bucket);  // free the bucket's unsharded parameters
+  [[nodiscard]] bool is_unsharded(std::size_t bucket) const;
+  [[nodiscard]] bool is_gathering(std::size_t bucket) const;
+  // Packs the bucket's full gradients, reduce-scatters them with SUM, divides by world size and
+  // adds the result to the gradient shards; frees the full gradients (collective). The begin /
+  // finish halves let the reduce-scatter run behind the next unit's backward.
+  void begin_reduce_gradients(std::size_t bucket);
+  void finish_reduce_gradients(std::size_t bucket);
+  void reduce_gradients(std::size_t bucket) {
+    begin_reduce_gradients(bucket);
+    finish_reduce_gradients(bucket);
+  }
+  [[nodiscard]] bool is_reducing(std::size_t bucket) const;
 
   void check_bucket(std::size_t bucket, const char* where) const;
   void check_param(std::size_t param, const char* where) const;
@@ -223,6 +235,31 @@ class fsdp_engine {
   std::deque<std::size_t> inflight_;  // buckets whose all-gather is issued, oldest first
   std::size_t max_inflight_ = 0;
 };
+
+namespace detail {
+// The engine's per-bucket collectives, private to it: the schedule (fsdp/scheduler.hpp) issues them
+// through this handle, as do kfsdp's own tests and benchmarks of the collectives.
+//   kfsdp::detail::bucket_collectives buckets(engine);
+//   buckets.unshard(b);  ...  buckets.reduce_gradients(b);  buckets.reshard(b);
+template <class Scalar>
+class bucket_collectives {
+ public:
+  explicit bucket_collectives(fsdp_engine<Scalar>& engine) noexcept : e_(engine) {}
+  void begin_unshard(std::size_t bucket) { e_.begin_unshard(bucket); }
+  void finish_unshard(std::size_t bucket) { e_.finish_unshard(bucket); }
+  void unshard(std::size_t bucket) { e_.unshard(bucket); }
+  void reshard(std::size_t bucket) { e_.reshard(bucket); }
+  [[nodiscard]] bool is_unsharded(std::size_t bucket) const { return e_.is_unsharded(bucket); }
+  [[nodiscard]] bool is_gathering(std::size_t bucket) const { return e_.is_gathering(bucket); }
+  void begin_reduce_gradients(std::size_t bucket) { e_.begin_reduce_gradients(bucket); }
+  void finish_reduce_gradients(std::size_t bucket) { e_.finish_reduce_gradients(bucket); }
+  void reduce_gradients(std::size_t bucket) { e_.reduce_gradients(bucket); }
+  [[nodiscard]] bool is_reducing(std::size_t bucket) const { return e_.is_reducing(bucket); }
+
+ private:
+  fsdp_engine<Scalar>& e_;
+};
+}  // namespace detail
 
 extern template class fsdp_engine<float>;
 extern template class fsdp_engine<double>;

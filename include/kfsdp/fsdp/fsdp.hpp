@@ -34,8 +34,6 @@
 
 namespace kfsdp {
 
-template <descriptor Model, class Scalar, class... Policies>
-class trainer;
 namespace detail {
 struct scheduler_access;
 }
@@ -44,7 +42,6 @@ KFSDP_EXPORT template <descriptor Model, class Scalar, class... Policies>
 class fsdp : public fsdp_engine<Scalar> {
   using policies = detail::fsdp_policies<Policies...>;
   using engine = fsdp_engine<Scalar>;
-  friend class trainer<Model, Scalar, Policies...>;
   friend struct detail::scheduler_access;
 
  public:
@@ -55,13 +52,7 @@ class fsdp : public fsdp_engine<Scalar> {
   //   using sharded = kfsdp::fsdp<kfsdp::gpt<48, 1600, 1024>, float, kfsdp::zero3, kfsdp::static_world_size<8>>;
   //   static_assert(4 * sharded::static_plan.shard_numel * sizeof(float) < (std::size_t(80) << 30));  // fits a GPU
   static constexpr std::size_t static_world_size = policies::world_size;
-  static constexpr auto static_plan = [] {
-    if constexpr (static_world_size == 0) {
-      return std::nullopt;
-    } else {
-      return static_shard_plan<Model, static_world_size, bucketing_strategy>;  // needs a fully static Model
-    }
-  }();
+  static constexpr auto static_plan = detail::static_plan_of<policies, Model>();
 
   using unit_state = typename unit_scheduler<Scalar>::unit_state;
 
@@ -81,30 +72,10 @@ class fsdp : public fsdp_engine<Scalar> {
  private:
   // The engine's table and the units both from one graph of the model.
   fsdp(const model_graph& graph, const Model& model, comm::any_communicator comm, fsdp_options options)
-      : engine(graph.params, std::move(comm), with_policies(options), planned()),
+      : engine(graph.params, std::move(comm), detail::with_policies<policies>(std::move(options), "kfsdp::fsdp"), detail::planned<policies, Model>()),
         model_(model),
         schedule_(*this, make_units(graph, this->plan(), this->options().wrap)) {}
 
-  // The engine's plan: the compile-time one with static_world_size<N> (checked against the communicator).
-  static std::optional<shard_plan> planned() {
-    if constexpr (static_world_size == 0)
-      return std::nullopt;
-    else
-      return to_dynamic(static_plan);
-  }
-  static fsdp_options with_policies(fsdp_options o) {
-    if (o.sharding_strategy && *o.sharding_strategy != sharding)
-      throw std::invalid_argument("kfsdp::fsdp: options.sharding_strategy is " + std::string(to_string(*o.sharding_strategy)) +
-                                  ", but the policies select " + std::string(to_string(sharding)) +
-                                  " (leave it unset, or make them agree)");
-    if (o.bucketing_strategy && *o.bucketing_strategy != bucketing_strategy)
-      throw std::invalid_argument("kfsdp::fsdp: options.bucketing_strategy is " +
-                                  std::string(to_string(*o.bucketing_strategy)) + ", but the policies select " +
-                                  std::string(to_string(bucketing_strategy)) + " (leave it unset, or make them agree)");
-    o.sharding_strategy = sharding;
-    o.bucketing_strategy = bucketing_strategy;
-    return o;
-  }
   Model model_;
   unit_scheduler<Scalar> schedule_;
 };

@@ -8,10 +8,13 @@
 
 #include <cstddef>
 #include <optional>
+#include <stdexcept>
+#include <string>
 
 #include <kfsdp/comm/any_communicator.hpp>
 #include <kfsdp/fsdp/policies.hpp>
-#include <kfsdp/fsdp/units.hpp>
+#include <kfsdp/model/unit_assignment.hpp>
+#include <kfsdp/plan/shard_plan.hpp>
 
 namespace kfsdp {
 
@@ -51,7 +54,7 @@ KFSDP_EXPORT struct fsdp_options {
   // replicated across groups; gradients are reduce-scattered in the group, then all-reduced over
   // the replicas on the shard. nullopt: flat FSDP over the engine's communicator.
   std::optional<comm::any_communicator> replica_group{};
-  // Which parts of the model are FSDP units (fsdp/units.hpp): each block by default.
+  // Which parts of the model are units (model/unit_assignment.hpp): each block by default.
   wrap_options wrap{};
 
   [[nodiscard]] kfsdp::sharding_strategy sharding() const noexcept {
@@ -59,5 +62,37 @@ KFSDP_EXPORT struct fsdp_options {
   }
   [[nodiscard]] kfsdp::bucketing bucketing() const noexcept { return bucketing_strategy.value_or(kfsdp::bucketing::none); }
 };
+
+namespace detail {
+// What the policy tags of fsdp<> and trainer<> fix (P: fsdp_policies<Policies...>): the options'
+// sharding and bucketing, where set, must be the policies' (std::invalid_argument naming both).
+template <class P>
+fsdp_options with_policies(fsdp_options o, const char* who) {
+  if (o.sharding_strategy && *o.sharding_strategy != P::sharding)
+    throw std::invalid_argument(std::string(who) + ": options.sharding_strategy is " + std::string(to_string(*o.sharding_strategy)) +
+                                ", but the policies select " + std::string(to_string(P::sharding)) +
+                                " (leave it unset, or make them agree)");
+  if (o.bucketing_strategy && *o.bucketing_strategy != P::bucketing_strategy)
+    throw std::invalid_argument(std::string(who) + ": options.bucketing_strategy is " + std::string(to_string(*o.bucketing_strategy)) +
+                                ", but the policies select " + std::string(to_string(P::bucketing_strategy)) +
+                                " (leave it unset, or make them agree)");
+  o.sharding_strategy = P::sharding;
+  o.bucketing_strategy = P::bucketing_strategy;
+  return o;
+}
+// With static_world_size<N>: the plan computed at compile time (the model must be fully static);
+// std::nullopt where the communicator sets the world size.
+template <class P, class Model>
+constexpr auto static_plan_of() {
+  if constexpr (P::world_size == 0) return std::nullopt;
+  else return static_shard_plan<Model, P::world_size, P::bucketing_strategy>;
+}
+// The engine's plan: the compile-time one (checked against the communicator), or nullopt.
+template <class P, class Model>
+std::optional<shard_plan> planned() {
+  if constexpr (P::world_size == 0) return std::nullopt;
+  else return to_dynamic(static_plan_of<P, Model>());
+}
+}  // namespace detail
 
 }  // namespace kfsdp

@@ -16,8 +16,8 @@
 // Each unit walks sharded -> forward -> forward done -> backward -> backward done; a transition out
 // of that order throws std::logic_error naming the unit and the state it was in.
 //
-// The scheduler is private to kfsdp::fsdp<>: kfsdp::trainer drives it, so a user's code cannot
-// call a transition out of the trainer's schedule.
+// kfsdp::trainer owns and drives it, so a user's code cannot call a transition out of the
+// trainer's schedule; it alone issues the engine's per-bucket collectives.
 
 #include <cstddef>
 #include <initializer_list>
@@ -85,6 +85,7 @@ class unit_scheduler {
   void region(std::string name);
 
   fsdp_engine<Scalar>& engine_;
+  detail::bucket_collectives<Scalar> buckets_{engine_};  // the engine's per-bucket collectives, issued here alone
   std::vector<fsdp_unit> units_;
   std::vector<unit_state> state_;
   std::vector<std::size_t> reducing_;  // units whose reduce-scatters are in flight

@@ -36,7 +36,7 @@
 #include <kfsdp/meta/half.hpp>
 #include <kfsdp/meta/host_memory.hpp>  // require_host_memory
 #include <kfsdp/model/param_table.hpp>
-#include <kfsdp/train/network.hpp>
+#include <kfsdp/compute/network.hpp>
 
 namespace kfsdp {
 
@@ -49,7 +49,7 @@ class predictor {
   /// Loads `weights` into `model`'s parameters; throws (std::invalid_argument, io::format_error)
   /// naming the file and the tensor that does not fit.
   predictor(const Model& model, const std::filesystem::path& weights)
-      : table_(make_param_table(model)), network_(model, table_, wrap_options{}), context_(*this) {
+      : table_(make_param_table(model)), network_(model), context_(*this) {
     // The weights twice, as the file holds them and converted, checked before either is read.
     double numel = 0;
     for (const param_info& param : table_) numel += double(param.numel);

@@ -20,7 +20,7 @@
 //     constexpr auto params() const { return std::array{kfsdp::param_decl{"weight", {Dim}, {kfsdp::init_rule::ones}}}; }
 //   };
 //
-// Its compute is derived from an expression (model/rowwise.hpp) or written by hand (train/ops.hpp).
+// Its compute is derived from an expression (model/rowwise.hpp) or written by hand (compute/ops.hpp).
 //
 // Sizes are static (template arguments) or `kfsdp::dyn` (given to the constructor at run time):
 // a zero static size is a compile error, a zero run-time size an exception — from the same check.

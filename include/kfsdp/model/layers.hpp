@@ -11,7 +11,7 @@
 //   rotary_embedding<"", 4, 2, 16, 32>   (RoPE on q and k)           [rows, 128] -> [rows, 128]
 //   cross_entropy<"", 256>, mse<>                                    loss layers (targets)
 // A size may be kfsdp::dyn and given to the constructor: linear<"fc", dyn, dyn>(in, out).
-// Each layer's compute (forward, backward) is kfsdp::compute_t<Layer, Scalar> (train/ops.hpp), chosen by
+// Each layer's compute (forward, backward) is kfsdp::compute_t<Layer, Scalar> (compute/ops.hpp), chosen by
 // Layer::anonymous, the layer with its name "": nvcc deduces no fixed_string in a partial specialization.
 
 #include <array>

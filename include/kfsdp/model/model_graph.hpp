@@ -20,11 +20,13 @@
 // (param_table<M> is built from it there).
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <kfsdp/meta/inline_string.hpp>
@@ -202,11 +204,15 @@ constexpr void resolve_ties(model_graph& graph) {
   }
 }
 
+
+// Graphs built at run time in this process: kfsdp's tests check that a trainer builds its model's once.
+inline std::atomic<std::size_t> model_graphs_built{0};
 }  // namespace detail
 
 // The graph of `model` (run-time sizes allowed; usable in constant evaluation).
 KFSDP_EXPORT template <descriptor Model>
 constexpr model_graph make_model_graph(const Model& model) {
+  if (!std::is_constant_evaluated()) detail::model_graphs_built.fetch_add(1, std::memory_order_relaxed);
   model_graph graph;
   detail::walk_state state;
   detail::walk_model(model, inline_string<max_param_name>(Model::name.view()), no_node, false, state, graph);

@@ -1,7 +1,7 @@
 #pragma once
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Layers written as one expression over a row (kfsdp::expr): the forward is the expression, the
-// backward is derived from it, both run as fused kernels (train/rowwise.hpp).
+// backward is derived from it, both run as fused kernels (compute/rowwise.hpp).
 //
 // A descriptor derives from kfsdp::rowwise<Name> (features in, features out) or
 // kfsdp::rowwise_loss<Name> (features and a target row in, the mean loss out), declares its
@@ -34,7 +34,7 @@ KFSDP_EXPORT template <fixed_string Name>
 struct rowwise {
   static constexpr auto name = Name;
   static constexpr layer_kind kind = layer_kind::layer;
-  using rowwise_tag = void;  // the compute is derived from `expression` (train/rowwise.hpp)
+  using rowwise_tag = void;  // the compute is derived from `expression` (compute/rowwise.hpp)
   constexpr std::array<param_decl, 0> params() const { return {}; }
 };
 

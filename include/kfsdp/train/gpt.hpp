@@ -32,7 +32,7 @@
 
 namespace kfsdp {
 
-// The run-time GPT's compute is compiled once, in kernels/train/gpt.cpp.
+// The run-time GPT's compute is compiled once, in kernels/compute/gpt.cpp.
 extern template class network<gpt_descriptor, float>;
 extern template class network<gpt_descriptor, double>;
 

@@ -2,7 +2,7 @@
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::check_gradients(layer): a layer's backward against central differences of its forward,
 // in double, for every element of every parameter and of the input — for any layer: built-in,
-// derived from an expression, or hand-written to the contract of train/ops.hpp.
+// derived from an expression, or hand-written to the contract of compute/ops.hpp.
 //
 //   auto report = kfsdp::check_gradients(rms_norm<"norm", 64>{});
 //   // report.max_relative_error 3.1e-12 at "weight[17]"; CHECK(report.max_relative_error < 1e-8)
@@ -15,7 +15,7 @@
 // two second-order differences (step h and 2h) disagree by more than 1 %, the function is not
 // smooth within 2h of the point (a kink of relu, abs, max): the element is counted as skipped.
 
-#include <kfsdp/train/ops.hpp>
+#include <kfsdp/compute/ops.hpp>
 
 #include <Kokkos_Core.hpp>
 

@@ -1,7 +1,7 @@
 #pragma once
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Llama's training helpers: transformers' initialisation of LlamaForCausalLM, and the run-time
-// Llama's compute compiled once (kernels/train/llama.cpp).
+// Llama's compute compiled once (kernels/compute/llama.cpp).
 //
 //   auto model = kfsdp::make_llama({.layers = 2, .dim = 64, .hidden = 176, .heads = 4, .kv_heads = 2});
 //   kfsdp::trainer<decltype(model), float, kfsdp::zero3> t(model, world);

@@ -1,8 +1,9 @@
 #pragma once
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::trainer<Model, Scalar, Policies...> — trains any model descriptor with FSDP: it owns the
-// engine (fsdp<Model, Scalar, Policies...>), runs forward unit by unit through the engine's
-// schedule (the root first, each unit gathered with the next one prefetched, ZeRO2 or ZeRO3),
+// engine (fsdp_engine<Scalar>), its schedule (unit_scheduler) and the model's compute (network),
+// each built from one graph of the model; it runs forward unit by unit through the schedule
+// (the root first, each unit gathered with the next one prefetched, ZeRO2 or ZeRO3),
 // backward in reverse (reduce-scatters behind the next unit's backward), and owns the order of a
 // step: zero_grad, every micro-batch, finishing the reductions, clipping, the optimizer.
 //
@@ -18,12 +19,18 @@
 
 #include <fmt/format.h>
 
-#include <kfsdp/fsdp/fsdp.hpp>
+#include <kfsdp/compute/network.hpp>
+#include <kfsdp/fsdp/engine.hpp>
+#include <kfsdp/fsdp/options.hpp>
+#include <kfsdp/fsdp/scheduler.hpp>
 #include <kfsdp/fsdp/trace.hpp>
+#include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/meta/enum_names.hpp>
+#include <kfsdp/meta/type_list.hpp>
+#include <kfsdp/model/model_graph.hpp>
+#include <kfsdp/model/unit_assignment.hpp>
 #include <kfsdp/optim/clip.hpp>
 #include <kfsdp/train/activation_meter.hpp>
-#include <kfsdp/train/network.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -101,8 +108,9 @@ struct target_of<D> {
 };
 }  // namespace detail
 
-// Everything of kfsdp::trainer but the engine's policies: compiled once per model and scalar type
-// (a program choosing the policies at run time instantiates six trainers, one trainer_core).
+// Everything of kfsdp::trainer but the policy tags: compiled once per model and scalar type (a
+// program choosing the policies at run time instantiates six trainers, one trainer_core). It owns
+// the engine, the schedule and the network as members, built in that order from one graph.
 template <descriptor Model, class Scalar>
 class trainer_core {
   static_assert(std::is_same_v<output_t<Model>, loss>, "kfsdp::trainer: the model must end in a loss layer (cross_entropy, mse)");
@@ -120,8 +128,9 @@ class trainer_core {
   trainer_core(const trainer_core&) = delete;
   trainer_core& operator=(const trainer_core&) = delete;
 
-  // The engine (its policy-independent part; trainer::engine() gives the fsdp<...> type itself).
+  // The engine: the shards, the gradients, state dicts (its per-bucket collectives are the schedule's alone).
   [[nodiscard]] fsdp_engine<Scalar>& engine() noexcept { return engine_; }
+  [[nodiscard]] const fsdp_engine<Scalar>& engine() const noexcept { return engine_; }
   [[nodiscard]] const std::vector<fsdp_unit>& units() const noexcept { return schedule_.units(); }
   [[nodiscard]] trainer_options& options() noexcept { return options_; }
 
@@ -235,13 +244,27 @@ class trainer_core {
   [[nodiscard]] std::size_t peak_activation_bytes() const noexcept { return peak_activations_; }
 
  protected:
-  trainer_core(fsdp_engine<Scalar>& engine, unit_scheduler<Scalar>& schedule, const Model& model, trainer_options t)
-      : engine_(engine), schedule_(schedule), network_(model, engine.params(), engine.options().wrap), options_(t), pass_(engine, schedule) {
+  // The plan is make_shard_plan's for the communicator, or `plan` (a static_world_size trainer's).
+  trainer_core(const Model& model, comm::any_communicator comm, const fsdp_options& options, trainer_options t,
+               std::optional<shard_plan> plan = std::nullopt)
+      : trainer_core(make_model_graph(model), model, std::move(comm), options, t, std::move(plan)) {}
+
+ private:
+  // One graph, its units assigned once: the engine takes its table, the schedule and the network its units.
+  trainer_core(const model_graph& graph, const Model& model, comm::any_communicator comm, const fsdp_options& options,
+               trainer_options t, std::optional<shard_plan> plan)
+      : trainer_core(graph, assign_units(graph, options.wrap), model, std::move(comm), options, t, std::move(plan)) {}
+  trainer_core(const model_graph& graph, const unit_assignment& units, const Model& model, comm::any_communicator comm,
+               const fsdp_options& options, trainer_options t, std::optional<shard_plan> plan)
+      : engine_(graph.params, std::move(comm), options, std::move(plan)),
+        schedule_(engine_, make_units(graph, units, engine_.plan())),
+        network_(model, graph, units),
+        options_(t),
+        pass_(engine_, schedule_) {
     activation_meter::install();
     engine_.set_grad_norm_with_reductions(true);  // step() reads the norm every time
   }
 
- private:
   static std::size_t rows_of(const input_type& x) { return x.extent(0); }
 
   // Where a step went non-finite, for its error: with a non-finite loss, the first layer (in forward
@@ -266,12 +289,14 @@ class trainer_core {
       hit.assign(layers, 0.0);
       for (std::size_t i = 0; i < pass_.checked.size(); ++i)
         if (!pass_.checked[i].finite) hit[i % layers] = 1.0;
-      for (const auto& [layer, unit, finite] : std::span(pass_.checked).first(layers))  // the unit where it is not the layer
-        places.push_back(fmt::format("the output of layer '{}'{}", layer, unit == layer ? "" : " (unit '" + unit + "')"));
+      for (const auto& [layer, unit, finite] : std::span(pass_.checked).first(layers)) {  // the unit where it is not the layer
+        const std::string& name = unit < schedule_.units().size() ? schedule_.units()[unit].name : layer;
+        places.push_back(fmt::format("the output of layer '{}'{}", layer, name == layer ? "" : " (unit '" + name + "')"));
+      }
       hit.push_back(1.0);  // every layer's output finite: the loss layer made it
       places.push_back("the loss layer (its input is finite)");
     } else {
-      const auto grads = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), engine_.grads().flat());
+      const auto grads = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), engine_.grad_shards().flat());
       for (std::size_t p = 0; p < engine_.params().size(); ++p) {
         const auto chunk = engine_.mapping().chunk(p);
         bool finite = true;
@@ -308,12 +333,13 @@ class trainer_core {
     schedule_.end_evaluation();
   }
 
-  // A pass's view of the engine: the full parameters and gradients the layers read and write.
+  // A pass's view of the engine: the full parameters and gradients the layers read and write, and
+  // the schedule that gathers each unit as the network enters it.
   class training_pass final : public pass_context<Scalar> {
    public:
-    training_pass(fsdp_engine<Scalar>& engine, unit_scheduler<Scalar>& schedule) : engine_(engine) {
-      this->schedule = &schedule;
-    }
+    training_pass(fsdp_engine<Scalar>& engine, unit_scheduler<Scalar>& schedule) : engine_(engine), schedule_(schedule) {}
+    void enter_forward(std::size_t unit) override { schedule_.enter_forward(unit); }
+    void enter_backward(std::size_t unit) override { schedule_.enter_backward(unit); }
     void set_targets(nn::const_index_vector ids) { this->target_ids = ids; }
     void set_targets(nn::const_matrix<Scalar> v) { this->target_values = v; }
     layer_params<const Scalar> params(std::span<const std::size_t> indices) override {
@@ -329,35 +355,34 @@ class trainer_core {
 
    private:
     fsdp_engine<Scalar>& engine_;
+    unit_scheduler<Scalar>& schedule_;
   };
 
-  fsdp_engine<Scalar>& engine_;
-  unit_scheduler<Scalar>& schedule_;
+  fsdp_engine<Scalar> engine_;
+  unit_scheduler<Scalar> schedule_;  // holds engine_ by reference: declared after it
   network<Model, Scalar> network_;
   trainer_options options_;
   training_pass pass_;
   std::size_t peak_activations_ = 0;
 };
 
-namespace detail {
-// Constructed before trainer_core, which keeps references to it.
-template <class Engine>
-struct engine_holder {
-  Engine held;
-};
-}  // namespace detail
-
+// The policy tags (fsdp/policies.hpp: any order, each defaulted: zero2, no_bucketing) fix the
+// options' sharding and bucketing; with static_world_size<N> the plan is computed at compile time.
 KFSDP_EXPORT template <descriptor Model, class Scalar, class... Policies>
-class trainer : private detail::engine_holder<fsdp<Model, Scalar, Policies...>>, public trainer_core<Model, Scalar> {
-  using holder = detail::engine_holder<fsdp<Model, Scalar, Policies...>>;
+class trainer : public trainer_core<Model, Scalar> {
+  using policies = detail::fsdp_policies<Policies...>;
 
  public:
-  using engine_type = fsdp<Model, Scalar, Policies...>;
+  static constexpr kfsdp::sharding_strategy sharding = policies::sharding;
+  static constexpr kfsdp::bucketing bucketing_strategy = policies::bucketing_strategy;
+  // N of static_world_size<N> (0: the communicator's), and the plan for static_asserts on the bytes a rank holds.
+  static constexpr std::size_t static_world_size = policies::world_size;
+  static constexpr auto static_plan = detail::static_plan_of<policies, Model>();
 
+  // options' sharding and bucketing, where set, must be the policies' (std::invalid_argument if not).
   trainer(const Model& model, comm::any_communicator comm, const fsdp_options& options = {}, trainer_options t = {})
-      : holder{engine_type(model, std::move(comm), options)}, trainer_core<Model, Scalar>(holder::held, holder::held.schedule_, model, t) {}
-
-  [[nodiscard]] engine_type& engine() noexcept { return holder::held; }
+      : trainer_core<Model, Scalar>(model, std::move(comm), detail::with_policies<policies>(options, "kfsdp::trainer"), t,
+                                    detail::planned<policies, Model>()) {}
 };
 
 // The trainer that options select (sharding, bucketing), for settings known at run time; f gets

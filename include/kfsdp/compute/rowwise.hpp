@@ -1,12 +1,12 @@
 #pragma once
 // The compute of a row-wise layer (model/rowwise.hpp): its expression, built once from the
-// descriptor, run by the fused kernels of expr/rowwise_kernels.hpp under the layer contract of
-// train/ops.hpp. Kernels are named by the expression's type alone (no layer name in it), so the
+// descriptor, run by the fused kernels of compute/rowwise_kernels.hpp under the layer contract of
+// compute/ops.hpp. Kernels are named by the expression's type alone (no layer name in it), so the
 // CUDA build compiles them.
 
-#include <kfsdp/expr/rowwise_kernels.hpp>
+#include <kfsdp/compute/rowwise_kernels.hpp>
 #include <kfsdp/model/rowwise.hpp>
-#include <kfsdp/train/layer_params.hpp>
+#include <kfsdp/compute/layer_params.hpp>
 
 #include <array>
 #include <cstddef>

@@ -47,8 +47,8 @@
 #include <kfsdp/nn/embedding.hpp>
 #include <kfsdp/nn/linear.hpp>
 #include <kfsdp/nn/rotary.hpp>
-#include <kfsdp/train/layer_params.hpp>
-#include <kfsdp/train/rowwise.hpp>
+#include <kfsdp/compute/layer_params.hpp>
+#include <kfsdp/compute/rowwise.hpp>
 
 #include <array>
 #include <cstddef>
@@ -186,7 +186,7 @@ template <class Layer, class S>
   requires requires { typename Layer::anonymous; } && (!std::is_same_v<Layer, typename Layer::anonymous>)
 struct compute_of<Layer, S> : compute_of<typename Layer::anonymous, S> {};
 
-// A row-wise layer's compute is derived from its expression (train/rowwise.hpp).
+// A row-wise layer's compute is derived from its expression (compute/rowwise.hpp).
 template <class Layer, class S>
   requires rowwise_descriptor<Layer>
 struct compute_of<Layer, S> : detail::rowwise_compute<Layer, S> {};

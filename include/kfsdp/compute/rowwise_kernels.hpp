@@ -281,7 +281,7 @@ struct rowwise_kernels {
   }
 };
 
-// Binds and launches the kernels: what rowwise_op and rowwise_loss_op (train/rowwise.hpp) run.
+// Binds and launches the kernels: what rowwise_op and rowwise_loss_op (compute/rowwise.hpp) run.
 template <class E, class S>
 class rowwise_runner {
  public:

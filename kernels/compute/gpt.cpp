@@ -1,5 +1,6 @@
 // The example GPT's network (make_gpt's descriptor type) for float and double, compiled once here.
-#include <kfsdp/train/gpt.hpp>
+#include <kfsdp/compute/network.hpp>
+#include <kfsdp/model/gpt.hpp>
 
 namespace kfsdp {
 template class network<gpt_descriptor, float>;

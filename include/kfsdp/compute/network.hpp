@@ -1,25 +1,26 @@
 #pragma once
 // kfsdp::network<Model, Scalar> — the compute of a model descriptor: one node per descriptor
-// node, each leaf running its layer's compute (train/ops.hpp) on views of the parameters the
+// node, each leaf running its layer's compute (compute/ops.hpp) on views of the parameters the
 // descriptor declared. The nodes are built in the walk order of the model's graph
-// (model/model_graph.hpp) and read from it their parameter rows, ties and units (fsdp/units.hpp's
-// assign_units): the descriptor is walked once, and nothing here re-derives what the graph holds.
+// (model/model_graph.hpp) and read from it their parameter rows and ties, and their units from the
+// assignment (model/unit_assignment.hpp) the caller made of that graph: a trainer passes its
+// engine's, so the graph is built and the units assigned once, and nothing here re-derives them.
 //
 //   sequential<"", linear<"fc1", 4, 64>, gelu<>, linear<"fc2", 64, 1>, mse<>>
 //     -> sequence_node{ leaf(fc1: params 0..1), leaf(gelu), leaf(fc2: params 2..3), leaf(mse) }
 //   forward:  x [rows, 4] -> fc1 -> y1 [rows, 64] -> gelu -> y2 -> fc2 -> y3 [rows, 1] -> mse -> loss
 //   backward: loss -> dy3 -> dy2 -> dy1 -> (no gradient for the input: fc1 skips dx)
 //
-// Nodes that are FSDP units (blocks, copies of a repeat, or layers, as assign_units decides) tell
-// the pass's scheduler (fsdp/scheduler.hpp) when they are entered; with checkpointing a unit keeps only its input in
-// forward and recomputes its forward at the start of its backward.
+// Nodes that are units (blocks, copies of a repeat, or layers, as assign_units decides) tell the
+// pass when they are entered (a trainer gathers them there); with checkpointing a unit keeps only
+// its input in forward and recomputes its forward at the start of its backward. Nothing here knows
+// FSDP: the pass is the seam.
 
-#include <kfsdp/fsdp/scheduler.hpp>
-#include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/model/containers.hpp>
 #include <kfsdp/model/model_graph.hpp>
+#include <kfsdp/model/unit_assignment.hpp>
 #include <kfsdp/nn/detail/elementwise.hpp>
-#include <kfsdp/train/ops.hpp>
+#include <kfsdp/compute/ops.hpp>
 
 #include <algorithm>
 #include <array>
@@ -59,9 +60,9 @@ using value_t = typename flow<Tag, S>::value;
 template <class Tag, class S>
 using gradient_t = typename flow<Tag, S>::gradient;
 
-// The trainer's side of a pass: its unit scheduler, parameter views, targets and the loss scale.
-// Entering a unit is a plain call into the scheduler; the parameters' views, which a trainer and a
-// predictor hold differently, are the one virtual seam (a call a layer and pass).
+// The caller's side of a pass: its parameter views, its unit boundaries, targets and the loss
+// scale. A trainer and a predictor hold parameters differently, and only a trainer gathers units:
+// these virtual calls (one a layer or a unit) are the seam between compute and FSDP.
 template <class S>
 class pass_context {
  public:
@@ -69,22 +70,15 @@ class pass_context {
   // The parameters (gradients) of these indices of the parameter table, in order.
   virtual layer_params<const S> params(std::span<const std::size_t> indices) = 0;
   virtual layer_params<S> grads(std::span<const std::size_t> indices) = 0;
+  // A unit's layers run next (a trainer's schedule gathers it; a predictor holds every parameter).
+  virtual void enter_forward(std::size_t /*unit*/) {}
+  virtual void enter_backward(std::size_t /*unit*/) {}
 
-  void enter_forward(std::size_t unit) {
-    if (schedule) schedule->enter_forward(unit);
-  }
-  void enter_backward(std::size_t unit) {
-    if (schedule) schedule->enter_backward(unit);
-  }
   // Under checking_outputs, each layer's: whether its output is finite, in forward order, with the unit the
-  // plan runs it in (unit_assignment::runs_in; not the scheduler's last entered unit, which a layer after a
+  // plan runs it in (unit_assignment::runs_in; not the last entered unit, which a layer after a
   // block, in the root, would take for its own).
-  void output_checked(const std::string& layer, std::size_t unit, bool finite) {
-    const bool known = schedule != nullptr && unit < schedule->units().size();
-    checked.push_back({layer, known ? schedule->units()[unit].name : layer, finite});
-  }
+  void output_checked(const std::string& layer, std::size_t unit, bool finite) { checked.push_back({layer, unit, finite}); }
 
-  unit_scheduler<S>* schedule = nullptr;  // null: nothing to gather (a predictor holds every parameter)
   nn::const_index_vector target_ids;  // for a loss over class ids
   nn::const_matrix<S> target_values;  // for a loss over values
   nn::const_matrix<S> predictions;    // set by forward: the loss layer's input
@@ -95,7 +89,8 @@ class pass_context {
   // forward order, whether its output is finite (with the unit it ran in).
   bool checking_outputs = false;
   struct checked_output {
-    std::string layer, unit;
+    std::string layer;
+    std::size_t unit;  // unit_assignment::runs_in
     bool finite;
   };
   std::vector<checked_output> checked;
@@ -183,22 +178,6 @@ nn::matrix<S> ensure(nn::matrix<S>& m, const char* label, const std::string& lay
 
 template <class D, class S>
 struct node_of;
-
-// The table the caller gives (the trainer: its engine's) must be the model's, row by row.
-inline void check_table(const model_graph& graph, std::span<const param_info> table) {
-  if (table.size() != graph.params.size())
-    throw std::logic_error("kfsdp::network: the model has " + std::to_string(graph.params.size()) +
-                           " parameters, the table has " + std::to_string(table.size()));
-  for (std::size_t p = 0; p < table.size(); ++p) {
-    const param_info& want = graph.params[p];
-    if (table[p].name.view() != want.name.view() || table[p].rank != want.rank ||
-        !std::equal(want.shape.begin(), want.shape.begin() + want.rank, table[p].shape.begin()))
-      throw std::logic_error("kfsdp::network: row " + std::to_string(p) + " of the parameter table is '" +
-                             std::string(table[p].name.view()) + "' " + shape_string(std::span<const std::size_t>(table[p].shape.data(), table[p].rank)) +
-                             ", the model's is '" + std::string(want.name.view()) + "' " +
-                             shape_string(std::span<const std::size_t>(want.shape.data(), want.rank)));
-  }
-}
 
 // Every tie the graph records must bind: an owner the model has, of the shape the layer declares,
 // gathered whenever the layer runs (in the root or in the layer's own unit).
@@ -635,9 +614,12 @@ class network {
   using in_tag = input_t<Model>;
   using out_tag = output_t<Model>;
 
-  // Defined below the class, not inline: a model's network can be compiled once, in a library
-  // (kernels/train/gpt.cpp does it for the example GPT; train/gpt.hpp declares it extern).
-  network(const Model& model, std::span<const param_info> table, const wrap_options& wrap);
+  // The compute of `model` over its graph (make_model_graph(model)) and that graph's units. Defined
+  // below the class, not inline: a model's network can be compiled once, in a library
+  // (kernels/compute/gpt.cpp does it for the example GPT; train/gpt.hpp declares it extern).
+  network(const Model& model, const model_graph& graph, const unit_assignment& units);
+  // The same, building the graph and assigning its units by `wrap` (a predictor's network).
+  explicit network(const Model& model, const wrap_options& wrap = {});
   value_t<out_tag, S> forward(pass_context<S>& ctx, value_t<in_tag, S> x);
   void backward(pass_context<S>& ctx);
   void release();
@@ -647,15 +629,23 @@ class network {
   [[nodiscard]] std::size_t out_features() const noexcept { return out_features_; }
 
  private:
-  static node_t<Model, S> build(const Model& model, std::span<const param_info> table, const wrap_options& wrap,
+  network(const Model& model, const model_graph& graph, const wrap_options& wrap);
+  static node_t<Model, S> build(const Model& model, const model_graph& graph, const unit_assignment& units,
                                 std::size_t& in_features, std::size_t& out_features);
   std::size_t in_features_ = 0, out_features_ = 0;  // declared before root_: its build sets them
   node_t<Model, S> root_;
 };
 
 template <descriptor Model, class S>
-network<Model, S>::network(const Model& model, std::span<const param_info> table, const wrap_options& wrap)
-    : root_(build(model, table, wrap, in_features_, out_features_)) {}
+network<Model, S>::network(const Model& model, const model_graph& graph, const unit_assignment& units)
+    : root_(build(model, graph, units, in_features_, out_features_)) {}
+
+template <descriptor Model, class S>
+network<Model, S>::network(const Model& model, const wrap_options& wrap) : network(model, make_model_graph(model), wrap) {}
+
+template <descriptor Model, class S>
+network<Model, S>::network(const Model& model, const model_graph& graph, const wrap_options& wrap)
+    : network(model, graph, assign_units(graph, wrap)) {}
 
 template <descriptor Model, class S>
 auto network<Model, S>::forward(pass_context<S>& ctx, value_t<in_tag, S> x) -> value_t<out_tag, S> {
@@ -674,13 +664,14 @@ void network<Model, S>::release() {
 }
 
 template <descriptor Model, class S>
-node_t<Model, S> network<Model, S>::build(const Model& model, std::span<const param_info> table, const wrap_options& wrap,
+node_t<Model, S> network<Model, S>::build(const Model& model, const model_graph& graph, const unit_assignment& units,
                                            std::size_t& in_features, std::size_t& out_features) {
-  const model_graph graph = make_model_graph(model);
-  detail::check_table(graph, table);
+  if (units.of_node.size() != graph.nodes.size() || units.of_param.size() != graph.params.size())
+    throw std::logic_error("kfsdp::network: the unit assignment is of another graph (" + std::to_string(units.of_node.size()) +
+                           " nodes, the graph has " + std::to_string(graph.nodes.size()) + ")");
   detail::network_builder b;
   b.graph = &graph;
-  b.units = assign_units(graph, wrap);
+  b.units = units;
   detail::check_ties(graph, b.units);
   node_t<Model, S> root(model, b, false, false);
   if (b.next_node != graph.nodes.size())
