@@ -19,6 +19,10 @@ std::uint64_t options_fingerprint(const shard_plan& plan, const fsdp_options& o,
                           std::uint64_t(o.gradient_division), std::uint64_t(o.param_dtype),
                           std::uint64_t(o.reduce_dtype), std::uint64_t(scalar_bytes)})
     h = (h ^ v) * 0x100000001b3ull;
+  for (const auto& [unit, reshard] : o.reshard_after_forward) {  // ranks that free other units would gather apart
+    for (char c : unit) h = (h ^ std::uint64_t(static_cast<unsigned char>(c))) * 0x100000001b3ull;
+    h = (h ^ std::uint64_t(reshard ? 2 : 1)) * 0x100000001b3ull;
+  }
   return h;
 }
 }  // namespace

@@ -1,14 +1,30 @@
 // The unit scheduler (fsdp/scheduler.hpp), compiled once per scalar type.
 #include <kfsdp/fsdp/scheduler.hpp>
 
+#include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace kfsdp {
 
 template <class Scalar>
 unit_scheduler<Scalar>::unit_scheduler(fsdp_engine<Scalar>& engine, std::vector<fsdp_unit> units)
-    : engine_(engine), units_(std::move(units)), state_(units_.size(), unit_state::sharded) {}
+    : engine_(engine), units_(std::move(units)), state_(units_.size(), unit_state::sharded) {
+  const fsdp_options& o = engine_.options();
+  for (std::size_t u = 0; u < units_.size(); ++u)  // the sharding's rule: zero3 frees every unit but the root
+    reshard_after_forward_.push_back(o.sharding() == sharding_strategy::zero3 && u != 0);
+  for (const auto& [name, reshard] : o.reshard_after_forward) {
+    const auto named = std::find_if(units_.begin(), units_.end(), [&](const fsdp_unit& x) { return x.name == name; });
+    if (named == units_.end()) {
+      std::string known;
+      for (const fsdp_unit& x : units_) known += (known.empty() ? "'" : ", '") + x.name + "'";
+      throw std::invalid_argument("kfsdp::fsdp: options.reshard_after_forward names unit '" + name +
+                                  "', which the model does not have; its units are " + known);
+    }
+    reshard_after_forward_[std::size_t(named - units_.begin())] = reshard;
+  }
+}
 
 template <class Scalar>
 auto unit_scheduler<Scalar>::state(std::size_t unit) const -> unit_state {
@@ -105,7 +121,7 @@ void unit_scheduler<Scalar>::before_forward(std::size_t unit, std::optional<std:
 template <class Scalar>
 void unit_scheduler<Scalar>::after_forward(std::size_t unit) {
   expect(unit, "after_forward", {unit_state::forward});
-  if (engine_.options().sharding() == sharding_strategy::zero3 && unit != 0)  // the root stays gathered
+  if (reshard_after_forward_[unit])
     for (std::size_t b : units_[unit].buckets) buckets_.reshard(b);
   state_[unit] = unit_state::forward_done;
 }

@@ -294,7 +294,7 @@ TEST_CASE("the GPT's gradients, untied and tied, match central differences") {
 TEST_CASE("a static_world_size<2> engine: its plan from the compiler, the run-time engine's losses; another size refused") {
   comm::mpi world;
   using static_gpt = gpt<2, 16, 8, 256, 2>;  // config's sizes, every extent a compile-time constant
-  using engine_type = fsdp<static_gpt, double, zero3, block_bucketing, static_world_size<2>>;
+  using engine_type = trainer<static_gpt, double, zero3, block_bucketing, static_world_size<2>>;
   static_assert(engine_type::static_world_size == 2 && engine_type::static_plan.world_size == 2);
   // The bound a user would write: parameters, gradients and AdamW's two states under 1 MiB per rank.
   static_assert(4 * engine_type::static_plan.shard_numel * sizeof(double) < (std::size_t(1) << 20));

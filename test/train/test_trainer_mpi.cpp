@@ -90,15 +90,19 @@ kfsdp::io::array_dataset samples() {
 struct run {
   std::vector<double> losses;
   std::size_t peak_activations = 0;
+  std::size_t bytes_communicated = 0;
 };
 
 constexpr std::size_t global_batch = 24;  // splits over 1, 2, 3 and 4 ranks
 
 template <class... Policies>
 run train(kfsdp::comm::any_communicator comm, bool checkpointing, std::size_t micro_batches = 1,
-          kfsdp::grad_accumulation accumulation = kfsdp::grad_accumulation::unsharded) {
+          kfsdp::grad_accumulation accumulation = kfsdp::grad_accumulation::unsharded,
+          std::vector<std::pair<std::string, bool>> reshard_after_forward = {}) {
   const auto data = samples();
-  kfsdp::trainer<surrogate, double, Policies...> t(surrogate{}, comm, {.limit_all_gathers = 2}, {.checkpointing = checkpointing});
+  kfsdp::trainer<surrogate, double, Policies...> t(surrogate{}, comm,
+                                                   {.limit_all_gathers = 2, .reshard_after_forward = reshard_after_forward},
+                                                   {.checkpointing = checkpointing});
   t.initialize(42);
   kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
   run out;
@@ -112,6 +116,7 @@ run train(kfsdp::comm::any_communicator comm, bool checkpointing, std::size_t mi
     out.losses.push_back(t.step(batches, adam, /*max_norm=*/1.0, accumulation).loss);
   }
   out.peak_activations = t.peak_activation_bytes();
+  out.bytes_communicated = t.engine().bytes_communicated();
   return out;
 }
 
@@ -139,6 +144,27 @@ TEST_CASE("the MLP trains world-size invariantly: every sharding x bucketing x c
     check_same(train<kfsdp::zero3, kfsdp::layer_bucketing>(world, checkpointing), reference);
     check_same(train<kfsdp::zero3, kfsdp::block_bucketing>(world, checkpointing), reference);
   }
+}
+
+TEST_CASE("reshard_after_forward per unit: the root freed, a block kept, a block of zero2 freed; the same losses bit for bit") {
+  kfsdp::comm::mpi world;
+  using kfsdp::zero2, kfsdp::zero3, kfsdp::block_bucketing;
+  constexpr auto unsharded = kfsdp::grad_accumulation::unsharded;
+  const run z3 = train<zero3, block_bucketing>(world, false);
+  const run root_freed = train<zero3, block_bucketing>(world, false, 1, unsharded, {{"root", true}});
+  const run block_kept = train<zero3, block_bucketing>(world, false, 1, unsharded, {{"hidden.1.fc", false}});
+  const run z2 = train<zero2, block_bucketing>(world, false);
+  const run z2_freed = train<zero2, block_bucketing>(world, false, 1, unsharded, {{"hidden.0.fc", true}});
+  CHECK(root_freed.losses == z3.losses);
+  CHECK(block_kept.losses == z3.losses);
+  CHECK(z2_freed.losses == z2.losses);
+  CHECK(root_freed.bytes_communicated > z3.bytes_communicated);  // the root gathered again for backward
+  CHECK(block_kept.bytes_communicated < z3.bytes_communicated);
+  CHECK(z2_freed.bytes_communicated > z2.bytes_communicated);
+  CHECK_THROWS_WITH_AS(train<zero3>(world, false, 1, unsharded, {{"hidden.9.fc", true}}),
+                       "kfsdp::fsdp: options.reshard_after_forward names unit 'hidden.9.fc', which the model does not have; "
+                       "its units are 'root', 'hidden.0.fc', 'hidden.1.fc', 'hidden.2.fc'",
+                       std::invalid_argument);
 }
 
 TEST_CASE("checkpointing keeps less activation memory, measured") {

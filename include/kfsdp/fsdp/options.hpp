@@ -10,6 +10,8 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <kfsdp/comm/any_communicator.hpp>
 #include <kfsdp/fsdp/policies.hpp>
@@ -56,6 +58,13 @@ KFSDP_EXPORT struct fsdp_options {
   std::optional<comm::any_communicator> replica_group{};
   // Which parts of the model are units (model/unit_assignment.hpp): each block by default.
   wrap_options wrap{};
+  // FSDP2's reshard_after_forward, per unit by name ("root", "transformer.h.3", as units_table
+  // prints them): true frees the unit's parameters after its forward and gathers them again for its
+  // backward; false keeps them gathered until its backward is done. A unit not named follows the
+  // sharding: zero3 frees every unit but the root (whose backward comes right after the forward),
+  // zero2 frees none. Every rank must give the same list.
+  //   .reshard_after_forward = {{"root", true}, {"transformer.h.11", false}}
+  std::vector<std::pair<std::string, bool>> reshard_after_forward{};
 
   [[nodiscard]] kfsdp::sharding_strategy sharding() const noexcept {
     return sharding_strategy.value_or(kfsdp::sharding_strategy::zero2);

@@ -8,6 +8,7 @@
 //   begin_forward()      gather 0, prefetch 1
 //   enter_forward(1)     gather 1 (prefetched), prefetch 2          ... enter_forward(3)
 //   end_forward()        zero3: free 3 and every block (the root stays); zero2: keep them all
+//                        (the defaults of fsdp_options::reshard_after_forward, which names units otherwise)
 //   begin_backward(sync) zero3: gather 0 again, prefetch 3
 //   enter_backward(3)    zero3: gather 3, prefetch 2; zero2: nothing to issue
 //   enter_backward(2)    issue 3's reduce-scatters (they run behind 2's backward), free 3 ...
@@ -49,6 +50,8 @@ class unit_scheduler {
   }
   // The unit whose layers run now (0, the root, outside every block).
   [[nodiscard]] const fsdp_unit& current() const noexcept { return units_[current_]; }
+  // Whether a unit's parameters are freed after its forward (fsdp_options::reshard_after_forward).
+  [[nodiscard]] bool reshards_after_forward(std::size_t unit) const { return reshard_after_forward_[checked(unit, "reshards_after_forward")]; }
 
   // A pass, as the network drives it (see the worked example above).
   void begin_forward();
@@ -88,6 +91,7 @@ class unit_scheduler {
   detail::bucket_collectives<Scalar> buckets_{engine_};  // the engine's per-bucket collectives, issued here alone
   std::vector<fsdp_unit> units_;
   std::vector<unit_state> state_;
+  std::vector<bool> reshard_after_forward_;  // per unit, resolved from the options
   std::vector<std::size_t> reducing_;  // units whose reduce-scatters are in flight
   std::size_t current_ = 0;            // the unit the pass is in
   bool sync_ = true;                   // this backward reduces its gradients
