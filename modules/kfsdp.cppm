@@ -25,8 +25,8 @@ module;
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
 #include <kfsdp/comm/memory.hpp>
-#include <kfsdp/comm/self.hpp>
-#include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/comm/self/self.hpp>
+#include <kfsdp/comm/threaded/threaded.hpp>
 #include <kfsdp/detail/erf.hpp>
 #include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/environment.hpp>
@@ -112,10 +112,10 @@ module;
 #include <kfsdp/io/data/hdf5.hpp>
 #endif
 #ifdef KFSDP_HAVE_NCCL
-#include <kfsdp/comm/nccl.hpp>
+#include <kfsdp/comm/nccl/nccl.hpp>
 #endif
 #ifdef KFSDP_MODULE_MPI
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/comm/mpi/call_check.hpp>
 #include <kfsdp/comm/mpi/communicator.hpp>
 #include <kfsdp/comm/mpi/datatypes.hpp>
@@ -165,11 +165,11 @@ export namespace kfsdp::comm {
 using kfsdp::comm::run_or_abort;
 }
 #endif
-// <kfsdp/comm/self.hpp>
+// <kfsdp/comm/self/self.hpp>
 export namespace kfsdp::comm {
 using kfsdp::comm::self;
 }
-// <kfsdp/comm/threaded.hpp>
+// <kfsdp/comm/threaded/threaded.hpp>
 export namespace kfsdp::comm {
 using kfsdp::comm::threaded;
 }

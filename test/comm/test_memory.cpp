@@ -15,9 +15,9 @@
 
 #include <kfsdp/comm/any_communicator.hpp>
 #include <kfsdp/comm/memory.hpp>
-#include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/comm/self.hpp>
-#include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
+#include <kfsdp/comm/self/self.hpp>
+#include <kfsdp/comm/threaded/threaded.hpp>
 
 #include "../support/rank_values.hpp"
 

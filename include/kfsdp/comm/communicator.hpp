@@ -4,7 +4,8 @@
 // (range_over_ranks and check_agreement, any_rank, first_rank_with built on it).
 //
 // Backend-free: this header never includes mpi.h, nccl.h or CUDA headers. The backends are
-// opt-in headers beside it: self.hpp (one rank), mpi.hpp (MPI), nccl.hpp (NCCL, over MPI).
+// opt-in headers in folders beside it: self/self.hpp (one rank), mpi/mpi.hpp (MPI), nccl/nccl.hpp
+// (NCCL, over MPI), threaded/threaded.hpp (any of them on a worker thread).
 //
 //   template <kfsdp::comm::communicator C>
 //   void gather_bucket(C& comm, std::span<const float> shard, std::span<float> full) {

@@ -42,7 +42,7 @@
 
 #include <Kokkos_Core.hpp>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/io/checkpoint/checksum.hpp>
 #include <kfsdp/io/checkpoint/safetensors.hpp>
 #include <kfsdp/io/checkpoint/safetensors_file.hpp>  // one process: save_state_dict_file, load_state_dict_file

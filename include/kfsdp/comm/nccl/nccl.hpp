@@ -41,7 +41,7 @@
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
 #include <kfsdp/comm/memory.hpp>
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 
 // The CUDA runtime's opaque handle types, declared as cuda_runtime.h declares them
 // (cudaStream_t = CUstream_st*, cudaEvent_t = CUevent_st*), so they pass straight through.
@@ -253,7 +253,7 @@ KFSDP_EXPORT class nccl {
   // A request on an event recorded now on the communication stream (the non-blocking forms).
   request record(std::string_view function);
 
-  struct device_state;  // ncclComm_t, the stream, the device: defined in src/comm/nccl.cpp
+  struct device_state;  // ncclComm_t, the stream, the device: defined in src/comm/nccl/nccl.cpp
   // A group made by split(): adopts its host communicator and its device state.
   nccl(mpi host, std::unique_ptr<device_state> state) noexcept;
   mpi host_;
