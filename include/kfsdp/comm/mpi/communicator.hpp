@@ -22,7 +22,9 @@
 
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
-#include <kfsdp/comm/memory.hpp>
+#include <kfsdp/comm/batched_collectives.hpp>
+#include <kfsdp/comm/memory_space.hpp>
+#include <kfsdp/comm/shared_memory.hpp>
 #include <kfsdp/comm/mpi/call_check.hpp>
 #include <kfsdp/comm/mpi/datatypes.hpp>
 #include <kfsdp/comm/mpi/options.hpp>

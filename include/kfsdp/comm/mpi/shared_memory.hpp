@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-#include <kfsdp/comm/memory.hpp>
+#include <kfsdp/comm/shared_memory.hpp>
 #include <kfsdp/comm/mpi/call_check.hpp>
 
 namespace kfsdp::comm::detail {
