@@ -19,7 +19,7 @@
 
 #include <fmt/format.h>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/environment.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/io/checkpoint/checkpoint.hpp>

@@ -47,7 +47,7 @@
 
 #include <fmt/format.h>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/environment.hpp>
 #include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/model/param_table.hpp>

@@ -51,8 +51,8 @@
 
 #include <fmt/format.h>
 
-#include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
+#include <kfsdp/comm/threaded/threaded.hpp>
 #include <kfsdp/environment.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/train/gpt.hpp>

@@ -12,7 +12,7 @@
 #ifdef KFSDP_IMPORT_MODULE  // the module build (-Dmodules=enabled) compiles the same program through the module
 import kfsdp;
 #else
-#include <kfsdp/io/checkpoint/stateful.hpp>  // metadata_map, metadata_count
+#include <kfsdp/tensor/stateful.hpp>         // metadata_map, metadata_count
 #include <kfsdp/meta/host_memory.hpp>        // require_host_memory
 #include <kfsdp/model/containers.hpp>
 #include <kfsdp/model/layers.hpp>

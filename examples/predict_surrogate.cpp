@@ -21,7 +21,7 @@
 
 #include <kfsdp/environment.hpp>
 #include <kfsdp/infer/predictor.hpp>
-#include <kfsdp/io/checkpoint/stateful.hpp>  // metadata_map, read_file_metadata
+#include <kfsdp/tensor/stateful.hpp>  // metadata_map, read_file_metadata
 
 #include "cli.hpp"
 #include "heat_problem.hpp"

@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 
 #ifndef KFSDP_IMPORT_MODULE
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/optim/any_optimizer.hpp>
 #include <kfsdp/train/gpt.hpp>

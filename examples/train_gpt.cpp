@@ -21,9 +21,9 @@
 #ifdef KFSDP_IMPORT_MODULE  // the module build (-Dmodules=enabled) compiles the same program through the module
 import kfsdp;
 #else
-#include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/comm/threaded/threaded.hpp>
 #ifdef KFSDP_HAVE_NCCL
-#include <kfsdp/comm/nccl.hpp>
+#include <kfsdp/comm/nccl/nccl.hpp>
 #endif
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/io/data/text_dataset.hpp>

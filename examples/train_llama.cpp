@@ -20,7 +20,7 @@
 #include <Kokkos_Core.hpp>
 #include <fmt/format.h>
 
-#include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/comm/threaded/threaded.hpp>
 #include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 #include <kfsdp/io/checkpoint/hf_config.hpp>
 #include <kfsdp/io/data/text_dataset.hpp>

@@ -27,7 +27,7 @@
 #ifdef KFSDP_IMPORT_MODULE  // the module build (-Dmodules=enabled) compiles the same program through the module
 import kfsdp;
 #else
-#include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/comm/threaded/threaded.hpp>
 #include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/io/data/distributed_sampler.hpp>

@@ -4,9 +4,9 @@
 // safetensors files. No backend: it includes neither MPI, NCCL nor HDF5, so a program that uses it
 // alone links the kfsdp library only (pkg-config kfsdp, CMake kfsdp::kfsdp) and trains on one rank
 // with comm::self. The backends and what needs them are included by name:
-//   kfsdp/comm/mpi.hpp, kfsdp/session.hpp, kfsdp/train/fit.hpp      MPI
+//   kfsdp/comm/mpi/mpi.hpp, kfsdp/session.hpp, kfsdp/train/fit.hpp      MPI
 //   kfsdp/io/checkpoint/checkpoint.hpp, hf_checkpoint.hpp          MPI-IO checkpoints
-//   kfsdp/comm/nccl.hpp                                            NCCL
+//   kfsdp/comm/nccl/nccl.hpp                                            NCCL
 //   kfsdp/io/data/hdf5.hpp                                         parallel HDF5
 //
 //   #include <kfsdp/kfsdp.hpp>
@@ -23,8 +23,8 @@
 #include <kfsdp/environment.hpp>
 
 #include <kfsdp/comm/any_communicator.hpp>
-#include <kfsdp/comm/self.hpp>
-#include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/comm/self/self.hpp>
+#include <kfsdp/comm/threaded/threaded.hpp>
 
 #include <kfsdp/model/containers.hpp>
 #include <kfsdp/model/descriptor.hpp>

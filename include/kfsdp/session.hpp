@@ -35,7 +35,7 @@
 #include <fmt/format.h>
 
 #include <kfsdp/comm/any_communicator.hpp>
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/environment.hpp>
 #include <kfsdp/fsdp/memory_fit.hpp>
 #include <kfsdp/fsdp/options.hpp>

@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 #include <kfsdp/kfsdp.hpp>                      // the common case: models, trainer, optimizers, datasets
-#include <kfsdp/comm/mpi.hpp>                   // and the backends, by name
+#include <kfsdp/comm/mpi/mpi.hpp>               // and the backends, by name
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 
 using mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 4, 16>, kfsdp::gelu<>,

@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include <kfsdp/comm/self.hpp>
+#include <kfsdp/comm/self/self.hpp>
 #include <kfsdp/fsdp/bucket_unit.hpp>
 #include <kfsdp/model/layers.hpp>
 #include <kfsdp/model/param_table.hpp>

@@ -7,8 +7,8 @@
 #include <stdexcept>
 #include <string>
 
-#include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
+#include <kfsdp/comm/threaded/threaded.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/fsdp/quantize.hpp>
 

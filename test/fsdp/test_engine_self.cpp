@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <kfsdp/comm/self.hpp>
+#include <kfsdp/comm/self/self.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 
 #include "engine_checks.hpp"

@@ -9,7 +9,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include <kfsdp/comm/self.hpp>
+#include <kfsdp/comm/self/self.hpp>
 #include <kfsdp/infer/predictor.hpp>
 #include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/io/checkpoint/safetensors_file.hpp>

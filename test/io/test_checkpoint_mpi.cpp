@@ -18,7 +18,7 @@
 
 #include <fmt/ranges.h>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/optim/adamw.hpp>

@@ -20,7 +20,7 @@
 #include <tuple>
 #include <vector>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/io/checkpoint/hf_checkpoint.hpp>

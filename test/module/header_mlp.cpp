@@ -2,7 +2,7 @@
 // that both imports kfsdp and includes its headers: one entity either way).
 #include <Kokkos_Core.hpp>
 
-#include <kfsdp/comm/self.hpp>
+#include <kfsdp/comm/self/self.hpp>
 #include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/trainer.hpp>

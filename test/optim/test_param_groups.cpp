@@ -4,7 +4,7 @@
 // for bit, padding kept zero, bad groups; and the snippet of docs/training.md on a trainer.
 #include <doctest/doctest.h>
 
-#include <kfsdp/comm/self.hpp>
+#include <kfsdp/comm/self/self.hpp>
 #include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/any_optimizer.hpp>

@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <string>
 
-#include <kfsdp/comm/self.hpp>
+#include <kfsdp/comm/self/self.hpp>
 #include <kfsdp/meta/checked.hpp>
 #include <kfsdp/model/containers.hpp>
 #include <kfsdp/model/layers.hpp>

@@ -17,7 +17,8 @@
 #include <Kokkos_Core.hpp>
 #include <doctest/doctest.h>
 
-#include <kfsdp/comm/memory.hpp>
+#include <kfsdp/comm/batched_collectives.hpp>
+#include <kfsdp/comm/shared_memory.hpp>
 
 #include "rank_values.hpp"
 

@@ -15,7 +15,7 @@
 
 #include <Kokkos_Core.hpp>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/io/checkpoint/safetensors_file.hpp>
 #include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/train/gpt.hpp>

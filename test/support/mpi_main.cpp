@@ -24,7 +24,7 @@
 #include <string>
 #include <utility>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #ifdef KFSDP_TEST_WITH_KOKKOS
 #include <kfsdp/environment.hpp>  // the same main, with Kokkos up for tests that use views
 #endif

@@ -10,7 +10,7 @@
 
 #include <mpi.h>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/io/checkpoint/checksum.hpp>
 
 namespace kfsdp::test {

@@ -12,7 +12,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/fsdp/quantize.hpp>
 #include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/optim/sgd.hpp>

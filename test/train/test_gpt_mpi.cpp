@@ -6,9 +6,9 @@
 #include <cmath>
 #include <string>
 
-#include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/comm/self.hpp>
-#include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
+#include <kfsdp/comm/self/self.hpp>
+#include <kfsdp/comm/threaded/threaded.hpp>
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/model/gpt.hpp>

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/model/gpt.hpp>
 #include <kfsdp/optim/adamw.hpp>

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/comm/self.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
+#include <kfsdp/comm/self/self.hpp>
 #include <kfsdp/io/checkpoint/safetensors_file.hpp>
 #include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/optim/sgd.hpp>

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 #include <kfsdp/io/checkpoint/safetensors_file.hpp>
 #include <kfsdp/io/data/text_dataset.hpp>

@@ -5,8 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <kfsdp/comm/any_communicator.hpp>
-#include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/comm/self.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
+#include <kfsdp/comm/self/self.hpp>
 #include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/gradient_check.hpp>

@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/comm/self.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
+#include <kfsdp/comm/self/self.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/optim/adamw.hpp>

@@ -24,7 +24,10 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/comm/communicator.hpp>
-#include <kfsdp/comm/memory.hpp>
+#include <kfsdp/comm/batched_collectives.hpp>
+#include <kfsdp/comm/memory_space.hpp>
+#include <kfsdp/comm/shared_memory.hpp>
+#include <kfsdp/comm/stream_order.hpp>
 
 namespace kfsdp::comm {
 

@@ -4,7 +4,8 @@
 // (range_over_ranks and check_agreement, any_rank, first_rank_with built on it).
 //
 // Backend-free: this header never includes mpi.h, nccl.h or CUDA headers. The backends are
-// opt-in headers beside it: self.hpp (one rank), mpi.hpp (MPI), nccl.hpp (NCCL, over MPI).
+// opt-in headers in folders beside it: self/self.hpp (one rank), mpi/mpi.hpp (MPI), nccl/nccl.hpp
+// (NCCL, over MPI), threaded/threaded.hpp (any of them on a worker thread).
 //
 //   template <kfsdp::comm::communicator C>
 //   void gather_bucket(C& comm, std::span<const float> shard, std::span<float> full) {
@@ -129,7 +130,7 @@ concept request_state = std::move_constructible<State> && requires(State& state)
 
 // A compute queue to order work against: the native handle of an execution-space instance's stream
 // (a cudaStream_t for Kokkos::Cuda, a hipStream_t for Kokkos::HIP), or null for a host instance,
-// whose kernels are complete when they return. comm::stream_of(instance) (memory.hpp) makes one.
+// whose kernels are complete when they return. comm::stream_of(instance) (stream_order.hpp) makes one.
 struct native_stream {
   void* handle = nullptr;
 };
@@ -364,7 +365,7 @@ inline void wait_all(std::span<request> requests) {
 //  3. c.ireduce_scatter_sum(send, recv) needs send.size() == size()*recv.size(); once its request
 //     completes, rank r's recv[i] = sum over ranks of send[r*recv.size() + i]. send and recv must
 //     not overlap. A backend may also take a factor, c.ireduce_scatter_sum(send, recv, factor):
-//     recv[i] = that sum · factor (comm::scales_reduce_scatter in memory.hpp, whose free
+//     recv[i] = that sum · factor (comm::scales_reduce_scatter in batched_collectives.hpp, whose free
 //     ireduce_scatter_sum(c, send, recv, factor) multiplies after any other backend's).
 //  4. c.ibroadcast(data, root) needs 0 <= root < size(); once its request completes, every rank's
 //     data equals root's.

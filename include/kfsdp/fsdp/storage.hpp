@@ -17,7 +17,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/comm/communicator.hpp>
-#include <kfsdp/comm/memory.hpp>
+#include <kfsdp/comm/shared_memory.hpp>
 #include <kfsdp/plan/shard_mapping.hpp>
 
 namespace kfsdp {

@@ -37,7 +37,7 @@
 #include <kfsdp/environment.hpp>
 #include <kfsdp/infer/predictor.hpp>
 #include <kfsdp/io/checkpoint/safetensors_file.hpp>
-#include <kfsdp/io/checkpoint/stateful.hpp>  // metadata_count, for the factory
+#include <kfsdp/tensor/stateful.hpp>  // metadata_count, for the factory
 
 // The C header's opaque type: a model of any type behind the C functions.
 struct kfsdp_model {

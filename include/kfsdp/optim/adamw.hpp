@@ -30,7 +30,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/detail/kokkos_math.hpp>
-#include <kfsdp/io/checkpoint/stateful.hpp>
+#include <kfsdp/tensor/stateful.hpp>
 #include <kfsdp/optim/param_groups.hpp>
 
 #include <cmath>
@@ -139,7 +139,7 @@ class adamw {
   /// The parameter groups (none for the shard_size constructor).
   [[nodiscard]] const std::optional<param_group_layout>& groups() const noexcept { return groups_; }
 
-  /// The checkpoint protocol (io/checkpoint/stateful.hpp): the moments as "optimizer.exp_avg" and
+  /// The checkpoint protocol (tensor/stateful.hpp): the moments as "optimizer.exp_avg" and
   /// "optimizer.exp_avg_sq" (restored in place; frozen parameters have none), the kind and the
   /// step count as metadata.
   void add_state(io::checkpoint_state<Scalar>& state) const {

@@ -61,7 +61,7 @@ class any_optimizer {
     return std::visit([](const auto& o) { return o.state_bytes(); }, chosen_);
   }
 
-  /// The checkpoint protocol (io/checkpoint/stateful.hpp): the chosen optimizer's.
+  /// The checkpoint protocol (tensor/stateful.hpp): the chosen optimizer's.
   void add_state(io::checkpoint_state<Scalar>& state) const {
     std::visit([&](const auto& o) { o.add_state(state); }, chosen_);
   }

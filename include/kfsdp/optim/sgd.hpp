@@ -19,7 +19,7 @@
 #include <Kokkos_Core.hpp>
 #include <fmt/format.h>
 
-#include <kfsdp/io/checkpoint/stateful.hpp>
+#include <kfsdp/tensor/stateful.hpp>
 #include <kfsdp/optim/param_groups.hpp>
 
 #include <cstddef>
@@ -111,7 +111,7 @@ class sgd {
   /// The bytes of state this rank holds: the momentum buffer (none without momentum).
   [[nodiscard]] std::size_t state_bytes() const noexcept { return momentum_buffer_.extent(0) * sizeof(Scalar); }
 
-  /// The checkpoint protocol (io/checkpoint/stateful.hpp): the momentum buffer as "optimizer.momentum_buffer"
+  /// The checkpoint protocol (tensor/stateful.hpp): the momentum buffer as "optimizer.momentum_buffer"
   /// (restored in place; none without momentum) and the kind as metadata.
   void add_state(io::checkpoint_state<Scalar>& state) const {
     if (momentum_buffer_.extent(0) > 0)

@@ -18,7 +18,7 @@
 //   if (result.preempted) return 0;           // the checkpoint is written: requeue the job
 //
 // A checkpoint, checkpoint_dir/step-00000500.safetensors, is the union of the checkpoint protocol's
-// parts (io/checkpoint/stateful.hpp): the model, the optimizer's state, the sampler's, "fit.step" and the
+// parts (tensor/stateful.hpp): the model, the optimizer's state, the sampler's, "fit.step" and the
 // user's metadata (normalisation statistics, say). The schedule is a function of the step, so the
 // step is its state; the sampler needs no RNG state beyond its seed and step. A file that does not
 // verify (cut short, corrupted) is skipped on resume, with a line saying why; a file of another
@@ -58,7 +58,7 @@
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/io/data/dataset.hpp>
 #include <kfsdp/io/data/distributed_sampler.hpp>
-#include <kfsdp/io/checkpoint/stateful.hpp>
+#include <kfsdp/tensor/stateful.hpp>
 #include <kfsdp/optim/adamw.hpp>     // what a fit program steps with: the optimizers
 #include <kfsdp/optim/schedule.hpp>  // and the schedules
 #include <kfsdp/optim/sgd.hpp>

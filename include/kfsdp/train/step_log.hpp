@@ -1,7 +1,7 @@
 #pragma once
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::json_lines and kfsdp::step_log — what a training loop reports (opt-in: needs MPI, through
-// comm/mpi.hpp). json_lines is rank 0's metrics file, one JSON object a line, flushed after each so
+// comm/mpi/mpi.hpp). json_lines is rank 0's metrics file, one JSON object a line, flushed after each so
 // that a killed run leaves whole lines; step_log measures one step (time, throughput, per-rank
 // memory, bytes communicated), writes it there and prints it on rank 0:
 //
@@ -37,7 +37,7 @@
 
 #include <fmt/format.h>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/train/trainer.hpp>
 

@@ -2,7 +2,7 @@
 // The checks around an MPI call of kfsdp::comm::mpi: an error code turned into mpi::error, the
 // ranks' comparison of a collective before it is made (mpi::collective_mismatch, naming each rank's
 // call), and the wait that gives up after mpi_options::timeout (mpi::timeout). The descriptions and
-// messages are compiled into kfsdp_mpi (src/comm/mpi.cpp).
+// messages are compiled into kfsdp_mpi (src/comm/mpi/mpi.cpp).
 //
 //   detail::check_mpi(MPI_Barrier(comm), "kfsdp::comm::mpi::barrier", "MPI_Barrier");  // throws mpi::error
 //   detail::describe({collective_kind::broadcast, 4, 10, 0})  // "broadcast(10 elements of 4 bytes, root 0)"

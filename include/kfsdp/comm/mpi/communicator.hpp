@@ -1,10 +1,10 @@
 #pragma once
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::comm::mpi — the communicator: MPI_COMM_WORLD, or any MPI_Comm you pass, duplicated with
-// MPI_Comm_dup so kfsdp's messages never match yours (kfsdp/comm/mpi.hpp describes the backend).
+// MPI_Comm_dup so kfsdp's messages never match yours (kfsdp/comm/mpi/mpi.hpp describes the backend).
 // Its collectives are templates over the element type and memory space; what is not a template
 // (construction, splits, the barrier, the comparison of calls) is compiled into kfsdp_mpi
-// (src/comm/mpi.cpp).
+// (src/comm/mpi/mpi.cpp).
 
 #include <mpi.h>
 
@@ -22,7 +22,9 @@
 
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
-#include <kfsdp/comm/memory.hpp>
+#include <kfsdp/comm/batched_collectives.hpp>
+#include <kfsdp/comm/memory_space.hpp>
+#include <kfsdp/comm/shared_memory.hpp>
 #include <kfsdp/comm/mpi/call_check.hpp>
 #include <kfsdp/comm/mpi/datatypes.hpp>
 #include <kfsdp/comm/mpi/options.hpp>

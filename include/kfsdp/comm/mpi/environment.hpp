@@ -1,7 +1,7 @@
 #pragma once
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::comm::mpi::environment, MPI's start and end as a guard, and run_or_abort, which ends a
-// job cleanly when some of its ranks fail. Compiled into kfsdp_mpi (src/comm/mpi.cpp) but for
+// job cleanly when some of its ranks fail. Compiled into kfsdp_mpi (src/comm/mpi/mpi.cpp) but for
 // run_or_abort's call of the program.
 
 #include <mpi.h>

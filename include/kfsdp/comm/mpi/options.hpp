@@ -1,7 +1,7 @@
 #pragma once
 // mpi_options — how a kfsdp::comm::mpi communicator guards against collectives that the ranks do
 // not call alike, and how it reaches device memory. The defaults come from the environment
-// (KFSDP_CHECK_COLLECTIVES, KFSDP_COLLECTIVE_TIMEOUT, KFSDP_SHARED_MEMORY), read in src/comm/mpi.cpp.
+// (KFSDP_CHECK_COLLECTIVES, KFSDP_COLLECTIVE_TIMEOUT, KFSDP_SHARED_MEMORY), read in src/comm/mpi/mpi.cpp.
 //
 //   kfsdp::comm::mpi world(MPI_COMM_WORLD, {.check_collectives = true, .timeout = std::chrono::minutes(2)});
 

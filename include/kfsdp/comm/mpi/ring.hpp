@@ -24,7 +24,8 @@
 #include <string_view>
 #include <vector>
 
-#include <kfsdp/comm/memory.hpp>
+#include <kfsdp/comm/batched_collectives.hpp>
+#include <kfsdp/comm/memory_space.hpp>
 #include <kfsdp/comm/mpi/call_check.hpp>
 #include <kfsdp/comm/mpi/datatypes.hpp>
 

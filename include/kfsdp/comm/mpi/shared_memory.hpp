@@ -1,7 +1,7 @@
 #pragma once
 // The MPI backend's shared memory (mpi::allocate_shared) and the all-gather that reads it in place
 // (mpi::iall_gather_parts where every part's send lies in it). Compiled into kfsdp_mpi
-// (src/comm/mpi_shared.cpp).
+// (src/comm/mpi/shared_memory.cpp).
 //
 // A window is one MPI_Win_allocate_shared over a communicator whose ranks share a node: each rank
 // has a segment of its own, and every rank maps every segment (MPI_Win_shared_query). A send at
@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-#include <kfsdp/comm/memory.hpp>
+#include <kfsdp/comm/shared_memory.hpp>
 #include <kfsdp/comm/mpi/call_check.hpp>
 
 namespace kfsdp::comm::detail {

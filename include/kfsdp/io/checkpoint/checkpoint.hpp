@@ -28,7 +28,7 @@
 //   const auto metadata = kfsdp::io::load_training_state("run/ckpt.safetensors", engine, world, optimizer);
 //   const std::size_t step = kfsdp::io::metadata_count(metadata, "step");
 // (the optimizer's moments are tensors "optimizer.exp_avg.<parameter>", restored in place; its
-// kind and step count are metadata: the checkpoint protocol, io/checkpoint/stateful.hpp)
+// kind and step count are metadata: the checkpoint protocol, tensor/stateful.hpp)
 
 #include <mpi.h>
 
@@ -42,17 +42,17 @@
 
 #include <Kokkos_Core.hpp>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/io/checkpoint/checksum.hpp>
 #include <kfsdp/io/checkpoint/safetensors.hpp>
 #include <kfsdp/io/checkpoint/safetensors_file.hpp>  // one process: save_state_dict_file, load_state_dict_file
 #include <kfsdp/io/checkpoint/sharded_engine.hpp>  // the engine, by a concept
 #include <kfsdp/tensor/state_dict.hpp>
-#include <kfsdp/io/checkpoint/stateful.hpp>
+#include <kfsdp/tensor/stateful.hpp>
 
 namespace kfsdp::io {
 
-// named_shard and checkpoint_state (the checkpoint protocol's parts) are in stateful.hpp; the
+// named_shard and checkpoint_state (the checkpoint protocol's parts) are in tensor/stateful.hpp; the
 // metadata keys kfsdp writes and the one-process reader and writer, in safetensors_file.hpp.
 // Each function takes any sharded_engine (an fsdp_engine, the trainer's engine) and passes its
 // sharded_view to the overload compiled in kfsdp_checkpoint (for float and double).
@@ -164,7 +164,7 @@ void load_checkpoint(const std::filesystem::path& path, Engine& engine, comm::mp
   load_checkpoint(path, view_of(engine), comm, state);
 }
 
-/// The checkpoint protocol (stateful.hpp) over save_checkpoint: the weights, the state of every
+/// The checkpoint protocol (tensor/stateful.hpp) over save_checkpoint: the weights, the state of every
 /// part (an optimizer, a sampler) and `metadata`, in one file; the caller names no tensor.
 ///
 ///   kfsdp::io::save_training_state("run.safetensors", engine, world, {{"step", "20"}}, optimizer);

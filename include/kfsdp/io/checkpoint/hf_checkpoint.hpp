@@ -29,7 +29,7 @@
 #include <string_view>
 #include <vector>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/io/checkpoint/hf_config.hpp>
 #include <kfsdp/io/checkpoint/safetensors.hpp>
 #include <kfsdp/io/checkpoint/sharded_engine.hpp>  // the engine, by a concept

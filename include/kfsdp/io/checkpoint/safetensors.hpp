@@ -31,6 +31,7 @@
 #include <vector>
 
 #include <kfsdp/tensor/dtype.hpp>  // dtype, dtype_of, dtype_name, dtype_size, parse_dtype
+#include <kfsdp/tensor/metadata.hpp>  // metadata_map
 
 namespace kfsdp::io {
 
@@ -40,9 +41,6 @@ class format_error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-
-/// `__metadata__`: string keys to string values, written in key order.
-KFSDP_EXPORT using metadata_map = std::map<std::string, std::string, std::less<>>;
 
 /// What the writer knows about a tensor before it is written: name, element type, shape.
 ///

@@ -23,7 +23,7 @@
 
 #include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/io/data/dataset.hpp>
-#include <kfsdp/io/checkpoint/stateful.hpp>
+#include <kfsdp/tensor/stateful.hpp>
 
 namespace kfsdp::io {
 

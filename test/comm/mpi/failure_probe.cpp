@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 
 namespace comm = kfsdp::comm;
 

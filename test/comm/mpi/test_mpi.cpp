@@ -1,4 +1,4 @@
-// Tests for include/kfsdp/comm/mpi.hpp; run under mpirun at 1, 2, 3 and 4 ranks (mpi_test_dep's
+// Tests for include/kfsdp/comm/mpi/mpi.hpp; run under mpirun at 1, 2, 3 and 4 ranks (mpi_test_dep's
 // main). Every rank makes the same collective calls in the same order, so a failing CHECK on one
 // rank never leaves the others waiting.
 #include <doctest/doctest.h>
@@ -23,10 +23,10 @@
 
 #include <kfsdp/comm/any_communicator.hpp>
 #include <kfsdp/comm/communicator.hpp>
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 
-#include "../support/gather_parts.hpp"
-#include "../support/rank_values.hpp"
+#include "../../support/gather_parts.hpp"
+#include "../../support/rank_values.hpp"
 
 namespace comm = kfsdp::comm;
 using kfsdp::test::contribution;

@@ -1,5 +1,6 @@
-// Tests for include/kfsdp/comm/memory.hpp and the memory-space forms of the backends (span_in), with
-// Kokkos running (mpi_kokkos_test_dep's main); under mpirun at 1-4 ranks. On this CPU machine the
+// Tests for include/kfsdp/comm/memory_space.hpp (and batched_collectives.hpp's scaled
+// reduce-scatter) and the memory-space forms of the backends (span_in), with Kokkos running
+// (mpi_kokkos_test_dep's main); under mpirun at 1-4 ranks. On this CPU machine the
 // device paths are exercised on host memory: mpi_options::device_memory = staged sends every buffer
 // through host copies in staging_space, as it would a GPU's; direct passes the pointers. Both must
 // give the bits of the plain std::span calls, whichever path the reduce-scatter takes (ring or MPI).
@@ -14,10 +15,11 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/comm/any_communicator.hpp>
-#include <kfsdp/comm/memory.hpp>
-#include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/comm/self.hpp>
-#include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/comm/batched_collectives.hpp>
+#include <kfsdp/comm/memory_space.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
+#include <kfsdp/comm/self/self.hpp>
+#include <kfsdp/comm/threaded/threaded.hpp>
 
 #include "../support/rank_values.hpp"
 
@@ -210,7 +212,7 @@ TEST_CASE("memory spaces: bad arguments are named the same on the staged path, b
                        doctest::Contains("kfsdp::comm::mpi::ibroadcast: root is"), std::invalid_argument);
 }
 
-TEST_CASE("memory.hpp: the ring's add and the copies, as Kokkos kernels and (Kokkos aside) as loops") {
+TEST_CASE("memory_space.hpp: the ring's add and the copies, as Kokkos kernels and (Kokkos aside) as loops") {
   std::vector<float> a{1, 2, 3}, b{10, 20, 30}, sum(3);
   comm::detail::add(comm::host_span<const float>(std::span<const float>(a)),
                     comm::host_span<const float>(std::span<const float>(b)), comm::host_span<float>(std::span(sum)));

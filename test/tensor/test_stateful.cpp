@@ -1,10 +1,10 @@
-// Tests for include/kfsdp/io/checkpoint/stateful.hpp: metadata read back as text and counts, and a file of
+// Tests for include/kfsdp/tensor/stateful.hpp: metadata read back as text and counts, and a file of
 // another model configuration refused, naming the field (the example GPT's configuration).
 #include <doctest/doctest.h>
 
 #include <stdexcept>
 
-#include <kfsdp/io/checkpoint/stateful.hpp>
+#include <kfsdp/tensor/stateful.hpp>
 #include <kfsdp/model/gpt.hpp>
 
 using kfsdp::io::metadata_map;

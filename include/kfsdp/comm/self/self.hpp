@@ -15,7 +15,7 @@
 
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
-#include <kfsdp/comm/memory.hpp>
+#include <kfsdp/comm/memory_space.hpp>
 
 namespace kfsdp::comm {
 
@@ -24,7 +24,7 @@ KFSDP_EXPORT class self {
   [[nodiscard]] int rank() const noexcept { return 0; }
   [[nodiscard]] int size() const noexcept { return 1; }
 
-  // Buffers of any memory space; the copies are Kokkos copies in that space (memory.hpp).
+  // Buffers of any memory space; the copies are Kokkos copies in that space (memory_space.hpp).
   template <element T, class Space>
   [[nodiscard]] request iall_gather(std::type_identity_t<span_in<const T, Space>> send,
                                     span_in<T, Space> recv) {

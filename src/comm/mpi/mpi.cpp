@@ -3,7 +3,7 @@
 // the communicator's construction, splits, barrier and call check, MPI's start and end, and
 // run_or_abort's verdict.
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 
 #include <mpi.h>
 #if defined(__linux__)

@@ -20,7 +20,7 @@
 //   ...                                               // no host blocking needed; or:
 //   pending.wait();                                   // the host waits (cudaEventSynchronize)
 //
-// With Kokkos execution-space instances, as the engine does it (comm::order_after, memory.hpp):
+// With Kokkos execution-space instances, as the engine does it (comm::order_after, stream_order.hpp):
 //   kfsdp::comm::order_after(gpus, compute);                   // gpus.order_after(stream_of(compute))
 //   auto pending = gpus.iall_gather(shard, full);
 //   pending.complete_before(kfsdp::comm::stream_of(compute));  // cudaStreamWaitEvent on compute's stream
@@ -40,8 +40,10 @@
 
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
-#include <kfsdp/comm/memory.hpp>
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/batched_collectives.hpp>
+#include <kfsdp/comm/memory_space.hpp>
+#include <kfsdp/comm/stream_order.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 
 // The CUDA runtime's opaque handle types, declared as cuda_runtime.h declares them
 // (cudaStream_t = CUstream_st*, cudaEvent_t = CUevent_st*), so they pass straight through.
@@ -253,7 +255,7 @@ KFSDP_EXPORT class nccl {
   // A request on an event recorded now on the communication stream (the non-blocking forms).
   request record(std::string_view function);
 
-  struct device_state;  // ncclComm_t, the stream, the device: defined in src/comm/nccl.cpp
+  struct device_state;  // ncclComm_t, the stream, the device: defined in src/comm/nccl/nccl.cpp
   // A group made by split(): adopts its host communicator and its device state.
   nccl(mpi host, std::unique_ptr<device_state> state) noexcept;
   mpi host_;

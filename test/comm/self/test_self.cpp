@@ -1,4 +1,4 @@
-// Tests for include/kfsdp/comm/self.hpp and the backend-free parts of communicator.hpp
+// Tests for include/kfsdp/comm/self/self.hpp and the backend-free parts of communicator.hpp
 // (request, wait_all, check_agreement, the shared argument checks).
 #include <doctest/doctest.h>
 
@@ -10,9 +10,9 @@
 #include <vector>
 
 #include <kfsdp/comm/communicator.hpp>
-#include <kfsdp/comm/self.hpp>
+#include <kfsdp/comm/self/self.hpp>
 
-#include "../support/gather_parts.hpp"
+#include "../../support/gather_parts.hpp"
 
 namespace comm = kfsdp::comm;
 

@@ -9,10 +9,10 @@
 #include <thread>
 #include <vector>
 
-#include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/comm/threaded.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
+#include <kfsdp/comm/threaded/threaded.hpp>
 
-#include "../support/gather_parts.hpp"
+#include "../../support/gather_parts.hpp"
 
 using kfsdp::comm::mpi;
 using kfsdp::comm::threaded;

@@ -28,7 +28,9 @@
 
 #include <kfsdp/comm/argument_checks.hpp>
 #include <kfsdp/comm/communicator.hpp>
-#include <kfsdp/comm/memory.hpp>
+#include <kfsdp/comm/batched_collectives.hpp>
+#include <kfsdp/comm/memory_space.hpp>
+#include <kfsdp/comm/shared_memory.hpp>
 
 namespace kfsdp::comm {
 

@@ -18,7 +18,7 @@
 //     pending.wait();
 //   }
 //
-// Its parts, in kfsdp/comm/mpi/: options.hpp (mpi_options), call_check.hpp (errors, the ranks'
+// Its parts, beside it in kfsdp/comm/mpi/: options.hpp (mpi_options), call_check.hpp (errors, the ranks'
 // comparison of calls, timeouts), datatypes.hpp (MPI datatypes and sums of kfsdp's elements),
 // ring.hpp (the ring reduce-scatter), shared_memory.hpp (allocate_shared's windows and the gather
 // that reads them in place), communicator.hpp (mpi), environment.hpp (mpi::environment,

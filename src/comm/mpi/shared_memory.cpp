@@ -1,7 +1,7 @@
 // The MPI backend's shared memory and the all-gather that reads it in place
 // (include/kfsdp/comm/mpi/shared_memory.hpp).
 
-#include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/comm/mpi/shared_memory.hpp>
 
 #include <mpi.h>

@@ -32,8 +32,8 @@
 #include <string_view>
 #include <vector>
 
-#include <kfsdp/io/checkpoint/safetensors.hpp>  // metadata_map
 #include <kfsdp/meta/parse.hpp>
+#include <kfsdp/tensor/metadata.hpp>
 
 namespace kfsdp::io {
 

@@ -1,10 +1,10 @@
-// The compiled half of kfsdp::comm::nccl (include/kfsdp/comm/nccl.hpp): every NCCL and CUDA call.
+// The compiled half of kfsdp::comm::nccl (include/kfsdp/comm/nccl/nccl.hpp): every NCCL and CUDA call.
 //
 // Build: part of the kfsdp_nccl static library (src/comm/meson.build), only when the CUDA
-// toolkit with NCCL is found. Check: test/comm/test_nccl.cpp under mpirun; without a GPU it checks
+// toolkit with NCCL is found. Check: test/comm/nccl/test_nccl.cpp under mpirun; without a GPU it checks
 // that construction fails with a message naming the missing device.
 
-#include <kfsdp/comm/nccl.hpp>
+#include <kfsdp/comm/nccl/nccl.hpp>
 
 #include <cuda_runtime.h>
 #include <nccl.h>

@@ -1,4 +1,4 @@
-// Tests for include/kfsdp/comm/nccl.hpp (linked with kfsdp_nccl), under mpirun.
+// Tests for include/kfsdp/comm/nccl/nccl.hpp (linked with kfsdp_nccl), under mpirun.
 // Without a GPU: construction throws on every rank, with a message naming the missing device.
 // With one GPU per rank: an all_gather (blocking and non-blocking) of rank-dependent data, bf16
 // and f16 sums, and a split group.
@@ -13,8 +13,8 @@
 #include <type_traits>
 #include <vector>
 
-#include <kfsdp/comm/mpi.hpp>
-#include <kfsdp/comm/nccl.hpp>
+#include <kfsdp/comm/mpi/mpi.hpp>
+#include <kfsdp/comm/nccl/nccl.hpp>
 
 namespace comm = kfsdp::comm;
 
