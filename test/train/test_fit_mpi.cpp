@@ -82,7 +82,7 @@ kfsdp::fit_result train(kfsdp::session& job, const kfsdp::io::array_dataset& dat
   model.initialize(7);
   kfsdp::optim::adamw<double> adam(model, {.weight_decay = 0.01});
   const kfsdp::fit_result result =
-      kfsdp::fit(job, model, adam, kfsdp::optim::cosine(1e-2, 40), data, options);
+      kfsdp::fit(model, adam, kfsdp::optim::cosine(1e-2, 40), data, options);
   job.world().barrier();  // rank 0's files are complete and closed for every rank to read
   return result;
 }
@@ -165,7 +165,7 @@ TEST_CASE(
                                                                             job.fsdp());
     model.initialize(7);
     kfsdp::io::testing::set_stop_after_header([](const std::filesystem::path&) { return true; });
-    CHECK_THROWS_AS(kfsdp::io::save_model(kfsdp::checkpoint_path(dir, 8), model.engine(), job.shard_group()),
+    CHECK_THROWS_AS(kfsdp::io::save_model(kfsdp::checkpoint_path(dir, 8), model.engine()),
                     std::runtime_error);
     kfsdp::io::testing::set_stop_after_header({});
   }
@@ -196,11 +196,11 @@ TEST_CASE(
     kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
     model.initialize(7);
     kfsdp::optim::sgd<double> sgd(model.engine().plan().shard_numel, {.lr = 0.1, .momentum = 0.9});
-    CHECK(error_of([&] { kfsdp::fit(job, model, sgd, kfsdp::optim::constant(0.1), data, options); })
+    CHECK(error_of([&] { kfsdp::fit(model, sgd, kfsdp::optim::constant(0.1), data, options); })
               .find("'optimizer' is 'adamw', expected 'sgd'") != std::string::npos);
     kfsdp::trainer<wide_mlp, double, kfsdp::zero3> wide(wide_mlp{}, job.shard_group(), job.fsdp());
     kfsdp::optim::adamw<double> adam(wide);
-    CHECK(error_of([&] { kfsdp::fit(job, wide, adam, kfsdp::optim::constant(0.1), data, options); })
+    CHECK(error_of([&] { kfsdp::fit(wide, adam, kfsdp::optim::constant(0.1), data, options); })
               .find("'kfsdp.numel' is '81', expected '161'") != std::string::npos);
   }
   CHECK(kfsdp::checkpoint_steps(dir) == std::vector<std::size_t>{2, 4, 6});  // nothing written over
@@ -220,7 +220,7 @@ TEST_CASE("fit: SGD's momentum goes through the checkpoint protocol: resuming is
     kfsdp::trainer<mlp, double, kfsdp::zero2> model(mlp{}, job.shard_group(), job.fsdp());
     model.initialize(7);
     kfsdp::optim::sgd<double> sgd(model.engine().plan().shard_numel, {.lr = 0.05, .momentum = 0.9});
-    const kfsdp::fit_result result = kfsdp::fit(job, model, sgd, kfsdp::optim::cosine(0.05, 4), data, options);
+    const kfsdp::fit_result result = kfsdp::fit(model, sgd, kfsdp::optim::cosine(0.05, 4), data, options);
     job.world().barrier();
     return result;
   };
@@ -247,7 +247,7 @@ TEST_CASE("fit with a frozen group (any_optimizer): the group stays as it was, a
     if (initial != nullptr) *initial = model.engine().original_state_dict();
     kfsdp::optim::any_optimizer<double> adam(model, {.kind = "adamw", .lr = 1e-2, .weight_decay = 0.1},
                                              {{.name_contains = "fc1.", .frozen = true}});
-    const kfsdp::fit_result result = kfsdp::fit(job, model, adam, kfsdp::optim::cosine(1e-2, 6), data, options);
+    const kfsdp::fit_result result = kfsdp::fit(model, adam, kfsdp::optim::cosine(1e-2, 6), data, options);
     if (final != nullptr) *final = model.engine().original_state_dict();
     job.world().barrier();
     return result;
@@ -373,7 +373,7 @@ TEST_CASE("fit: evaluation metrics equal the hand-computed ones") {
     model.initialize(5);
     kfsdp::optim::adamw<double> adam(model);
     const kfsdp::fit_result result = kfsdp::fit(
-        job, model, adam, kfsdp::optim::constant(1e-2), samples(60, 4),
+        model, adam, kfsdp::optim::constant(1e-2), samples(60, 4),
         {.steps = 3, .global_batch = global_batch, .eval_data = &test, .metrics = {mean_abs_error}});
     // Every rank predicts every sample (each call collective alike).
     auto [x, y] = test.rows<double>(0, test.count());
@@ -400,7 +400,7 @@ TEST_CASE("fit: evaluation metrics equal the hand-computed ones") {
     model.initialize(5);
     kfsdp::optim::adamw<double> adam(model);
     const kfsdp::fit_result result =
-        kfsdp::fit(job, model, adam, kfsdp::optim::constant(1e-2), samples(60, 4, true),
+        kfsdp::fit(model, adam, kfsdp::optim::constant(1e-2), samples(60, 4, true),
                    {.steps = 3, .global_batch = global_batch, .eval_data = &test_classes});
     auto [x, y] = test_classes.rows<double>(0, test_classes.count());
     const auto logits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.predict(x));
