@@ -19,6 +19,8 @@
 #include <fmt/ranges.h>
 
 #include <kfsdp/comm/mpi.hpp>
+#include <kfsdp/comm/self.hpp>
+#include <kfsdp/comm/threaded.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/optim/adamw.hpp>
@@ -801,4 +803,27 @@ TEST_CASE("a model holding NaN or an infinity is not saved: the writer names the
     CHECK_THROWS_WITH_AS(io::save_state_dict_file(file, full), doctest::Contains(expected.c_str()), std::invalid_argument);
   world.barrier();
   if (world.rank() == 0) CHECK(file_bytes(file) == good);
+}
+
+TEST_CASE("the checkpoint functions use the engine's own communicator: through threaded, refused for self") {
+  comm::mpi world;
+  test::scratch_directory scratch(world, "checkpoint");
+  const auto table = make_param_table(tiny_gpt{});
+  comm::threaded<comm::mpi> overlapped(world);  // the MPI communicator is found under the worker
+  fsdp_engine<float> engine(table, overlapped, {});
+  engine.initialize(21, all_normal);
+  const fs::path file = scratch.path / "through-threaded.safetensors";
+  io::save_model(file, engine, {{"step", "3"}});
+  fsdp_engine<float> loaded(table, world, {});
+  CHECK(io::load_model(file, loaded).at("step") == "3");
+  CHECK(io::read_metadata(file, loaded).at("step") == "3");
+  CHECK(same_tensors(loaded.original_state_dict(), engine.original_state_dict()));
+
+  comm::self alone;  // one process without MPI: no MPI-IO, a clear error instead
+  fsdp_engine<float> single(table, alone, {});
+  CHECK_THROWS_WITH_AS(io::save_model(scratch.path / "self.safetensors", single),
+                       doctest::Contains("kfsdp::io::save_model: the engine's communicator is not over MPI"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)io::load_model(file, single), doctest::Contains("expected one over kfsdp::comm::mpi"),
+                       std::invalid_argument);
 }

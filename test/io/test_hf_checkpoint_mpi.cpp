@@ -106,7 +106,7 @@ void copy_fixture(comm::mpi& world, const std::string& name, const fs::path& to)
 }
 
 template <class Scalar>
-std::string load_error(const fs::path& directory, fsdp_engine<Scalar>& engine, comm::mpi& world,
+std::string load_error(const fs::path& directory, fsdp_engine<Scalar>& engine,
                        const std::vector<std::string>& ignore = {}) {
   try {
     io::load_pretrained(directory, engine, ignore);
@@ -297,27 +297,27 @@ TEST_CASE("a directory that does not fit the model is refused on every rank, nam
 
   // A model with a tensor the directory lacks: the index has no entry for it.
   fsdp_engine<double> deeper(llama_table(3), world, {});
-  const std::string missing = load_error(sharded, deeper, world);
+  const std::string missing = load_error(sharded, deeper);
   CHECK(missing.find("model.safetensors.index.json") != std::string::npos);
   CHECK(missing.find("'model.layers.2.self_attn.q_proj.weight'") != std::string::npos);
   fsdp_engine<double> deeper_single(llama_table(3), world, {});
-  CHECK(load_error(fixture / "tiny-f32", deeper_single, world)
+  CHECK(load_error(fixture / "tiny-f32", deeper_single)
             .find("model.safetensors': tensor 'model.layers.2.self_attn.q_proj.weight': missing from the file") != std::string::npos);
 
   // A model without a tensor the directory has: refused unless ignored (a tied lm_head).
   std::vector<param_info> tied = llama_table();
   tied.pop_back();
   fsdp_engine<double> untied_file(tied, world, {});
-  CHECK(load_error(sharded, untied_file, world).find("names 1 tensor that the model does not have: 'lm_head.weight'") != std::string::npos);
-  CHECK(load_error(fixture / "tiny-f32", untied_file, world).find("model.safetensors': holds 1 tensor that the model does not have: 'lm_head.weight'") != std::string::npos);
-  CHECK(load_error(sharded, untied_file, world, {"lm_head.weight"}) == "(loaded)");
+  CHECK(load_error(sharded, untied_file).find("names 1 tensor that the model does not have: 'lm_head.weight'") != std::string::npos);
+  CHECK(load_error(fixture / "tiny-f32", untied_file).find("model.safetensors': holds 1 tensor that the model does not have: 'lm_head.weight'") != std::string::npos);
+  CHECK(load_error(sharded, untied_file, {"lm_head.weight"}) == "(loaded)");
 
   // Another shape.
   std::vector<param_info> wide = llama_table();
   wide.back().shape[0] = 300;
   wide.back().numel = 300 * 64;
   fsdp_engine<float> wider(wide, world, {});
-  CHECK(load_error(sharded, wider, world).find("tensor 'lm_head.weight': shape [256, 64] in the file, expected [300, 64]") != std::string::npos);
+  CHECK(load_error(sharded, wider).find("tensor 'lm_head.weight': shape [256, 64] in the file, expected [300, 64]") != std::string::npos);
 
   // The index names a file that lacks the tensor, or a path outside the directory.
   const fs::path moved = scratch.path / "moved";
@@ -328,16 +328,16 @@ TEST_CASE("a directory that does not fit the model is refused on every rank, nam
   write_text(world, moved / "model.safetensors.index.json",
              std::string(index).replace(index.find(entry), entry.size(), "\"lm_head.weight\": \"model-00001-of-00003.safetensors\""));
   fsdp_engine<double> engine(llama_table(), world, {});
-  const std::string wrong_file = load_error(moved, engine, world);
+  const std::string wrong_file = load_error(moved, engine);
   CHECK(wrong_file.find("model-00001-of-00003.safetensors': tensor 'lm_head.weight': missing from the file") != std::string::npos);
   write_text(world, moved / "model.safetensors.index.json",
              std::string(index).replace(index.find(entry), entry.size(), "\"lm_head.weight\": \"../x.safetensors\""));
-  CHECK(load_error(moved, engine, world).find("file '../x.safetensors', expected the name of a file in the directory") != std::string::npos);
+  CHECK(load_error(moved, engine).find("file '../x.safetensors', expected the name of a file in the directory") != std::string::npos);
   write_text(world, moved / "model.safetensors.index.json", "{\"metadata\": {}}");
-  CHECK(load_error(moved, engine, world).find("no \"weight_map\" object") != std::string::npos);
+  CHECK(load_error(moved, engine).find("no \"weight_map\" object") != std::string::npos);
 
   // No weights at all; a dtype that is not a float.
-  CHECK(load_error(scratch.path, engine, world).find("holds neither model.safetensors nor model.safetensors.index.json") != std::string::npos);
+  CHECK(load_error(scratch.path, engine).find("holds neither model.safetensors nor model.safetensors.index.json") != std::string::npos);
   const fs::path ints = scratch.path / "ints";
   if (world.rank() == 0) {
     fs::create_directory(ints);
@@ -348,12 +348,12 @@ TEST_CASE("a directory that does not fit the model is refused on every rank, nam
   }
   world.barrier();
   fsdp_engine<double> embedding(std::vector<param_info>{llama_table().front()}, world, {});
-  CHECK(load_error(ints, embedding, world).find("tensor 'model.embed_tokens.weight': dtype I32 in the file, expected F64, F32, BF16 or F16") != std::string::npos);
+  CHECK(load_error(ints, embedding).find("tensor 'model.embed_tokens.weight': dtype I32 in the file, expected F64, F32, BF16 or F16") != std::string::npos);
 
   // Nothing was changed by a refused load.
   engine.initialize(5);
   const state_dict before = engine.original_state_dict();
-  (void)load_error(moved, engine, world);
+  (void)load_error(moved, engine);
   check_equal(engine, before);
 }
 
@@ -526,13 +526,13 @@ TEST_CASE(
   fsdp_engine<float> engine(llama_table(), world, {});
   engine.initialize(3);
   const state_dict before = engine.original_state_dict();
-  CHECK(load_error(single, engine, world)
+  CHECK(load_error(single, engine)
             .find("file '" + (single / "model.safetensors").string() +
                   "': tensor 'model.norm.weight': holds nan, expected finite values") != std::string::npos);
-  CHECK(load_error(sharded, engine, world)
+  CHECK(load_error(sharded, engine)
             .find("file '" + (sharded / shard).string() +
                   "': tensor 'lm_head.weight': holds inf, expected finite values") != std::string::npos);
   fsdp_engine<double> wide(llama_table(), world, {});
-  CHECK(load_error(sharded, wide, world) == "(loaded)");  // 1e300 is a double
+  CHECK(load_error(sharded, wide) == "(loaded)");  // 1e300 is a double
   check_equal(engine, before);                            // nothing was loaded
 }
