@@ -98,6 +98,7 @@ module;
 #include <kfsdp/tensor/dtype.hpp>
 #include <kfsdp/tensor/state_dict.hpp>
 #include <kfsdp/train/activation_meter.hpp>
+#include <kfsdp/train/evaluate.hpp>
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/gradient_check.hpp>
 #include <kfsdp/train/layer_params.hpp>
@@ -426,6 +427,10 @@ export namespace kfsdp {
 using kfsdp::dtype;
 using kfsdp::state_dict;
 using kfsdp::tensor;
+}
+// <kfsdp/train/evaluate.hpp>
+export namespace kfsdp {
+using kfsdp::evaluate;
 }
 #ifdef KFSDP_MODULE_MPI
 // <kfsdp/train/fit.hpp>
