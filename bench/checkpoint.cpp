@@ -90,8 +90,8 @@ int main(int argc, char** argv) {
     std::vector<double> save, load, plain_write, plain_read, gather_write;
     std::vector<char> bytes;
     for (int repetition = 0; repetition < repetitions; ++repetition) {
-      save.push_back(timed(world, [&] { kfsdp::io::save_model(parallel, engine, world, {{"step", "0"}}); }));
-      load.push_back(timed(world, [&] { (void)kfsdp::io::load_model(parallel, engine, world); }));
+      save.push_back(timed(world, [&] { kfsdp::io::save_model(parallel, engine, {{"step", "0"}}); }));
+      load.push_back(timed(world, [&] { (void)kfsdp::io::load_model(parallel, engine); }));
       if (world.rank() == 0) bytes = read_all(parallel);
       plain_write.push_back(timed(world, [&] {
         if (world.rank() == 0) write_all_synced(plain, bytes);

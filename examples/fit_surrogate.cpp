@@ -24,11 +24,11 @@ int main(int argc, char** argv) {
     trainer<surrogate, double, zero3, layer_bucketing> model(surrogate{}, job.shard_group(), job.fsdp());
     model.initialize(/*seed=*/1);
     optim::adamw<double> adam(model, {.weight_decay = 0.0});
-    const fit_result result = fit(job, model, adam, optim::cosine(3e-3, 4000), data,
+    const fit_result result = fit(model, adam, optim::cosine(3e-3, 4000), data,
         {.steps = 4000, .global_batch = 256, .seed = 1, .max_norm = 1.0, .eval_data = &held_out,
          .checkpoint_dir = "checkpoints", .checkpoint_every = 1000, .metadata = io::stats_metadata(stats)});
     if (result.preempted) return;  // checkpoints/ holds the run and checkpoints.stopped says so: requeue
-    io::save_model("surrogate.safetensors", model.engine(), job.shard_group());
+    io::save_model("surrogate.safetensors", model.engine());
     if (job.is_root()) fmt::print("test mse {:.3g} (in units of the training set's variance)\n", result.eval.mse);
   });
 }

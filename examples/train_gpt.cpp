@@ -148,7 +148,7 @@ int run(const settings& s, kfsdp::session& job) {
     if (!s.trace.empty()) engine.set_trace(&trace);
     if (s.load.empty())
       trainer.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
-    else if (!kfsdp::io::load_model(s.load, engine, job.shard_group()).contains(std::string(kfsdp::io::header_checksum_key)) &&
+    else if (!kfsdp::io::load_model(s.load, engine).contains(std::string(kfsdp::io::header_checksum_key)) &&
              root)
       fmt::print("train_gpt: {} has no kfsdp checksums (a standard safetensors file): its layout was "
                  "checked, its data could not be verified\n", s.load);
@@ -166,13 +166,13 @@ int run(const settings& s, kfsdp::session& job) {
       kfsdp::io::metadata_map metadata{{"format", "pt"}, {"step", std::to_string(steps_done)}, {"seed", std::to_string(s.seed)},
                                         {"batch", std::to_string(s.batch)}};
       metadata.insert(config.begin(), config.end());
-      kfsdp::io::save_training_state(s.save, engine, job.shard_group(), metadata, optimizer);
+      kfsdp::io::save_training_state(s.save, engine, metadata, optimizer);
     };
     std::size_t first_step = 0;  // windows are keyed by step: the data resumes too
     if (!s.resume.empty()) {
       try {
         first_step = kfsdp::io::metadata_count(
-            kfsdp::io::load_training_state(s.resume, engine, job.shard_group(), optimizer), "step");
+            kfsdp::io::load_training_state(s.resume, engine, optimizer), "step");
       } catch (const std::invalid_argument& refused) {
         throw std::invalid_argument(fmt::format("train_gpt: --resume {}: {}", s.resume, refused.what()));
       }

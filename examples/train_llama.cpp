@@ -121,7 +121,7 @@ int run(const settings& s, kfsdp::session& job) {
         if (s.load.empty())
           trainer.initialize(s.seed, kfsdp::llama_init());
         else  // a tied model's directory may still hold lm_head.weight (some writers keep it)
-          kfsdp::io::load_pretrained(s.load, engine, job.shard_group(),
+          kfsdp::io::load_pretrained(s.load, engine,
                                      config.tie_weights ? std::vector<std::string>{"lm_head.weight"} : std::vector<std::string>{});
 
         if (s.eval_windows > 0) {  // evaluation only
@@ -145,7 +145,7 @@ int run(const settings& s, kfsdp::session& job) {
         const bool stopped = steps_done < s.training.steps;  // SIGTERM / SIGUSR1: the weights so far, marked
         if (!stopped) log.print_loss_change();
         if (!s.save.empty()) {
-          kfsdp::io::save_pretrained(s.save, engine, job.shard_group(), kfsdp::io::llama_config_json(config, kfsdp::io::dtype_of<Scalar>),
+          kfsdp::io::save_pretrained(s.save, engine, kfsdp::io::llama_config_json(config, kfsdp::io::dtype_of<Scalar>),
                                      kfsdp::io::dtype_of<Scalar>);
           if (!stopped) kfsdp::mark_finished(s.save, root);
           if (root && !stopped) fmt::print("saved {}\n", s.save);

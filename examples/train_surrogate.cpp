@@ -182,7 +182,7 @@ int run(const settings& s, kfsdp::session& job) {
     test_set.normalize(saved);
     const auto model = make_saved_surrogate(meta, s.load, sizeof(Scalar));
     return kfsdp::with_trainer<Scalar>(model, engine_comm, fsdp, training, [&](auto& trainer) {
-      kfsdp::io::load_model(s.load, trainer.engine(), job.shard_group());
+      kfsdp::io::load_model(s.load, trainer.engine());
       const double error = relative_l2(trainer, test_set, test.targets, target, world);
       if (root) fmt::print("test relative L2 {:.9g} ({} ranks, {} samples)\n", error, job.size(), test_set.count());
       return 0;
@@ -224,7 +224,7 @@ int run(const settings& s, kfsdp::session& job) {
     }
     const bool stopped = steps_done < s.steps;
     if (stopped) {  // the weights so far (no resume in this program), marked for the job script
-      if (!s.save.empty()) kfsdp::io::save_model(s.save, trainer.engine(), job.shard_group(), metadata_of(normalization, s));
+      if (!s.save.empty()) kfsdp::io::save_model(s.save, trainer.engine(), metadata_of(normalization, s));
       report_stopped("train_surrogate", steps_done, s.save, root);
       return 0;
     }
@@ -234,7 +234,7 @@ int run(const settings& s, kfsdp::session& job) {
     const double test_error = relative_l2(trainer, test_set, test.targets, target, world);
     if (root) fmt::print("train relative L2 {:.9g}\ntest relative L2 {:.9g}\ntrained in {:.1f} s\n", train_error, test_error, seconds);
     if (!s.save.empty()) {
-      kfsdp::io::save_model(s.save, trainer.engine(), job.shard_group(), metadata_of(normalization, s));
+      kfsdp::io::save_model(s.save, trainer.engine(), metadata_of(normalization, s));
       kfsdp::mark_finished(s.save, root);
       if (root) fmt::print("saved {}\n", s.save);
     }

@@ -30,12 +30,16 @@ module;
 #include <kfsdp/comm/shared_memory.hpp>
 #include <kfsdp/comm/stream_order.hpp>
 #include <kfsdp/comm/threaded/threaded.hpp>
+#include <kfsdp/compute/layer_params.hpp>
+#include <kfsdp/compute/network.hpp>
+#include <kfsdp/compute/ops.hpp>
+#include <kfsdp/compute/rowwise.hpp>
+#include <kfsdp/compute/rowwise_kernels.hpp>
 #include <kfsdp/detail/erf.hpp>
 #include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/environment.hpp>
 #include <kfsdp/export.hpp>
 #include <kfsdp/expr/expression.hpp>
-#include <kfsdp/compute/rowwise_kernels.hpp>
 #include <kfsdp/fsdp/bucket_unit.hpp>
 #include <kfsdp/fsdp/buffer_pool.hpp>
 #include <kfsdp/fsdp/engine.hpp>
@@ -80,6 +84,7 @@ module;
 #include <kfsdp/model/model_graph.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/model/rowwise.hpp>
+#include <kfsdp/model/unit_assignment.hpp>
 #include <kfsdp/nn/attention.hpp>
 #include <kfsdp/nn/cross_entropy.hpp>
 #include <kfsdp/nn/detail/elementwise.hpp>
@@ -102,14 +107,11 @@ module;
 #include <kfsdp/tensor/state_dict.hpp>
 #include <kfsdp/tensor/stateful.hpp>
 #include <kfsdp/train/activation_meter.hpp>
+#include <kfsdp/train/evaluate.hpp>
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/gradient_check.hpp>
-#include <kfsdp/compute/layer_params.hpp>
 #include <kfsdp/train/llama.hpp>
-#include <kfsdp/compute/network.hpp>
-#include <kfsdp/compute/ops.hpp>
 #include <kfsdp/train/preemption.hpp>
-#include <kfsdp/compute/rowwise.hpp>
 #include <kfsdp/train/step_log.hpp>
 #include <kfsdp/train/trainer.hpp>
 #ifdef KFSDP_HAVE_HDF5
@@ -180,6 +182,10 @@ using kfsdp::comm::shared_bytes;
 export namespace kfsdp::comm {
 using kfsdp::comm::threaded;
 }
+// <kfsdp/compute/layer_params.hpp>
+export namespace kfsdp {
+using kfsdp::layer_params;
+}
 // <kfsdp/environment.hpp>
 export namespace kfsdp {
 using kfsdp::environment;
@@ -226,9 +232,7 @@ using kfsdp::trace_recorder;
 // <kfsdp/fsdp/units.hpp>
 export namespace kfsdp {
 using kfsdp::make_units;
-using kfsdp::parse_wrap_policy;
 using kfsdp::units_table;
-using kfsdp::wrap_policy;
 }
 // <kfsdp/infer/predictor.hpp>
 export namespace kfsdp {
@@ -365,6 +369,11 @@ using kfsdp::rowwise;
 using kfsdp::rowwise_loss;
 using kfsdp::swiglu;
 }
+// <kfsdp/model/unit_assignment.hpp>
+export namespace kfsdp {
+using kfsdp::parse_wrap_policy;
+using kfsdp::wrap_policy;
+}
 // <kfsdp/nn/views.hpp>
 export namespace kfsdp::nn {
 using kfsdp::nn::const_matrix;
@@ -434,6 +443,10 @@ using kfsdp::io::check_config;
 using kfsdp::io::check_metadata;
 using kfsdp::io::metadata_count;
 }
+// <kfsdp/train/evaluate.hpp>
+export namespace kfsdp {
+using kfsdp::evaluate;
+}
 #ifdef KFSDP_MODULE_MPI
 // <kfsdp/train/fit.hpp>
 export namespace kfsdp {
@@ -452,10 +465,6 @@ using kfsdp::gpt2_init;
 // <kfsdp/train/gradient_check.hpp>
 export namespace kfsdp {
 using kfsdp::check_gradients;
-}
-// <kfsdp/compute/layer_params.hpp>
-export namespace kfsdp {
-using kfsdp::layer_params;
 }
 // <kfsdp/train/llama.hpp>
 export namespace kfsdp {

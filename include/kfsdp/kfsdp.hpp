@@ -16,7 +16,7 @@
 //   kfsdp::comm::self one;
 //   kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> t(mlp{}, one);
 //   t.initialize(/*seed=*/0);
-//   kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-3});
+//   kfsdp::optim::adamw<double> adam(t, {.lr = 1e-3});   // the trainer holds the shard size
 //   auto [loss, grad_norm] = t.step({{x, y}}, adam);
 // (test/static/umbrella.cpp builds and runs this with nothing but this include.)
 
@@ -46,6 +46,7 @@
 #include <kfsdp/optim/schedule.hpp>
 #include <kfsdp/optim/sgd.hpp>
 
+#include <kfsdp/train/evaluate.hpp>
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/llama.hpp>
 #include <kfsdp/train/trainer.hpp>

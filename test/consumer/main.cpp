@@ -42,9 +42,9 @@ int main(int argc, char** argv) {
   const double second = model.step({{xs, ys}}, adam).loss;
   const double trained = model.evaluate({{xs, ys}});
 
-  kfsdp::io::save_model(checkpoint, model.engine(), world);
+  kfsdp::io::save_model(checkpoint, model.engine());
   mlp_trainer reloaded(mlp{}, world);
-  kfsdp::io::load_model(checkpoint, reloaded.engine(), world);
+  kfsdp::io::load_model(checkpoint, reloaded.engine());
   const double reloaded_loss = reloaded.evaluate({{xs, ys}});
 
   // Every rank sees the same all-reduced losses, so every rank reaches the same verdict.

@@ -19,6 +19,8 @@
 #include <fmt/ranges.h>
 
 #include <kfsdp/comm/mpi/mpi.hpp>
+#include <kfsdp/comm/self/self.hpp>
+#include <kfsdp/comm/threaded/threaded.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/optim/adamw.hpp>
@@ -126,9 +128,9 @@ bool same_on_every_rank(comm::mpi& world, const std::string& text) {
 
 // "format_error: <what>", "other: <what>", or "no error".
 template <class Scalar>
-std::string load_error(const fs::path& path, fsdp_engine<Scalar>& engine, comm::mpi& world) {
+std::string load_error(const fs::path& path, fsdp_engine<Scalar>& engine) {
   try {
-    (void)io::load_model(path, engine, world);
+    (void)io::load_model(path, engine);
   } catch (const format_error& error) {
     return std::string("format_error: ") + error.what();
   } catch (const std::exception& error) {
@@ -148,7 +150,7 @@ void check_parallel_file_equals_gathered(comm::mpi& world, const fs::path& direc
     engine.initialize(5, choose);
     const fs::path parallel = directory / (tag + ".parallel.safetensors");
     const fs::path gathered = directory / (tag + ".gathered.safetensors");
-    io::save_model(parallel, engine, world, sample_metadata);
+    io::save_model(parallel, engine, sample_metadata);
     const state_dict full = engine.original_state_dict(/*rank0_only=*/true);
     if (world.rank() == 0) io::save_state_dict_file(gathered, full, sample_metadata);
     world.barrier();
@@ -207,7 +209,7 @@ TEST_CASE("a standard safetensors file (no kfsdp checksums) loads after the layo
   world.barrier();
 
   fsdp_engine<double> loaded(make_param_table(tiny_gpt{}), world, {.bucketing_strategy = bucketing::block});
-  (void)io::load_model(file, loaded, world);
+  (void)io::load_model(file, loaded);
   const state_dict back = loaded.original_state_dict();
   for (const tensor& t : full) {
     CAPTURE(t.name);
@@ -217,7 +219,7 @@ TEST_CASE("a standard safetensors file (no kfsdp checksums) loads after the layo
   CHECK(io::load_state_dict_file(file).size() == full.size());
   // Its layout is still checked: a model it does not fit is refused, naming the tensor.
   fsdp_engine<double> other(make_param_table(thunder_padding{}), world, {});
-  CHECK_THROWS_AS((void)io::load_model(file, other, world), format_error);
+  CHECK_THROWS_AS((void)io::load_model(file, other), format_error);
 }
 
 TEST_CASE("a NaN or an infinity in a file without checksums is refused by load_model, naming the tensor") {
@@ -243,7 +245,7 @@ TEST_CASE("a NaN or an infinity in a file without checksums is refused by load_m
     fsdp_engine<double> loaded(make_param_table(tiny_gpt{}), world, {});
     loaded.initialize(5, all_normal);
     const state_dict before = loaded.original_state_dict();
-    const std::string error = load_error(file, loaded, world);
+    const std::string error = load_error(file, loaded);
     CAPTURE(error);
     CHECK(error ==
           fmt::format("format_error: kfsdp::io::load_model: file '{}': tensor 'lm_head.weight': holds {}, "
@@ -267,7 +269,7 @@ TEST_CASE("a load is strict: a standard file's tensors that the model lacks are 
   fsdp_engine<double> shallower(make_param_table(gpt<2, 8, 5>{}), world, {});
   shallower.initialize(5, all_normal);
   const state_dict before = shallower.original_state_dict();
-  const std::string error = load_error(file, shallower, world);
+  const std::string error = load_error(file, shallower);
   CAPTURE(error);
   CHECK(error.starts_with(fmt::format("format_error: kfsdp::io::load_model: file '{}': holds 12 tensors that the model "
                                       "does not have: 'transformer.h.2.",
@@ -277,7 +279,7 @@ TEST_CASE("a load is strict: a standard file's tensors that the model lacks are 
   CHECK(same_on_every_rank(world, error));
   CHECK(same_tensors(shallower.original_state_dict(), before));
   // The lenient load is the explicit one: it loads what matches and names the rest.
-  const io::import_report report = io::import_weights(file, shallower, world);
+  const io::import_report report = io::import_weights(file, shallower);
   CHECK(report.missing.empty());
   REQUIRE(report.unexpected.size() == 12);
   for (const std::string& name : report.unexpected) CHECK(name.starts_with("transformer.h.2."));
@@ -289,7 +291,7 @@ TEST_CASE("import_weights loads by name for fine-tuning and names what is missin
   const fs::path two_blocks = scratch.path / "two_blocks.safetensors";
   fsdp_engine<double> pretrained(make_param_table(gpt<2, 8, 5>{}), world, {});
   pretrained.initialize(3, all_normal);
-  io::save_model(two_blocks, pretrained, world, {{"step", "9"}});
+  io::save_model(two_blocks, pretrained, {{"step", "9"}});
   const state_dict source = pretrained.original_state_dict();
 
   // A deeper model: the shared layers and the first two blocks come from the file, the third
@@ -297,7 +299,7 @@ TEST_CASE("import_weights loads by name for fine-tuning and names what is missin
   fsdp_engine<double> deeper(make_param_table(gpt<3, 8, 5>{}), world, {.bucketing_strategy = bucketing::block});
   deeper.initialize(11, all_normal);
   const state_dict before = deeper.original_state_dict();
-  const io::import_report report = io::import_weights(two_blocks, deeper, world);
+  const io::import_report report = io::import_weights(two_blocks, deeper);
   CHECK(report.metadata.at("step") == "9");
   CHECK(report.unexpected.empty());
   CHECK(report.loaded.size() == source.size());
@@ -316,21 +318,21 @@ TEST_CASE("import_weights loads by name for fine-tuning and names what is missin
 
   // The other way: the third block's tensors are unexpected and ignored.
   const fs::path three_blocks = scratch.path / "three_blocks.safetensors";
-  io::save_model(three_blocks, deeper, world);
+  io::save_model(three_blocks, deeper);
   fsdp_engine<double> shallower(make_param_table(gpt<2, 8, 5>{}), world, {});
-  const io::import_report back = io::import_weights(three_blocks, shallower, world);
+  const io::import_report back = io::import_weights(three_blocks, shallower);
   CHECK(back.missing.empty());
   CHECK(back.unexpected == report.missing);
   CHECK(io::describe(back).find("; unexpected (ignored): 'transformer.h.2.") != std::string::npos);
   CHECK(same_tensors(shallower.original_state_dict(), source));
   // load_model stays strict: the same file is refused there, naming the count.
-  CHECK(load_error(three_blocks, shallower, world).find("weight tensors") != std::string::npos);
+  CHECK(load_error(three_blocks, shallower).find("weight tensors") != std::string::npos);
 
   // A name in both with another shape is an error on every rank, the shards unchanged.
   fsdp_engine<double> wider(make_param_table(gpt<2, 16, 5>{}), world, {});
   wider.initialize(5, all_normal);
   const state_dict wider_before = wider.original_state_dict();
-  CHECK_THROWS_WITH_AS((void)io::import_weights(two_blocks, wider, world),
+  CHECK_THROWS_WITH_AS((void)io::import_weights(two_blocks, wider),
                        doctest::Contains("tensor 'transformer.wte.weight': shape [256, 8] in the file, expected [256, 16] for the model"), format_error);
   CHECK(same_tensors(wider.original_state_dict(), wider_before));
 }
@@ -357,7 +359,7 @@ TEST_CASE("written at world size 3, loaded at 1, 2 and 4: identical state dicts 
     Kokkos::View<float*> exp_avg_sq("exp_avg_sq", engine.plan().shard_numel);
     fill_moments(engine, exp_avg, 1);
     fill_moments(engine, exp_avg_sq, 2);
-    io::save_checkpoint(path, engine, comm,
+    io::save_checkpoint(path, engine,
                         io::checkpoint_state<float>{.metadata = {{"step", "300"}},
                                                     .shards = {{"optimizer.exp_avg", exp_avg},
                                                                {"optimizer.exp_avg_sq", exp_avg_sq}}});
@@ -384,7 +386,7 @@ TEST_CASE("written at world size 3, loaded at 1, 2 and 4: identical state dicts 
     io::checkpoint_state<float> state{.metadata = {},
                                       .shards = {{"optimizer.exp_avg", exp_avg},
                                                  {"optimizer.exp_avg_sq", exp_avg_sq}}};
-    io::load_checkpoint(file, engine, *loading, state);
+    io::load_checkpoint(file, engine, state);
     CHECK(nonzero_padding(engine) == 0);
     CHECK(moment_mismatches(engine, exp_avg, 1) == 0);
     CHECK(moment_mismatches(engine, exp_avg_sq, 2) == 0);
@@ -405,12 +407,12 @@ TEST_CASE("under HSDP the first shard group writes the flat file; a failed write
                             {.bucketing_strategy = bucketing::layer, .replica_group = comm::any_communicator(replicas)});
   engine.initialize(21, all_normal);
   const fs::path hybrid = scratch.path / "hybrid.safetensors", flat = scratch.path / "flat.safetensors";
-  io::save_model(hybrid, engine, shard_group, {{"step", "7"}});
+  io::save_model(hybrid, engine, {{"step", "7"}});
   std::optional<comm::mpi> alone = split(world, world.rank());
   if (world.rank() == 0) {
     fsdp_engine<float> one(table, *alone, {});
     one.initialize(21, all_normal);
-    io::save_model(flat, one, *alone, {{"step", "7"}});
+    io::save_model(flat, one, {{"step", "7"}});
   }
   world.barrier();
   if (world.rank() == 0) CHECK(file_bytes(hybrid) == file_bytes(flat));  // what flat FSDP writes, byte for byte
@@ -418,7 +420,7 @@ TEST_CASE("under HSDP the first shard group writes the flat file; a failed write
   const fs::path nowhere = scratch.path / "missing-directory" / "ckpt.safetensors";
   std::string message;
   try {
-    io::save_model(nowhere, engine, shard_group);
+    io::save_model(nowhere, engine);
   } catch (const std::exception& error) {
     message = error.what();
   }
@@ -447,7 +449,7 @@ TEST_CASE("AdamW moments and progress round-trip; the resumed optimizer steps ex
                               {"optimizer", "adamw"},
                               {"optimizer.lr", fmt::format("{}", options.lr)},
                               {"optimizer.betas", fmt::format("{},{}", options.beta1, options.beta2)}};
-  io::save_checkpoint(file, engine, world,
+  io::save_checkpoint(file, engine,
                       {.metadata = progress,
                        .shards = {{"optimizer.exp_avg", optimizer.exp_avg()},
                                   {"optimizer.exp_avg_sq", optimizer.exp_avg_sq()}}});
@@ -457,7 +459,7 @@ TEST_CASE("AdamW moments and progress round-trip; the resumed optimizer steps ex
   io::checkpoint_state<double> state{.metadata = {},
                                      .shards = {{"optimizer.exp_avg", resumed_optimizer.exp_avg()},
                                                 {"optimizer.exp_avg_sq", resumed_optimizer.exp_avg_sq()}}};
-  io::load_checkpoint(file, resumed, world, state);
+  io::load_checkpoint(file, resumed, state);
   for (const auto& [key, value] : progress) CHECK(state.metadata.at(key) == value);
   resumed_optimizer.set_step_count(std::stoll(state.metadata.at("step")));
   CHECK(to_host(resumed.shards().flat()) == to_host(engine.shards().flat()));
@@ -471,12 +473,12 @@ TEST_CASE("AdamW moments and progress round-trip; the resumed optimizer steps ex
 
   // load_model reads the weights of a checkpoint file and ignores the optimizer's tensors.
   fsdp_engine<double> weights_only(make_param_table(thunder_padding{}), world, {});
-  (void)io::load_model(file, weights_only, world);
+  (void)io::load_model(file, weights_only);
   CHECK(same_tensors(weights_only.original_state_dict(), resumed.original_state_dict()) ==
         false);  // `resumed` stepped once more since the save
   fsdp_engine<double> saved_weights(make_param_table(thunder_padding{}), world, {});
   io::checkpoint_state<double> nothing_else{};
-  io::load_checkpoint(file, saved_weights, world, nothing_else);
+  io::load_checkpoint(file, saved_weights, nothing_else);
   CHECK(same_tensors(weights_only.original_state_dict(), saved_weights.original_state_dict()));
 }
 
@@ -487,7 +489,7 @@ TEST_CASE("a job killed mid-write leaves the previous checkpoint intact and load
   const auto table = make_param_table(tiny_gpt{});
   fsdp_engine<float> engine(table, world, {});
   engine.initialize(1, gpt_like_init);
-  io::save_model(file, engine, world);
+  io::save_model(file, engine);
   const std::vector<float> old_shard = to_host(engine.shards().flat());
 
   for (const bool only_last_rank : {false, true}) {
@@ -496,11 +498,11 @@ TEST_CASE("a job killed mid-write leaves the previous checkpoint intact and load
     io::testing::set_stop_after_header([&](const fs::path&) {
       return !only_last_rank || world.rank() == world.size() - 1;
     });
-    CHECK_THROWS_AS(io::save_model(file, engine, world), std::runtime_error);
+    CHECK_THROWS_AS(io::save_model(file, engine), std::runtime_error);
     io::testing::set_stop_after_header({});
 
     fsdp_engine<float> restarted(table, world, {});
-    (void)io::load_model(file, restarted, world);
+    (void)io::load_model(file, restarted);
     CHECK(to_host(restarted.shards().flat()) == old_shard);
 
     // The partial temporary file is left behind, as a kill would leave it, and does not load.
@@ -511,12 +513,12 @@ TEST_CASE("a job killed mid-write leaves the previous checkpoint intact and load
     leftover = test::broadcast_from_rank0(world, leftover);
     CHECK(!leftover.empty());
     if (leftover.empty()) continue;
-    const std::string error = load_error(leftover, restarted, world);
+    const std::string error = load_error(leftover, restarted);
     CHECK(error.starts_with("format_error"));
     CHECK(to_host(restarted.shards().flat()) == old_shard);
     // The next save finds it and removes it (a killed job's full-size file does not pile up).
     world.barrier();
-    io::save_model(scratch.path / "model.safetensors", restarted, world);
+    io::save_model(scratch.path / "model.safetensors", restarted);
     world.barrier();
     CHECK(!fs::exists(leftover));
   }
@@ -535,9 +537,9 @@ TEST_CASE("a job killed mid-write leaves the previous checkpoint intact and load
   }
 
   // The next save goes through and replaces the old file.
-  io::save_model(file, engine, world);
+  io::save_model(file, engine);
   fsdp_engine<float> restarted(table, world, {});
-  (void)io::load_model(file, restarted, world);
+  (void)io::load_model(file, restarted);
   CHECK(to_host(restarted.shards().flat()) == to_host(engine.shards().flat()));
 }
 
@@ -602,7 +604,7 @@ template <class Model, class Scalar>
 void save_other_model(comm::mpi& world, const fs::path& path) {
   fsdp_engine<Scalar> engine(make_param_table(Model{}), world, {});
   engine.initialize(4, gpt_like_init);
-  io::save_model(path, engine, world);
+  io::save_model(path, engine);
 }
 
 }  // namespace
@@ -615,7 +617,7 @@ TEST_CASE("every malformed file raises format_error naming the file and the tens
   {
     fsdp_engine<float> writer(table, world, {});
     writer.initialize(3, gpt_like_init);
-    io::save_model(good, writer, world, {{"step", "42"}});
+    io::save_model(good, writer, {{"step", "42"}});
   }
   const std::string corrupted_tensor = "transformer.h.1.mlp.c_fc.weight";
   const std::string last_tensor = "lm_head.weight";
@@ -675,7 +677,7 @@ TEST_CASE("every malformed file raises format_error naming the file and the tens
   const std::vector<float> before = to_host(engine.shards().flat());
   for (const malformed_case& bad : cases) {
     CAPTURE(bad.name);
-    const std::string error = load_error(scratch.path / bad.name, engine, world);
+    const std::string error = load_error(scratch.path / bad.name, engine);
     CAPTURE(error);
     CHECK(error.starts_with("format_error: "));
     CHECK(error.find(bad.name) != std::string::npos);
@@ -685,13 +687,13 @@ TEST_CASE("every malformed file raises format_error naming the file and the tens
     if (bad.name == "removed.safetensors") CHECK(error.find("'" + middle_tensor + "': missing from the file") != std::string::npos);
   }
   // A file that is not there: an I/O error, on every rank, shards untouched.
-  const std::string missing = load_error(scratch.path / "absent.safetensors", engine, world);
+  const std::string missing = load_error(scratch.path / "absent.safetensors", engine);
   CHECK(missing.starts_with("other: "));
   CHECK(missing.find("absent.safetensors") != std::string::npos);
   CHECK(same_on_every_rank(world, missing));
   CHECK(to_host(engine.shards().flat()) == before);
   // The good file still loads into the same engine.
-  CHECK(load_error(good, engine, world) == "no error");
+  CHECK(load_error(good, engine) == "no error");
 }
 
 TEST_CASE("saving writes regular files only: a device or a directory is refused, a symlink's target is replaced") {
@@ -699,20 +701,20 @@ TEST_CASE("saving writes regular files only: a device or a directory is refused,
   test::scratch_directory scratch(world, "checkpoint");
   fsdp_engine<float> engine(make_param_table(tiny_gpt{}), world, {});
   engine.initialize(4, all_normal);
-  CHECK_THROWS_WITH_AS(io::save_model("/dev/null", engine, world),
+  CHECK_THROWS_WITH_AS(io::save_model("/dev/null", engine),
                        "kfsdp::io::save_model: '/dev/null' is a character device, expected a regular file (nothing was written)",
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(io::save_model(scratch.path, engine, world), doctest::Contains("is a directory"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(io::save_model("", engine, world), "kfsdp::io::save_model: the path is empty, expected a file name",
+  CHECK_THROWS_WITH_AS(io::save_model(scratch.path, engine), doctest::Contains("is a directory"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(io::save_model("", engine), "kfsdp::io::save_model: the path is empty, expected a file name",
                        std::invalid_argument);
   const fs::path target = scratch.path / "target.safetensors", link = scratch.path / "latest.safetensors";
   if (world.rank() == 0) fs::create_symlink("target.safetensors", link);
   world.barrier();
-  io::save_model(link, engine, world);
+  io::save_model(link, engine);
   world.barrier();
   CHECK(fs::is_symlink(link));  // the link stays; its target holds the model
   fsdp_engine<float> loaded(make_param_table(tiny_gpt{}), world, {});
-  (void)io::load_model(target, loaded, world);
+  (void)io::load_model(target, loaded);
   CHECK(to_host(loaded.shards().flat()) == to_host(engine.shards().flat()));
   if (world.rank() == 0) {
     CHECK_THROWS_AS(io::save_state_dict_file("/dev/null", engine.original_state_dict()), std::invalid_argument);
@@ -727,7 +729,7 @@ TEST_CASE("a write that the file system refuses names the cause and the path; th
   const fs::path file = scratch.path / "model.safetensors";
   fsdp_engine<double> engine(make_param_table(tiny_gpt{}), world, {});
   engine.initialize(3, all_normal);
-  io::save_model(file, engine, world);
+  io::save_model(file, engine);
   const std::vector<char> good = world.rank() == 0 ? file_bytes(file) : std::vector<char>{};
   // A file size limit below the file's size stands in for a full disk: the system refuses the
   // bytes past it (EFBIG) as it would refuse them with ENOSPC.
@@ -739,7 +741,7 @@ TEST_CASE("a write that the file system refuses names the cause and the path; th
   ::setrlimit(RLIMIT_FSIZE, &limited);
   std::string message;
   try {
-    io::save_model(file, engine, world);
+    io::save_model(file, engine);
   } catch (const std::runtime_error& error) {
     message = error.what();
   }
@@ -763,13 +765,13 @@ TEST_CASE("bad arguments to the writer raise std::invalid_argument on every rank
   fsdp_engine<float> engine(make_param_table(tiny_gpt{}), world, {});
   engine.initialize(1, gpt_like_init);
   const fs::path file = scratch.path / "never.safetensors";
-  CHECK_THROWS_AS(io::save_model(file, engine, world, {{"checksum.lm_head.weight", "0"}}), std::invalid_argument);
-  CHECK_THROWS_AS(io::save_model(file, engine, world, {{"kfsdp.dtype", "F16"}}), std::invalid_argument);
+  CHECK_THROWS_AS(io::save_model(file, engine, {{"checksum.lm_head.weight", "0"}}), std::invalid_argument);
+  CHECK_THROWS_AS(io::save_model(file, engine, {{"kfsdp.dtype", "F16"}}), std::invalid_argument);
   if (world.size() > 1)
-    CHECK_THROWS_AS(io::save_model(file, engine, world, {{"rank", std::to_string(world.rank())}}),
+    CHECK_THROWS_AS(io::save_model(file, engine, {{"rank", std::to_string(world.rank())}}),
                     std::invalid_argument);
   Kokkos::View<float*> too_short("too_short", engine.plan().shard_numel + 1);
-  CHECK_THROWS_AS(io::save_checkpoint(file, engine, world, {.metadata = {}, .shards = {{"optimizer.exp_avg", too_short}}}),
+  CHECK_THROWS_AS(io::save_checkpoint(file, engine, {.metadata = {}, .shards = {{"optimizer.exp_avg", too_short}}}),
                   std::invalid_argument);
   world.barrier();
   CHECK(!fs::exists(file));
@@ -783,7 +785,7 @@ TEST_CASE("a model holding NaN or an infinity is not saved: the writer names the
   fsdp_engine<float> engine(make_param_table(tiny_gpt{}), world, {});
   engine.initialize(1, gpt_like_init);
   const fs::path file = scratch.path / "model.safetensors";
-  io::save_model(file, engine, world);
+  io::save_model(file, engine);
   const std::vector<char> good = world.rank() == 0 ? file_bytes(file) : std::vector<char>();
   // A NaN in the last rank's first row of lm_head.weight (every rank holds rows of it).
   const std::size_t head = engine.params().size() - 1;
@@ -793,12 +795,35 @@ TEST_CASE("a model holding NaN or an infinity is not saved: the writer names the
                       std::numeric_limits<float>::quiet_NaN());
   const std::string expected = fmt::format(
       "tensor 'lm_head.weight' holds nan, expected finite values (a diverged model); '{}' is left as it was", file.string());
-  CHECK_THROWS_WITH_AS(io::save_model(file, engine, world), doctest::Contains(expected.c_str()), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(io::save_checkpoint(file, engine, world, {}), doctest::Contains(expected.c_str()),
+  CHECK_THROWS_WITH_AS(io::save_model(file, engine), doctest::Contains(expected.c_str()), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(io::save_checkpoint(file, engine, {}), doctest::Contains(expected.c_str()),
                        std::invalid_argument);
   const state_dict full = engine.original_state_dict(/*rank0_only=*/true);
   if (world.rank() == 0)
     CHECK_THROWS_WITH_AS(io::save_state_dict_file(file, full), doctest::Contains(expected.c_str()), std::invalid_argument);
   world.barrier();
   if (world.rank() == 0) CHECK(file_bytes(file) == good);
+}
+
+TEST_CASE("the checkpoint functions use the engine's own communicator: through threaded, refused for self") {
+  comm::mpi world;
+  test::scratch_directory scratch(world, "checkpoint");
+  const auto table = make_param_table(tiny_gpt{});
+  comm::threaded<comm::mpi> overlapped(world);  // the MPI communicator is found under the worker
+  fsdp_engine<float> engine(table, overlapped, {});
+  engine.initialize(21, all_normal);
+  const fs::path file = scratch.path / "through-threaded.safetensors";
+  io::save_model(file, engine, {{"step", "3"}});
+  fsdp_engine<float> loaded(table, world, {});
+  CHECK(io::load_model(file, loaded).at("step") == "3");
+  CHECK(io::read_metadata(file, loaded).at("step") == "3");
+  CHECK(same_tensors(loaded.original_state_dict(), engine.original_state_dict()));
+
+  comm::self alone;  // one process without MPI: no MPI-IO, a clear error instead
+  fsdp_engine<float> single(table, alone, {});
+  CHECK_THROWS_WITH_AS(io::save_model(scratch.path / "self.safetensors", single),
+                       doctest::Contains("kfsdp::io::save_model: the engine's communicator is not over MPI"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)io::load_model(file, single), doctest::Contains("expected one over kfsdp::comm::mpi"),
+                       std::invalid_argument);
 }

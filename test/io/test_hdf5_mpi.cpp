@@ -140,7 +140,7 @@ std::vector<double> fit_losses(kfsdp::session& job, const Data& data, const std:
   kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
   model.initialize(7);
   kfsdp::optim::adamw<double> adam(model, {.weight_decay = 0.01});
-  (void)kfsdp::fit(job, model, adam, kfsdp::optim::cosine(1e-2, 40), data,
+  (void)kfsdp::fit(model, adam, kfsdp::optim::cosine(1e-2, 40), data,
                    {.steps = 8, .global_batch = global_batch, .seed = 3, .eval_data = eval, .log_every = 100,
                     .metrics_file = metrics});
   job.world().barrier();  // rank 0's file is closed

@@ -106,10 +106,10 @@ void copy_fixture(comm::mpi& world, const std::string& name, const fs::path& to)
 }
 
 template <class Scalar>
-std::string load_error(const fs::path& directory, fsdp_engine<Scalar>& engine, comm::mpi& world,
+std::string load_error(const fs::path& directory, fsdp_engine<Scalar>& engine,
                        const std::vector<std::string>& ignore = {}) {
   try {
-    io::load_pretrained(directory, engine, world, ignore);
+    io::load_pretrained(directory, engine, ignore);
   } catch (const format_error& error) {
     return error.what();
   }
@@ -179,16 +179,16 @@ TEST_CASE("transformers' f32 single file and f64 shards load by name at every wo
   const state_dict f64 = directory_tensors(fixture / "tiny-f64-sharded");
   for (const bucketing b : {bucketing::none, bucketing::block}) {
     fsdp_engine<float> single(llama_table(), world, {.bucketing_strategy = b});
-    io::load_pretrained(fixture / "tiny-f32", single, world);
+    io::load_pretrained(fixture / "tiny-f32", single);
     check_equal(single, f32);
 
     fsdp_engine<double> sharded(llama_table(), world, {.bucketing_strategy = b});
-    io::load_pretrained(fixture / "tiny-f64-sharded", sharded, world);
+    io::load_pretrained(fixture / "tiny-f64-sharded", sharded);
     check_equal(sharded, f64);
 
     // Converted: the f32 file into a double engine gives the f64 model (its values are f32's).
     fsdp_engine<double> widened(llama_table(), world, {.bucketing_strategy = b});
-    io::load_pretrained(fixture / "tiny-f32", widened, world);
+    io::load_pretrained(fixture / "tiny-f32", widened);
     check_equal(widened, f64);
   }
 }
@@ -202,24 +202,24 @@ TEST_CASE("save_pretrained writes config.json and model.safetensors that load ba
   source.initialize(7);
   const state_dict original = source.original_state_dict();
 
-  io::save_pretrained(scratch.path / "f64", source, world, config);
+  io::save_pretrained(scratch.path / "f64", source, config);
   CHECK(read_text(scratch.path / "f64" / "config.json") == config);
   io::metadata_map metadata;
   const state_dict written = io::load_state_dict_file(scratch.path / "f64" / "model.safetensors", &metadata);
   CHECK(metadata.at("format") == "pt");  // transformers refuses a file without it
   CHECK(written.at("lm_head.weight").type == dtype::F64);
   fsdp_engine<double> back(llama_table(), world, {.bucketing_strategy = bucketing::none});
-  io::load_pretrained(scratch.path / "f64", back, world);
+  io::load_pretrained(scratch.path / "f64", back);
   check_equal(back, original);
 
-  io::save_pretrained(scratch.path / "f32/", source, world, io::llama_config_json(io::read_llama_config(scratch.path / "f64")),
+  io::save_pretrained(scratch.path / "f32/", source, io::llama_config_json(io::read_llama_config(scratch.path / "f64")),
                       dtype::F32);
   const state_dict narrowed = io::load_state_dict_file(scratch.path / "f32" / "model.safetensors");
   CHECK(narrowed.at("lm_head.weight").type == dtype::F32);
   fsdp_engine<float> back32(llama_table(), world, {});
-  io::load_pretrained(scratch.path / "f32", back32, world);
+  io::load_pretrained(scratch.path / "f32", back32);
   check_equal(back32, original);  // each double rounded to float
-  CHECK_THROWS_AS(io::save_pretrained(scratch.path / "bf16", source, world, config, dtype::BF16), std::invalid_argument);
+  CHECK_THROWS_AS(io::save_pretrained(scratch.path / "bf16", source, config, dtype::BF16), std::invalid_argument);
   CHECK_FALSE(fs::exists(scratch.path / "bf16"));
 }
 
@@ -232,10 +232,10 @@ TEST_CASE("a save killed while writing the weights leaves the old model; the nex
   engine.initialize(11);
 
   io::testing::set_stop_after_header([](const fs::path&) { return true; });
-  CHECK_THROWS_AS(io::save_pretrained(target, engine, world, "{}"), std::runtime_error);
+  CHECK_THROWS_AS(io::save_pretrained(target, engine, "{}"), std::runtime_error);
   io::testing::set_stop_after_header({});
   fsdp_engine<double> old(llama_table(), world, {});
-  io::load_pretrained(target, old, world);  // still the fixture's shards
+  io::load_pretrained(target, old);  // still the fixture's shards
   check_equal(old, directory_tensors(fixture / "tiny-f64-sharded"));
   std::size_t entries = 0;
   for ([[maybe_unused]] const auto& entry : fs::directory_iterator(scratch.path)) ++entries;
@@ -247,14 +247,14 @@ TEST_CASE("a save killed while writing the weights leaves the old model; the nex
   if (world.rank() == 0) fs::create_directory(leftover);
   world.barrier();
 
-  io::save_pretrained(target, engine, world, "{}");
+  io::save_pretrained(target, engine, "{}");
   CHECK_FALSE(fs::exists(target / "model.safetensors.index.json"));  // the old shards went with it
   CHECK_FALSE(fs::exists(leftover));
   if (world.rank() == 0)
     for (const auto& [name, bytes] : tree(target))
       CHECK_MESSAGE(name.find(".tmp.") == std::string::npos, name);
   fsdp_engine<double> saved(llama_table(), world, {});
-  io::load_pretrained(target, saved, world);
+  io::load_pretrained(target, saved);
   check_equal(saved, engine.original_state_dict());
 }
 
@@ -278,9 +278,9 @@ TEST_CASE("BF16 and F16 files load into float and double engines, converted exac
     }
     world.barrier();
     fsdp_engine<float> single(embedding, world, {});
-    io::load_pretrained(directory, single, world);
+    io::load_pretrained(directory, single);
     fsdp_engine<double> wide(embedding, world, {});
-    io::load_pretrained(directory, wide, world);
+    io::load_pretrained(directory, wide);
     const state_dict single_sd = single.original_state_dict(), wide_sd = wide.original_state_dict();
     const auto f = single_sd.at("model.embed_tokens.weight").values<float>();
     const auto d = wide_sd.at("model.embed_tokens.weight").values<double>();
@@ -297,27 +297,27 @@ TEST_CASE("a directory that does not fit the model is refused on every rank, nam
 
   // A model with a tensor the directory lacks: the index has no entry for it.
   fsdp_engine<double> deeper(llama_table(3), world, {});
-  const std::string missing = load_error(sharded, deeper, world);
+  const std::string missing = load_error(sharded, deeper);
   CHECK(missing.find("model.safetensors.index.json") != std::string::npos);
   CHECK(missing.find("'model.layers.2.self_attn.q_proj.weight'") != std::string::npos);
   fsdp_engine<double> deeper_single(llama_table(3), world, {});
-  CHECK(load_error(fixture / "tiny-f32", deeper_single, world)
+  CHECK(load_error(fixture / "tiny-f32", deeper_single)
             .find("model.safetensors': tensor 'model.layers.2.self_attn.q_proj.weight': missing from the file") != std::string::npos);
 
   // A model without a tensor the directory has: refused unless ignored (a tied lm_head).
   std::vector<param_info> tied = llama_table();
   tied.pop_back();
   fsdp_engine<double> untied_file(tied, world, {});
-  CHECK(load_error(sharded, untied_file, world).find("names 1 tensor that the model does not have: 'lm_head.weight'") != std::string::npos);
-  CHECK(load_error(fixture / "tiny-f32", untied_file, world).find("model.safetensors': holds 1 tensor that the model does not have: 'lm_head.weight'") != std::string::npos);
-  CHECK(load_error(sharded, untied_file, world, {"lm_head.weight"}) == "(loaded)");
+  CHECK(load_error(sharded, untied_file).find("names 1 tensor that the model does not have: 'lm_head.weight'") != std::string::npos);
+  CHECK(load_error(fixture / "tiny-f32", untied_file).find("model.safetensors': holds 1 tensor that the model does not have: 'lm_head.weight'") != std::string::npos);
+  CHECK(load_error(sharded, untied_file, {"lm_head.weight"}) == "(loaded)");
 
   // Another shape.
   std::vector<param_info> wide = llama_table();
   wide.back().shape[0] = 300;
   wide.back().numel = 300 * 64;
   fsdp_engine<float> wider(wide, world, {});
-  CHECK(load_error(sharded, wider, world).find("tensor 'lm_head.weight': shape [256, 64] in the file, expected [300, 64]") != std::string::npos);
+  CHECK(load_error(sharded, wider).find("tensor 'lm_head.weight': shape [256, 64] in the file, expected [300, 64]") != std::string::npos);
 
   // The index names a file that lacks the tensor, or a path outside the directory.
   const fs::path moved = scratch.path / "moved";
@@ -328,16 +328,16 @@ TEST_CASE("a directory that does not fit the model is refused on every rank, nam
   write_text(world, moved / "model.safetensors.index.json",
              std::string(index).replace(index.find(entry), entry.size(), "\"lm_head.weight\": \"model-00001-of-00003.safetensors\""));
   fsdp_engine<double> engine(llama_table(), world, {});
-  const std::string wrong_file = load_error(moved, engine, world);
+  const std::string wrong_file = load_error(moved, engine);
   CHECK(wrong_file.find("model-00001-of-00003.safetensors': tensor 'lm_head.weight': missing from the file") != std::string::npos);
   write_text(world, moved / "model.safetensors.index.json",
              std::string(index).replace(index.find(entry), entry.size(), "\"lm_head.weight\": \"../x.safetensors\""));
-  CHECK(load_error(moved, engine, world).find("file '../x.safetensors', expected the name of a file in the directory") != std::string::npos);
+  CHECK(load_error(moved, engine).find("file '../x.safetensors', expected the name of a file in the directory") != std::string::npos);
   write_text(world, moved / "model.safetensors.index.json", "{\"metadata\": {}}");
-  CHECK(load_error(moved, engine, world).find("no \"weight_map\" object") != std::string::npos);
+  CHECK(load_error(moved, engine).find("no \"weight_map\" object") != std::string::npos);
 
   // No weights at all; a dtype that is not a float.
-  CHECK(load_error(scratch.path, engine, world).find("holds neither model.safetensors nor model.safetensors.index.json") != std::string::npos);
+  CHECK(load_error(scratch.path, engine).find("holds neither model.safetensors nor model.safetensors.index.json") != std::string::npos);
   const fs::path ints = scratch.path / "ints";
   if (world.rank() == 0) {
     fs::create_directory(ints);
@@ -348,12 +348,12 @@ TEST_CASE("a directory that does not fit the model is refused on every rank, nam
   }
   world.barrier();
   fsdp_engine<double> embedding(std::vector<param_info>{llama_table().front()}, world, {});
-  CHECK(load_error(ints, embedding, world).find("tensor 'model.embed_tokens.weight': dtype I32 in the file, expected F64, F32, BF16 or F16") != std::string::npos);
+  CHECK(load_error(ints, embedding).find("tensor 'model.embed_tokens.weight': dtype I32 in the file, expected F64, F32, BF16 or F16") != std::string::npos);
 
   // Nothing was changed by a refused load.
   engine.initialize(5);
   const state_dict before = engine.original_state_dict();
-  (void)load_error(moved, engine, world);
+  (void)load_error(moved, engine);
   check_equal(engine, before);
 }
 
@@ -376,7 +376,7 @@ TEST_CASE(
   fsdp_engine<double> engine(llama_table(), world, {});
   engine.initialize(5);
 
-  io::save_pretrained(target, engine, world, config);
+  io::save_pretrained(target, engine, config);
   if (world.rank() == 0) {
     const std::map<std::string, std::string> after = tree(target);
     for (const std::string name :
@@ -389,7 +389,7 @@ TEST_CASE(
     CHECK(after.size() == before.size());  // nothing else, no temporary file
   }
   fsdp_engine<double> back(llama_table(), world, {});
-  io::load_pretrained(target, back, world);
+  io::load_pretrained(target, back);
   check_equal(back, engine.original_state_dict());
 }
 
@@ -407,7 +407,7 @@ TEST_CASE("a single-file save over a sharded model leaves no index behind and lo
   fsdp_engine<double> engine(llama_table(), world, {});
   engine.initialize(9);
 
-  io::save_pretrained(target, engine, world, read_text(fixture / "tiny-f64-sharded" / "config.json"));
+  io::save_pretrained(target, engine, read_text(fixture / "tiny-f64-sharded" / "config.json"));
   CHECK_FALSE(fs::exists(target / "model.safetensors.index.json"));
   for (const char* shard : {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
                             "model-00003-of-00003.safetensors"})
@@ -417,7 +417,7 @@ TEST_CASE("a single-file save over a sharded model leaves no index behind and lo
   CHECK(read_text(target / "generation_config.json") ==
         read_text(fixture / "tiny-f64-sharded" / "generation_config.json"));
   fsdp_engine<double> back(llama_table(), world, {});
-  io::load_pretrained(target, back, world);
+  io::load_pretrained(target, back);
   check_equal(back, engine.original_state_dict());
 }
 
@@ -443,14 +443,14 @@ TEST_CASE(
     io::testing::set_stop_before_change([&](const fs::path&) { return changes++ == stop; });
     bool killed = false;
     try {
-      io::save_pretrained(target, engine, world, config);
+      io::save_pretrained(target, engine, config);
     } catch (const std::runtime_error& error) {
       killed = std::string(error.what()).find("a simulated kill") != std::string::npos;
       CHECK(killed);
     }
     io::testing::set_stop_before_change({});
     fsdp_engine<double> loaded(llama_table(), world, {});
-    io::load_pretrained(target, loaded, world);
+    io::load_pretrained(target, loaded);
     const state_dict got = loaded.original_state_dict();
     const bool as_old = same_values(got, old_model), as_new = same_values(got, new_model);
     CHECK(as_old != as_new);
@@ -458,14 +458,14 @@ TEST_CASE(
     CHECK(io::read_llama_config(target).layers == 2);
     if (!killed) break;
     // The next save finishes the job and removes the temporary file the killed one left.
-    io::save_pretrained(target, engine, world, config);
+    io::save_pretrained(target, engine, config);
     if (world.rank() == 0) {
       const std::map<std::string, std::string> entries = tree(target);
       CHECK(entries.size() == 3);  // config.json, generation_config.json, model.safetensors
       CHECK(entries.at("config.json") == config);
     }
     fsdp_engine<double> again(llama_table(), world, {});
-    io::load_pretrained(target, again, world);
+    io::load_pretrained(target, again);
     check_equal(again, new_model);
   }
   CHECK(stop == 5);
@@ -494,7 +494,7 @@ TEST_CASE("a save whose write fails leaves the old files and throws naming the f
     ::setrlimit(RLIMIT_FSIZE, &limited);
     std::string message;
     try {
-      io::save_pretrained(target, engine, world, config);
+      io::save_pretrained(target, engine, config);
     } catch (const std::runtime_error& error) {
       message = error.what();
     }
@@ -526,13 +526,13 @@ TEST_CASE(
   fsdp_engine<float> engine(llama_table(), world, {});
   engine.initialize(3);
   const state_dict before = engine.original_state_dict();
-  CHECK(load_error(single, engine, world)
+  CHECK(load_error(single, engine)
             .find("file '" + (single / "model.safetensors").string() +
                   "': tensor 'model.norm.weight': holds nan, expected finite values") != std::string::npos);
-  CHECK(load_error(sharded, engine, world)
+  CHECK(load_error(sharded, engine)
             .find("file '" + (sharded / shard).string() +
                   "': tensor 'lm_head.weight': holds inf, expected finite values") != std::string::npos);
   fsdp_engine<double> wide(llama_table(), world, {});
-  CHECK(load_error(sharded, wide, world) == "(loaded)");  // 1e300 is a double
+  CHECK(load_error(sharded, wide) == "(loaded)");  // 1e300 is a double
   check_equal(engine, before);                            // nothing was loaded
 }

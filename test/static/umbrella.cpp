@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
 
   kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> model(mlp{}, one);
   model.initialize(/*seed=*/1);
-  kfsdp::optim::adamw<double> adam(model.engine().plan().shard_numel, {.lr = 1e-3});
+  kfsdp::optim::adamw<double> adam(model, {.lr = 1e-3});
   const double first = model.step({{xs, ys}}, adam).loss;
   const double second = model.step({{xs, ys}}, adam).loss;
   const bool ok = std::isfinite(first) && second < first;

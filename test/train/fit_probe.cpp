@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(delay);
       return cosine(step);
     };
-    const kfsdp::fit_result result = kfsdp::fit(job, model, adam, slow, data,
+    const kfsdp::fit_result result = kfsdp::fit(model, adam, slow, data,
                                                 {.steps = steps,
                                                  .global_batch = 24,
                                                  .seed = 5,

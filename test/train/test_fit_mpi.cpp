@@ -1,7 +1,8 @@
 // kfsdp::fit and kfsdp::session: the same losses at any world size (against a one-rank session on
 // every rank), resuming from the newest complete checkpoint, keeping the last N, refusing another
 // configuration, the evaluation metrics against hand-computed ones, a NaN loss named by its step, a
-// signal on one rank stopping every rank, and the session's HSDP groups and bad settings.
+// signal on one rank stopping every rank, the session's HSDP groups and bad settings, and
+// kfsdp::evaluate in a loop of one's own (flat and HSDP).
 // Run with 1, 2 and 3 ranks.
 #include <doctest/doctest.h>
 
@@ -20,6 +21,7 @@
 
 #include <kfsdp/optim/any_optimizer.hpp>
 #include <kfsdp/session.hpp>
+#include <kfsdp/train/evaluate.hpp>
 #include <kfsdp/train/fit.hpp>
 #include <kfsdp/train/step_log.hpp>
 
@@ -82,7 +84,7 @@ kfsdp::fit_result train(kfsdp::session& job, const kfsdp::io::array_dataset& dat
   model.initialize(7);
   kfsdp::optim::adamw<double> adam(model, {.weight_decay = 0.01});
   const kfsdp::fit_result result =
-      kfsdp::fit(job, model, adam, kfsdp::optim::cosine(1e-2, 40), data, options);
+      kfsdp::fit(model, adam, kfsdp::optim::cosine(1e-2, 40), data, options);
   job.world().barrier();  // rank 0's files are complete and closed for every rank to read
   return result;
 }
@@ -165,7 +167,7 @@ TEST_CASE(
                                                                             job.fsdp());
     model.initialize(7);
     kfsdp::io::testing::set_stop_after_header([](const std::filesystem::path&) { return true; });
-    CHECK_THROWS_AS(kfsdp::io::save_model(kfsdp::checkpoint_path(dir, 8), model.engine(), job.shard_group()),
+    CHECK_THROWS_AS(kfsdp::io::save_model(kfsdp::checkpoint_path(dir, 8), model.engine()),
                     std::runtime_error);
     kfsdp::io::testing::set_stop_after_header({});
   }
@@ -196,11 +198,11 @@ TEST_CASE(
     kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
     model.initialize(7);
     kfsdp::optim::sgd<double> sgd(model.engine().plan().shard_numel, {.lr = 0.1, .momentum = 0.9});
-    CHECK(error_of([&] { kfsdp::fit(job, model, sgd, kfsdp::optim::constant(0.1), data, options); })
+    CHECK(error_of([&] { kfsdp::fit(model, sgd, kfsdp::optim::constant(0.1), data, options); })
               .find("'optimizer' is 'adamw', expected 'sgd'") != std::string::npos);
     kfsdp::trainer<wide_mlp, double, kfsdp::zero3> wide(wide_mlp{}, job.shard_group(), job.fsdp());
     kfsdp::optim::adamw<double> adam(wide);
-    CHECK(error_of([&] { kfsdp::fit(job, wide, adam, kfsdp::optim::constant(0.1), data, options); })
+    CHECK(error_of([&] { kfsdp::fit(wide, adam, kfsdp::optim::constant(0.1), data, options); })
               .find("'kfsdp.numel' is '81', expected '161'") != std::string::npos);
   }
   CHECK(kfsdp::checkpoint_steps(dir) == std::vector<std::size_t>{2, 4, 6});  // nothing written over
@@ -220,7 +222,7 @@ TEST_CASE("fit: SGD's momentum goes through the checkpoint protocol: resuming is
     kfsdp::trainer<mlp, double, kfsdp::zero2> model(mlp{}, job.shard_group(), job.fsdp());
     model.initialize(7);
     kfsdp::optim::sgd<double> sgd(model.engine().plan().shard_numel, {.lr = 0.05, .momentum = 0.9});
-    const kfsdp::fit_result result = kfsdp::fit(job, model, sgd, kfsdp::optim::cosine(0.05, 4), data, options);
+    const kfsdp::fit_result result = kfsdp::fit(model, sgd, kfsdp::optim::cosine(0.05, 4), data, options);
     job.world().barrier();
     return result;
   };
@@ -247,7 +249,7 @@ TEST_CASE("fit with a frozen group (any_optimizer): the group stays as it was, a
     if (initial != nullptr) *initial = model.engine().original_state_dict();
     kfsdp::optim::any_optimizer<double> adam(model, {.kind = "adamw", .lr = 1e-2, .weight_decay = 0.1},
                                              {{.name_contains = "fc1.", .frozen = true}});
-    const kfsdp::fit_result result = kfsdp::fit(job, model, adam, kfsdp::optim::cosine(1e-2, 6), data, options);
+    const kfsdp::fit_result result = kfsdp::fit(model, adam, kfsdp::optim::cosine(1e-2, 6), data, options);
     if (final != nullptr) *final = model.engine().original_state_dict();
     job.world().barrier();
     return result;
@@ -373,7 +375,7 @@ TEST_CASE("fit: evaluation metrics equal the hand-computed ones") {
     model.initialize(5);
     kfsdp::optim::adamw<double> adam(model);
     const kfsdp::fit_result result = kfsdp::fit(
-        job, model, adam, kfsdp::optim::constant(1e-2), samples(60, 4),
+        model, adam, kfsdp::optim::constant(1e-2), samples(60, 4),
         {.steps = 3, .global_batch = global_batch, .eval_data = &test, .metrics = {mean_abs_error}});
     // Every rank predicts every sample (each call collective alike).
     auto [x, y] = test.rows<double>(0, test.count());
@@ -400,7 +402,7 @@ TEST_CASE("fit: evaluation metrics equal the hand-computed ones") {
     model.initialize(5);
     kfsdp::optim::adamw<double> adam(model);
     const kfsdp::fit_result result =
-        kfsdp::fit(job, model, adam, kfsdp::optim::constant(1e-2), samples(60, 4, true),
+        kfsdp::fit(model, adam, kfsdp::optim::constant(1e-2), samples(60, 4, true),
                    {.steps = 3, .global_batch = global_batch, .eval_data = &test_classes});
     auto [x, y] = test_classes.rows<double>(0, test_classes.count());
     const auto logits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.predict(x));
@@ -520,5 +522,54 @@ TEST_CASE("session: HSDP groups from the option or later, memory checks; a bad s
     kfsdp::session job;
     ::unsetenv("KFSDP_HYBRID_SHARD");
     CHECK(job.run([] {}) == 2);
+  }
+}
+
+// A user's own loop: trainer.step over rank slices, then kfsdp::evaluate on held-out data, as
+// docs/training.md shows it; the metrics are the hand-computed ones over every sample, on every rank.
+TEST_CASE("kfsdp::evaluate in a loop of one's own: the whole dataset's metrics, flat and HSDP") {
+  for (const std::size_t hybrid : {std::size_t(0), std::size_t(1)}) {
+    CAPTURE(hybrid);
+    kfsdp::session job({.hybrid_shard = hybrid});  // 1: every rank its own shard group, replicated over all
+    const auto train = samples(60, 4), test = samples(20, 9);
+    kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
+    model.initialize(5);
+    kfsdp::optim::adamw<double> adam(model, {.lr = 1e-2});
+    for (std::size_t step = 0; step < 3; ++step) {
+      auto [x, y] = train.rank_slice<double>(train.micro_batch(/*seed=*/0, step, global_batch), std::size_t(job.rank()),
+                                             std::size_t(job.size()));
+      (void)model.step({{x, y}}, adam);
+    }
+    const kfsdp::eval_metrics metrics = kfsdp::evaluate(
+        model, test, {{.name = "max_abs_error", .per_sample = [](std::span<const double> p, std::span<const double> t) {
+                         return std::abs(p[0] - t[0]);
+                       }}});
+    auto [x, y] = test.rows<double>(0, test.count());
+    const auto p = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.predict(x));
+    const auto t = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+    double squared = 0, target = 0, absolute = 0;
+    for (std::size_t r = 0; r < test.count(); ++r) {
+      squared += (p(r, 0) - t(r, 0)) * (p(r, 0) - t(r, 0));
+      target += t(r, 0) * t(r, 0);
+      absolute += std::abs(p(r, 0) - t(r, 0));
+    }
+    const double n = double(test.count());
+    CHECK(metrics.loss == doctest::Approx(squared / n).epsilon(1e-12));
+    CHECK(metrics.mse == doctest::Approx(squared / n).epsilon(1e-12));
+    CHECK(metrics.relative_l2 == doctest::Approx(std::sqrt(squared / target)).epsilon(1e-12));
+    REQUIRE(metrics.user.size() == 1);
+    CHECK(metrics.user[0].first == "max_abs_error");
+    CHECK(metrics.user[0].second == doctest::Approx(absolute / n).epsilon(1e-12));
+    CHECK(std::isnan(metrics.accuracy));
+    // The same numbers on every rank: the sums went over the trainer's ranks, replicas included.
+    double spread[2] = {metrics.relative_l2, -metrics.relative_l2};
+    job.world().all_reduce_max(std::span<double>(spread));
+    CHECK(spread[0] == -spread[1]);
+    if (job.size() > 1) {
+      const auto tiny = samples(std::size_t(job.size()) - 1, 3);
+      CHECK(error_of([&] { (void)kfsdp::evaluate(model, tiny); }) ==
+            fmt::format("kfsdp::evaluate: data has {} samples, expected at least one per rank ({} ranks)",
+                        job.size() - 1, job.size()));
+    }
   }
 }

@@ -150,7 +150,7 @@ TEST_CASE("a frozen optimizer's state round-trips through a checkpoint, with no 
     for (std::size_t step = 0; step < 3; ++step) t.step({batch_of(world, step)}, adam, 1.0);
     kfsdp::io::checkpoint_state<double> state;
     adam.add_state(state);
-    kfsdp::io::save_checkpoint(path, t.engine(), world, state);
+    kfsdp::io::save_checkpoint(path, t.engine(), state);
     exp_avg = host(adam.exp_avg());
     exp_avg_sq = host(adam.exp_avg_sq());
     weights = host(t.engine().shards().flat());
@@ -159,7 +159,7 @@ TEST_CASE("a frozen optimizer's state round-trips through a checkpoint, with no 
   kfsdp::optim::adamw<double> adam(resumed, adam_options, frozen_fc2);
   kfsdp::io::checkpoint_state<double> state;
   adam.add_state(state);
-  kfsdp::io::load_checkpoint(path, resumed.engine(), world, state);
+  kfsdp::io::load_checkpoint(path, resumed.engine(), state);
   adam.restore_state(state.metadata);
   CHECK(adam.step_count() == 3);
   CHECK(host(adam.exp_avg()) == exp_avg);
@@ -173,7 +173,7 @@ TEST_CASE("a frozen optimizer's state round-trips through a checkpoint, with no 
   unfrozen.add_state(wanted);
   std::string message;
   try {
-    kfsdp::io::load_checkpoint(path, other.engine(), world, wanted);
+    kfsdp::io::load_checkpoint(path, other.engine(), wanted);
   } catch (const std::exception& e) {
     message = e.what();
   }
@@ -253,14 +253,14 @@ TEST_CASE("sgd with momentum and weight decay: the frozen group is unchanged, th
     CHECK(chunk(t, t.engine().shards(), "fc2.weight") == before);
     kfsdp::io::checkpoint_state<double> state;
     sgd.add_state(state);
-    kfsdp::io::save_checkpoint(path, t.engine(), world, state);
+    kfsdp::io::save_checkpoint(path, t.engine(), state);
     momentum = host(sgd.momentum_buffer());
   }
   trainer_type resumed(mlp{}, world);
   kfsdp::optim::sgd<double> sgd(resumed, options, frozen_fc2);
   kfsdp::io::checkpoint_state<double> state;
   sgd.add_state(state);
-  kfsdp::io::load_checkpoint(path, resumed.engine(), world, state);
+  kfsdp::io::load_checkpoint(path, resumed.engine(), state);
   sgd.restore_state(state.metadata);
   CHECK(host(sgd.momentum_buffer()) == momentum);
   world.barrier();

@@ -46,7 +46,7 @@ void check_against_transformers(comm::mpi& world, const fs::path& directory, con
                                 double loss_tolerance) {
   const llama_config config = io::read_llama_config(directory);
   llama_trainer<Scalar> t(make_llama(config), world);
-  io::load_pretrained(directory, t.engine(), world);
+  io::load_pretrained(directory, t.engine());
   test::check_logits_and_loss<Scalar>(t, world, suffix, directory.filename().string(), logits_tolerance, loss_tolerance);
 }
 
@@ -63,7 +63,7 @@ TEST_CASE("3 SGD steps from the loaded fixture, saved with save_pretrained and l
   test::scratch_directory scratch(world, "llama-pretrained");
   const llama_config config = io::read_llama_config(fixture / "tiny-f64-sharded");
   llama_trainer<double> t(make_llama(config), world);
-  io::load_pretrained(fixture / "tiny-f64-sharded", t.engine(), world);
+  io::load_pretrained(fixture / "tiny-f64-sharded", t.engine());
   const auto data = text();
   optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.1});
   const std::size_t ws = std::size_t(world.size());
@@ -77,13 +77,13 @@ TEST_CASE("3 SGD steps from the loaded fixture, saved with save_pretrained and l
     }
     t.step({{device_ids(tokens), device_ids(targets)}}, sgd);
   }
-  io::save_pretrained(scratch.path / "trained", t.engine(), world, io::llama_config_json(config, dtype::F64));
+  io::save_pretrained(scratch.path / "trained", t.engine(), io::llama_config_json(config, dtype::F64));
 
   const llama_config again = io::read_llama_config(scratch.path / "trained");
   CHECK(again.rope_theta == config.rope_theta);
   CHECK(again.kv_heads == config.kv_heads);
   trainer<llama_descriptor, double, zero3> loaded(make_llama(again), world);  // another bucketing
-  io::load_pretrained(scratch.path / "trained", loaded.engine(), world);
+  io::load_pretrained(scratch.path / "trained", loaded.engine());
   double worst = 0;
   for (const tensor& p : loaded.engine().original_state_dict())
     worst = std::max(worst, max_abs_difference<double>(p.values<double>(), reference().at("trained." + p.name).values<double>()));
@@ -97,9 +97,9 @@ TEST_CASE("a tied Llama saves without lm_head.weight and loads an untied directo
   llama_config config = io::read_llama_config(fixture / "tiny-f32");
   config.tie_weights = true;
   llama_trainer<float> tied(make_llama(config), world);
-  CHECK_THROWS_AS(io::load_pretrained(fixture / "tiny-f32", tied.engine(), world), io::format_error);
-  io::load_pretrained(fixture / "tiny-f32", tied.engine(), world, {"lm_head.weight"});
-  io::save_pretrained(scratch.path / "tied", tied.engine(), world, io::llama_config_json(config));
+  CHECK_THROWS_AS(io::load_pretrained(fixture / "tiny-f32", tied.engine()), io::format_error);
+  io::load_pretrained(fixture / "tiny-f32", tied.engine(), {"lm_head.weight"});
+  io::save_pretrained(scratch.path / "tied", tied.engine(), io::llama_config_json(config));
   CHECK(io::read_llama_config(scratch.path / "tied").tie_weights);
   const state_dict saved = io::load_state_dict_file(scratch.path / "tied" / "model.safetensors");
   CHECK(saved.find("lm_head.weight") == nullptr);

@@ -20,6 +20,7 @@
 #include <span>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 
 #include <Kokkos_Core.hpp>
 
@@ -119,6 +120,16 @@ KFSDP_EXPORT class any_communicator {
   // first_rank_with take an any_communicator too.
   [[nodiscard]] value_range range_over_ranks(std::uint64_t value) { return table_->range(backend_, value); }
 
+  // The backend of type B under this communicator: the wrapped one, or one it runs over in turn
+  // (threaded's backend(), a device backend's host() channel); null where there is none. For code
+  // that needs the backend's own calls, MPI-IO over comm::mpi, say.
+  //
+  //   if (kfsdp::comm::mpi* world = engine.communicator().find_backend<kfsdp::comm::mpi>()) ...
+  template <class B>
+  [[nodiscard]] B* find_backend() noexcept {
+    return static_cast<B*>(table_->find(backend_, typeid(B)));
+  }
+
  private:
   // The collectives of one element type in one memory space.
   template <class T, class Space>
@@ -150,6 +161,7 @@ KFSDP_EXPORT class any_communicator {
     value_range (*range)(void*, std::uint64_t);
     void (*order_after)(void*, const Kokkos::DefaultExecutionSpace&);
     shared_bytes (*allocate_shared)(void*, std::size_t);
+    void* (*find)(void*, const std::type_info&);
     carried_calls collectives;
   };
 
@@ -194,6 +206,18 @@ KFSDP_EXPORT class any_communicator {
         },
     };
   }
+  // C itself when it is `wanted`, else what it runs over (threaded's backend(), host()), searched alike.
+  template <class C>
+  static void* find_in(C& backend, const std::type_info& wanted) noexcept {
+    if (typeid(C) == wanted) return &backend;
+    if constexpr (requires { backend.backend(); }) {
+      if (void* found = find_in(backend.backend(), wanted)) return found;
+    }
+    if constexpr (has_host_channel<C>) {
+      if (void* found = find_in(backend.host(), wanted)) return found;
+    }
+    return nullptr;
+  }
   template <class C, class... Spaces>
   static constexpr carried_calls all_calls_for(space_list<Spaces...>) {
     return {calls_for<C, float, Spaces>()..., calls_for<C, double, Spaces>()...,
@@ -207,6 +231,7 @@ KFSDP_EXPORT class any_communicator {
       [](void* c, std::uint64_t value) { return kfsdp::comm::range_over_ranks(*static_cast<C*>(c), value); },
       [](void* c, const Kokkos::DefaultExecutionSpace& compute) { comm::order_after(*static_cast<C*>(c), compute); },
       [](void* c, std::size_t bytes) { return comm::allocate_shared(*static_cast<C*>(c), bytes); },
+      [](void* c, const std::type_info& wanted) { return find_in(*static_cast<C*>(c), wanted); },
       all_calls_for<C>(carried_spaces{}),
   };
 

@@ -12,7 +12,7 @@
 //   kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
 //   model.initialize(1);
 //   kfsdp::optim::adamw<double> adam(model, {.weight_decay = 0.0});
-//   const kfsdp::fit_result result = kfsdp::fit(job, model, adam, kfsdp::optim::cosine(3e-3, 4000), data,
+//   const kfsdp::fit_result result = kfsdp::fit(model, adam, kfsdp::optim::cosine(3e-3, 4000), data,
 //       {.steps = 4000, .global_batch = 256, .eval_data = &test, .eval_every = 500,
 //        .checkpoint_dir = "checkpoints", .checkpoint_every = 500, .keep_last = 2});
 //   if (result.preempted) return 0;           // the checkpoint is written: requeue the job
@@ -25,10 +25,12 @@
 // configuration (optimizer, seed, batch, data size, model size or dtype) is refused from its
 // header, naming the file and the key.
 //
-// Metrics at evaluation, over every sample of eval_data: loss, mse and relative L2 error
-// (||prediction - target|| / ||target||) for a model ending in mse; loss, accuracy and perplexity
-// (exp(loss)) for one ending in cross_entropy (the target column holds class ids); and each
-// fit_metric, the mean over samples of a function of one prediction and its target.
+// Metrics at evaluation, over every sample of eval_data: kfsdp::evaluate's (train/evaluate.hpp,
+// which a loop of one's own calls too): loss, mse and relative L2 error for a model ending in mse;
+// loss, accuracy and perplexity for one ending in cross_entropy; and each fit_metric.
+//
+// Every collective is over the trainer's ranks (its engine's communicator and, under HSDP, its
+// replica group), so fit needs no session: the session only made those communicators.
 
 #include <signal.h>
 #include <csignal>
@@ -64,19 +66,11 @@
 #include <kfsdp/optim/sgd.hpp>
 #include <kfsdp/train/preemption.hpp>  // stop_signals, the stop marker
 #include <kfsdp/session.hpp>
+#include <kfsdp/train/evaluate.hpp>  // kfsdp::evaluate, fit_metric, eval_metrics
 #include <kfsdp/train/step_log.hpp>
 #include <kfsdp/train/trainer.hpp>
 
 namespace kfsdp {
-
-/// A user metric: the mean over evaluation samples of per_sample(prediction row, target row).
-///
-///   kfsdp::fit_metric{.name = "max_abs_error", .per_sample = [](auto p, auto t) { return std::abs(p[0] -
-///   t[0]); }}
-struct fit_metric {
-  std::string name{};  // its JSON key and label: snake_case
-  std::function<double(std::span<const double> prediction, std::span<const double> target)> per_sample{};
-};
 
 /// What fit does; every field has a default. Exactly one of steps and epochs is set.
 struct fit_options {
@@ -95,16 +89,6 @@ struct fit_options {
   std::size_t keep_last = 3;                     // checkpoints kept in checkpoint_dir (the newest)
   bool resume = true;                            // continue from the newest complete checkpoint there
   io::metadata_map metadata{};                   // the user's keys, written into every checkpoint
-};
-
-/// Evaluation metrics; those that do not apply to the model's loss are NaN.
-struct eval_metrics {
-  double loss = std::numeric_limits<double>::quiet_NaN();
-  double mse = std::numeric_limits<double>::quiet_NaN();          // mse models
-  double relative_l2 = std::numeric_limits<double>::quiet_NaN();  // mse models
-  double accuracy = std::numeric_limits<double>::quiet_NaN();     // cross_entropy models
-  double perplexity = std::numeric_limits<double>::quiet_NaN();   // cross_entropy models
-  std::vector<std::pair<std::string, double>> user{};             // fit_options::metrics, in order
 };
 
 /// How a fit ended.
@@ -146,78 +130,6 @@ inline std::vector<std::size_t> checkpoint_steps(const std::filesystem::path& di
 }
 
 namespace detail {
-
-template <class Trainer>
-inline constexpr bool classifies = std::is_same_v<typename Trainer::target_type, nn::const_index_vector>;
-
-// The trainer's targets from a dataset's target matrix: the matrix, or its first column as class ids.
-template <class Trainer, class Scalar>
-typename Trainer::target_type targets_of(const nn::matrix<Scalar>& y) {
-  if constexpr (classifies<Trainer>) {
-    const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
-    nn::index_vector ids(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::fit::class_ids"),
-                         y.extent(0));
-    const auto host_ids = Kokkos::create_mirror_view(ids);
-    for (std::size_t r = 0; r < y.extent(0); ++r)
-      host_ids(r) = static_cast<int>(std::lround(double(host(r, 0))));
-    Kokkos::deep_copy(ids, host_ids);
-    return ids;
-  } else {
-    return y;
-  }
-}
-
-// Every metric over every sample of `data`, each rank computing on its contiguous share.
-template <class Trainer>
-eval_metrics evaluate(session& job, Trainer& trainer, const io::dataset_ref& data,
-                      const std::vector<fit_metric>& user) {
-  using Scalar = typename Trainer::scalar_type;
-  comm::mpi& world = job.world();
-  const std::size_t samples = data.count(), ranks = std::size_t(world.size()),
-                    rank = std::size_t(world.rank());
-  if (samples < ranks)
-    throw std::invalid_argument(fmt::format(
-        "fit: eval_data has {} samples, expected at least one per rank ({} ranks)", samples, ranks));
-  const std::size_t first = samples * rank / ranks, last = samples * (rank + 1) / ranks;
-  auto [x, y] = data.template rows<Scalar>(first, last - first);
-  const typename Trainer::batch batch{x, targets_of<Trainer>(y)};
-  eval_metrics result;
-  result.loss = trainer.evaluate({batch});
-  const auto predictions = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), trainer.predict(x));
-  const auto targets = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
-  // [squared error, squared target, correct, elements, samples, user metrics...]
-  std::vector<double> sums(5 + user.size(), 0.0);
-  std::vector<double> prediction_row(predictions.extent(1)), target_row(targets.extent(1));
-  for (std::size_t r = 0; r < predictions.extent(0); ++r) {
-    for (std::size_t c = 0; c < prediction_row.size(); ++c) prediction_row[c] = double(predictions(r, c));
-    for (std::size_t c = 0; c < target_row.size(); ++c) target_row[c] = double(targets(r, c));
-    if constexpr (classifies<Trainer>) {
-      const auto best =
-          std::max_element(prediction_row.begin(), prediction_row.end()) - prediction_row.begin();
-      sums[2] += best == std::lround(target_row[0]) ? 1.0 : 0.0;
-    } else {
-      for (std::size_t c = 0; c < target_row.size(); ++c) {
-        const double error = prediction_row[c] - target_row[c];
-        sums[0] += error * error;
-        sums[1] += target_row[c] * target_row[c];
-      }
-      sums[3] += double(target_row.size());
-    }
-    sums[4] += 1.0;
-    for (std::size_t m = 0; m < user.size(); ++m)
-      sums[5 + m] += user[m].per_sample(prediction_row, target_row);
-  }
-  comm::all_reduce_sum(world, std::span<double>(sums));
-  if constexpr (classifies<Trainer>) {
-    result.accuracy = sums[2] / sums[4];
-    result.perplexity = std::exp(result.loss);
-  } else {
-    result.mse = sums[0] / sums[3];
-    result.relative_l2 = std::sqrt(sums[0] / sums[1]);
-  }
-  for (std::size_t m = 0; m < user.size(); ++m) result.user.emplace_back(user[m].name, sums[5 + m] / sums[4]);
-  return result;
-}
 
 // "loss 0.0123 | mse 0.0123 | relative_l2 0.045" and the JSON fields of the same, for the metrics that apply.
 inline std::vector<std::pair<std::string, double>> named_metrics(const eval_metrics& m) {
@@ -294,16 +206,16 @@ inline void check_options(const fit_options& options, std::size_t ranks) {
 }  // namespace detail
 
 /// Trains `trainer` with `optimizer` (any stateful optimizer: adamw, sgd) at lr = schedule(step)
-/// over `data` (any io::dataset) as `options` say; collective over the session's ranks. Returns how it ended; a
+/// over `data` (any io::dataset) as `options` say; collective over the trainer's ranks. Returns how it ended; a
 /// NaN or infinite loss throws std::runtime_error naming the step (nothing is saved for it), as
 /// does a bad option (std::invalid_argument, naming the field, the value and what is expected).
 KFSDP_EXPORT template <class Trainer, class Optimizer, class Schedule, io::dataset Data>
   requires io::stateful<Optimizer, typename Trainer::scalar_type> &&
            std::is_invocable_r_v<double, const Schedule&, std::size_t>
-fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Schedule& schedule,
-               const Data& data, const fit_options& options) {
+fit_result fit(Trainer& trainer, Optimizer& optimizer, const Schedule& schedule, const Data& data,
+               const fit_options& options) {
   using Scalar = typename Trainer::scalar_type;
-  comm::mpi& world = job.world();
+  detail::trainer_ranks world(trainer.engine());
   const std::size_t rank = std::size_t(world.rank()), ranks = std::size_t(world.size());
   const bool root = rank == 0;
   detail::check_options(options, ranks);
@@ -320,7 +232,7 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
   };
   const auto save = [&](std::size_t step) {
     const std::filesystem::path path = checkpoint_path(options.checkpoint_dir, step);
-    io::save_training_state(path, trainer.engine(), job.shard_group(), checkpoint_metadata(step), optimizer, sampler);
+    io::save_training_state(path, trainer.engine(), checkpoint_metadata(step), optimizer, sampler);
     result.checkpoint = path;
     if (root) {  // the newest keep_last stay; save_checkpoint returned on every rank, so none is being read
       const std::vector<std::size_t> saved = checkpoint_steps(options.checkpoint_dir);
@@ -332,14 +244,14 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
   };
 
   if (checkpoints) {
-    std::uint64_t error[1] = {0};
+    double error[1] = {0};  // an errno: exact in a double, which the trainer's communicator carries
     if (root) {
       std::error_code made;
       std::filesystem::create_directories(options.checkpoint_dir, made);
-      error[0] = std::uint64_t(made.value());
+      error[0] = double(made.value());
     }
     // Also: the directory exists before any rank lists it.
-    comm::broadcast(world, std::span<std::uint64_t>(error), 0);
+    world.broadcast_from_first(std::span<double>(error));
     if (error[0] != 0)
       throw std::invalid_argument(
           fmt::format("fit: checkpoint_dir is '{}', expected a directory that can be made ({})",
@@ -349,13 +261,14 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
     // Rank 0's listing for every rank, newest first: all try the same files in the same order.
     std::vector<std::size_t> listed =
         root ? checkpoint_steps(options.checkpoint_dir) : std::vector<std::size_t>{};
-    std::uint64_t count[1] = {listed.size()};
-    comm::broadcast(world, std::span<std::uint64_t>(count), 0);
-    std::vector<std::uint64_t> steps(listed.begin(), listed.end());
-    steps.resize(count[0]);
-    if (!steps.empty()) comm::broadcast(world, std::span<std::uint64_t>(steps), 0);
+    // As doubles, which the trainer's communicator carries: steps are exact up to 2^53.
+    double count[1] = {double(listed.size())};
+    world.broadcast_from_first(std::span<double>(count));
+    std::vector<double> steps(listed.begin(), listed.end());
+    steps.resize(std::size_t(count[0]));
+    if (!steps.empty()) world.broadcast_from_first(std::span<double>(steps));
     for (auto newest = steps.rbegin(); newest != steps.rend(); ++newest) {
-      const std::filesystem::path path = checkpoint_path(options.checkpoint_dir, *newest);
+      const std::filesystem::path path = checkpoint_path(options.checkpoint_dir, std::size_t(*newest));
       io::metadata_map metadata;
       std::size_t step = 0;
       try {
@@ -364,9 +277,9 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
         io::checkpoint_state<Scalar> ours{.metadata = checkpoint_metadata(0)};
         optimizer.add_state(ours);
         sampler.add_state(ours);
-        detail::check_configuration(io::read_metadata(path, world), ours.metadata, options.metadata,
+        detail::check_configuration(io::read_metadata(path, trainer.engine()), ours.metadata, options.metadata,
                                     trainer.engine());
-        metadata = io::load_training_state(path, trainer.engine(), job.shard_group(), optimizer, sampler);
+        metadata = io::load_training_state(path, trainer.engine(), optimizer, sampler);
         step = io::metadata_count(metadata, "fit.step");
       } catch (const io::format_error& incomplete) {  // every rank alike
         if (root) fmt::print("fit: skipping {}: {}\n", path.string(), incomplete.what());
@@ -388,7 +301,7 @@ fit_result fit(session& job, Trainer& trainer, Optimizer& optimizer, const Sched
 
   json_lines metrics(world, "fit: metrics_file", options.metrics_file, /*append=*/result.resumed_from > 0);
   const auto evaluate = [&](std::size_t step) {
-    result.eval = detail::evaluate(job, trainer, options.eval_data, options.metrics);
+    result.eval = detail::evaluate(trainer, options.eval_data, options.metrics, "fit: eval_data");
     const auto named = detail::named_metrics(result.eval);
     std::vector<json_field> fields{{"step", step}};
     std::string line = fmt::format("fit: eval at step {}", step);

@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <span>
 #include <stdexcept>
@@ -53,7 +54,8 @@ struct json_field {
       : key(std::move(k)), json(std::isfinite(v) ? fmt::format("{}", v) : "null") {}
 };
 
-/// Rank 0's JSON-lines file. Opening is collective: rank 0 broadcasts its errno, so a bad path
+/// Rank 0's JSON-lines file, over any communicator that agrees (comm::agrees: comm::mpi, an
+/// any_communicator, fit's trainer ranks). Opening is collective: rank 0's errno reaches every rank, so a bad path
 /// throws std::invalid_argument on every rank alike: "train_gpt: --metrics 'm.jsonl' cannot be
 /// opened for writing: No such file or directory", `what` first. Writing is collective too, where
 /// a path was given: a write that fails (a full disk, /dev/full) throws std::runtime_error on every
@@ -61,16 +63,20 @@ struct json_field {
 class json_lines {
  public:
   json_lines() = default;
-  json_lines(comm::mpi& world, std::string what, const std::filesystem::path& path, bool append = false)
+  template <comm::agrees Ranks>
+  json_lines(Ranks& world, std::string what, const std::filesystem::path& path, bool append = false)
       : what_(std::move(what)), path_(path) {
     if (path.empty()) return;
-    world_ = &world;
+    // Rank 0's errno on every rank: the others pass 0 and errno is positive, so it is the highest.
+    from_root_ = [&world](std::int64_t error) {
+      return std::int64_t(comm::range_over_ranks(world, std::uint64_t(error)).highest);
+    };
     std::int64_t error[1] = {0};
     if (world.rank() == 0) {
       file_ = std::fopen(path.c_str(), append ? "a" : "w");
       if (file_ == nullptr) error[0] = errno != 0 ? errno : EIO;
     }
-    comm::broadcast(world, std::span<std::int64_t>(error), 0);
+    error[0] = from_root_(error[0]);
     if (error[0] != 0)
       throw std::invalid_argument(
           fmt::format("{} '{}' cannot be opened for writing: {}", what_, path.string(), std::strerror(int(error[0]))));
@@ -86,7 +92,7 @@ class json_lines {
 
   /// One line {"key": value, ...}, written by rank 0 and flushed; collective where a path was given.
   void write(std::span<const json_field> fields) {
-    if (world_ == nullptr) return;
+    if (!from_root_) return;
     std::int64_t error[1] = {0};
     if (file_ != nullptr) {
       std::string line = "{";
@@ -94,7 +100,7 @@ class json_lines {
       line += "}\n";
       if (std::fputs(line.c_str(), file_) == EOF || std::fflush(file_) != 0) error[0] = errno != 0 ? errno : EIO;
     }
-    comm::broadcast(*world_, std::span<std::int64_t>(error), 0);  // every rank stops alike, none waits
+    error[0] = from_root_(error[0]);  // every rank stops alike, none waits
     if (error[0] != 0)
       throw std::runtime_error(fmt::format("{} '{}': writing failed: {}", what_, path_.string(), std::strerror(int(error[0]))));
   }
@@ -103,7 +109,7 @@ class json_lines {
  private:
   std::string what_;
   std::filesystem::path path_;
-  comm::mpi* world_ = nullptr;  // set where a path was given: every rank then takes part in write
+  std::function<std::int64_t(std::int64_t)> from_root_;  // set where a path was given: every rank then takes part in write
   std::FILE* file_ = nullptr;
 };
 

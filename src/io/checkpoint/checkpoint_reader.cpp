@@ -44,7 +44,6 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
   const int rank = comm.rank();
   std::vector<sharded_tensor<Scalar>> tensors;
   together(comm, [&] {
-    check_communicator(engine, comm, function);
     tensors = sharded_tensors(engine, shards, function);
   });
 
@@ -181,16 +180,21 @@ metadata_map read_metadata(const std::filesystem::path& path, comm::mpi& comm) {
 }
 
 template <class Scalar>
-metadata_map load_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
-                        comm::mpi& comm) {
-  return read_sharded_file<Scalar>("kfsdp::io::load_model", path, engine, comm, {});
+metadata_map load_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine) {
+  constexpr std::string_view function = "kfsdp::io::load_model";
+  return read_sharded_file<Scalar>(function, path, engine, mpi_of(engine, function), {});
 }
 
 template <class Scalar>
-import_report import_weights(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
-                             comm::mpi& comm) {
+metadata_map read_metadata(const std::filesystem::path& path, const sharded_view<Scalar>& engine) {
+  return read_metadata(path, mpi_of(engine, "kfsdp::io::read_metadata"));
+}
+
+template <class Scalar>
+import_report import_weights(const std::filesystem::path& path, const sharded_view<Scalar>& engine) {
+  constexpr std::string_view function = "kfsdp::io::import_weights";
   import_report report;
-  report.metadata = read_sharded_file<Scalar>("kfsdp::io::import_weights", path, engine, comm, {}, &report);
+  report.metadata = read_sharded_file<Scalar>(function, path, engine, mpi_of(engine, function), {}, &report);
   return report;
 }
 
@@ -209,18 +213,18 @@ std::string describe(const import_report& report) {
 
 template <class Scalar>
 void load_checkpoint(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
-                     comm::mpi& comm, checkpoint_state<Scalar>& state) {
-  state.metadata = read_sharded_file<Scalar>("kfsdp::io::load_checkpoint", path, engine, comm, state.shards);
+                     checkpoint_state<Scalar>& state) {
+  constexpr std::string_view function = "kfsdp::io::load_checkpoint";
+  state.metadata = read_sharded_file<Scalar>(function, path, engine, mpi_of(engine, function), state.shards);
 }
 
 
 #define KFSDP_CHECKPOINT_INSTANTIATE(Scalar)                                                      \
-  template metadata_map load_model<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&,   \
-                                           comm::mpi&);                                           \
-  template import_report import_weights<Scalar>(const std::filesystem::path&,                    \
-                                                const sharded_view<Scalar>&, comm::mpi&);                \
+  template metadata_map load_model<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&);  \
+  template metadata_map read_metadata<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&); \
+  template import_report import_weights<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&); \
   template void load_checkpoint<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&,      \
-                                        comm::mpi&, checkpoint_state<Scalar>&);
+                                        checkpoint_state<Scalar>&);
 KFSDP_CHECKPOINT_INSTANTIATE(float)
 KFSDP_CHECKPOINT_INSTANTIATE(double)
 #undef KFSDP_CHECKPOINT_INSTANTIATE

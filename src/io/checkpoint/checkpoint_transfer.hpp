@@ -300,12 +300,21 @@ inline std::vector<checksum_state> combine_checksums(comm::mpi& comm, std::span<
   return combined;
 }
 
+// The MPI communicator the engine's own runs over: MPI-IO needs one. Every rank of an engine has
+// the same backend, so every rank throws alike.
 template <class Scalar>
-void check_communicator(const sharded_view<Scalar>& engine, comm::mpi& comm, std::string_view function) {
-  if (comm.size() != engine.world_size || comm.rank() != engine.rank)
+comm::mpi& mpi_of(const sharded_view<Scalar>& engine, std::string_view function) {
+  comm::mpi* found = engine.communicator != nullptr ? engine.communicator->template find_backend<comm::mpi>() : nullptr;
+  if (found == nullptr)
     throw std::invalid_argument(fmt::format(
-        "{}: the communicator is rank {} of {}, expected the engine's rank {} of {}", function,
-        comm.rank(), comm.size(), engine.rank, engine.world_size));
+        "{}: the engine's communicator is {}, expected one over kfsdp::comm::mpi (comm::mpi, a comm::threaded "
+        "of one, comm::nccl): the file is written with MPI-IO (one process without MPI: save_state_dict_file)",
+        function, engine.communicator != nullptr ? "not over MPI (comm::self, say)" : "missing"));
+  if (found->size() != engine.world_size || found->rank() != engine.rank)
+    throw std::invalid_argument(fmt::format(
+        "{}: the engine's MPI communicator is rank {} of {}, expected the engine's rank {} of {}", function,
+        found->rank(), found->size(), engine.rank, engine.world_size));
+  return *found;
 }
 
 // Every rank's `metadata` must be the same (its fingerprint is compared over ranks).

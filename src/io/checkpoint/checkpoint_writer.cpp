@@ -23,7 +23,6 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
   std::filesystem::path path;
   together(comm, [&] {
     path = save_target(requested, function);  // every rank refuses the same bad path
-    check_communicator(engine, comm, function);
     check_user_metadata(metadata, function);
     if (stored != dtype_of<Scalar> && !(stored == dtype::F32 && shards.empty()))
       throw std::invalid_argument(fmt::format("{}: stored dtype {}, expected {} (the engine's) or F32 (weights only)",
@@ -166,17 +165,19 @@ void written_by_first_group(std::string_view function, const std::filesystem::pa
 // ------------------------------------------------------------------ public API
 
 template <class Scalar>
-void save_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine, comm::mpi& comm,
+void save_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
                 const metadata_map& metadata, dtype stored) {
   constexpr std::string_view function = "kfsdp::io::save_model";
+  comm::mpi& comm = mpi_of(engine, function);
   written_by_first_group(function, path, engine,
                          [&] { write_sharded_file<Scalar>(function, path, engine, comm, {}, metadata, stored); });
 }
 
 template <class Scalar>
 void save_checkpoint(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
-                     comm::mpi& comm, const checkpoint_state<Scalar>& state) {
+                     const checkpoint_state<Scalar>& state) {
   constexpr std::string_view function = "kfsdp::io::save_checkpoint";
+  comm::mpi& comm = mpi_of(engine, function);
   written_by_first_group(function, path, engine, [&] {
     write_sharded_file<Scalar>(function, path, engine, comm, state.shards, state.metadata);
   });
@@ -190,9 +191,9 @@ void set_stop_after_header(std::function<bool(const std::filesystem::path&)> hoo
 
 #define KFSDP_CHECKPOINT_INSTANTIATE(Scalar)                                                      \
   template void save_model<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&,           \
-                                   comm::mpi&, const metadata_map&, dtype);                       \
+                                   const metadata_map&, dtype);                                   \
   template void save_checkpoint<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&,      \
-                                        comm::mpi&, const checkpoint_state<Scalar>&);
+                                        const checkpoint_state<Scalar>&);
 KFSDP_CHECKPOINT_INSTANTIATE(float)
 KFSDP_CHECKPOINT_INSTANTIATE(double)
 #undef KFSDP_CHECKPOINT_INSTANTIATE

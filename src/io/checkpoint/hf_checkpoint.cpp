@@ -97,13 +97,13 @@ struct file_share {
 }  // namespace
 
 template <class Scalar>
-void load_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine, comm::mpi& comm,
+void load_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine,
                      const std::vector<std::string>& ignore) {
   constexpr std::string_view function = "kfsdp::io::load_pretrained";
+  comm::mpi& comm = mpi_of(engine, function);
   const int rank = comm.rank();
   std::vector<sharded_tensor<Scalar>> tensors;
   together(comm, [&] {
-    check_communicator(engine, comm, function);
     tensors = sharded_tensors<Scalar>(engine, {}, function);
   });
   const auto ignored = [&](std::string_view name) { return std::find(ignore.begin(), ignore.end(), name) != ignore.end(); };
@@ -312,9 +312,10 @@ void set_stop_before_change(std::function<bool(const std::filesystem::path&)> ho
 }  // namespace testing
 
 template <class Scalar>
-void save_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine, comm::mpi& comm,
+void save_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine,
                      std::string_view config_json, dtype stored) {
   constexpr std::string_view function = "kfsdp::io::save_pretrained";
+  comm::mpi& comm = mpi_of(engine, function);
   namespace fs = std::filesystem;
   const int rank = comm.rank();
   // Under HSDP the first shard group writes (as save_model); the others take part in its collectives.
@@ -368,7 +369,7 @@ void save_pretrained(const std::filesystem::path& directory, const sharded_view<
     // Order (the directory loads as the old model or the new one throughout): model.safetensors, stale index,
     // stale shards, config.json. transformers refuses a safetensors file whose metadata lacks {"format":
     // "pt"}.
-    save_model(target / single_file, engine, comm, {{"format", "pt"}}, stored);
+    save_model(target / single_file, engine, {{"format", "pt"}}, stored);
     together(comm, [&] {
       if (!writes) return;
       const auto stop_before = [&](const fs::path& path) {
@@ -412,9 +413,9 @@ void save_pretrained(const std::filesystem::path& directory, const sharded_view<
 }
 
 #define KFSDP_HF_CHECKPOINT_INSTANTIATE(Scalar)                                                                  \
-  template void load_pretrained<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&, comm::mpi&,       \
+  template void load_pretrained<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&,                  \
                                         const std::vector<std::string>&);                                      \
-  template void save_pretrained<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&, comm::mpi&,       \
+  template void save_pretrained<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&,                  \
                                         std::string_view, dtype);
 KFSDP_HF_CHECKPOINT_INSTANTIATE(float)
 KFSDP_HF_CHECKPOINT_INSTANTIATE(double)

@@ -23,9 +23,9 @@
 //   kfsdp::comm::mpi world;
 //   kfsdp::fsdp_engine<float> engine(kfsdp::make_param_table(model), world, {});
 //   kfsdp::optim::adamw<float> optimizer(engine);
-//   kfsdp::io::save_training_state("run/ckpt.safetensors", engine, world, {{"step", "1000"}}, optimizer);
+//   kfsdp::io::save_training_state("run/ckpt.safetensors", engine, {{"step", "1000"}}, optimizer);
 //   ...                                                  // later, at any world size:
-//   const auto metadata = kfsdp::io::load_training_state("run/ckpt.safetensors", engine, world, optimizer);
+//   const auto metadata = kfsdp::io::load_training_state("run/ckpt.safetensors", engine, optimizer);
 //   const std::size_t step = kfsdp::io::metadata_count(metadata, "step");
 // (the optimizer's moments are tensors "optimizer.exp_avg.<parameter>", restored in place; its
 // kind and step count are metadata: the checkpoint protocol, tensor/stateful.hpp)
@@ -55,40 +55,44 @@ namespace kfsdp::io {
 // named_shard and checkpoint_state (the checkpoint protocol's parts) are in tensor/stateful.hpp; the
 // metadata keys kfsdp writes and the one-process reader and writer, in safetensors_file.hpp.
 // Each function takes any sharded_engine (an fsdp_engine, the trainer's engine) and passes its
-// sharded_view to the overload compiled in kfsdp_checkpoint (for float and double).
+// sharded_view to the overload compiled in kfsdp_checkpoint (for float and double). Each is
+// collective over the engine's own communicator, which must run over comm::mpi (itself, a
+// comm::threaded of one, or comm::nccl's host channel): MPI-IO writes the file. An engine over
+// comm::self or another backend is refused (std::invalid_argument, every rank alike); one process
+// without MPI writes with save_state_dict_file (safetensors_file.hpp).
 
-/// Writes the full model as one safetensors file at `path` (collective over `comm`, which must be
-/// the engine's ranks in the engine's order). `metadata` must be the same on every rank (checked).
+/// Writes the full model as one safetensors file at `path` (collective over the engine's
+/// communicator). `metadata` must be the same on every rank (checked).
 /// Byte-identical to save_state_dict_file(path, engine.original_state_dict(), metadata).
 /// `stored` F32 writes a double engine's weights as float (rounded; a value beyond float's range
 /// is refused as not finite); load_pretrained (io/checkpoint/hf_checkpoint.hpp) reads such a file back.
 /// Throws on every rank: std::invalid_argument (a reserved or non-UTF-8 metadata key, ranks that
 /// disagree), std::runtime_error (the file system); `path` is then left as it was.
 ///
-///   kfsdp::io::save_model("gpt.safetensors", engine, world, {{"model.layers", "4"}});
+///   kfsdp::io::save_model("gpt.safetensors", engine, {{"model.layers", "4"}});
 template <class Scalar>
-void save_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine, comm::mpi& comm,
+void save_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
                 const metadata_map& metadata = {}, dtype stored = dtype_of<Scalar>);
 KFSDP_EXPORT template <sharded_engine Engine>
-void save_model(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
+void save_model(const std::filesystem::path& path, Engine& engine,
                 const metadata_map& metadata = {}, dtype stored = dtype_of<engine_scalar_t<Engine>>) {
-  save_model(path, view_of(engine), comm, metadata, stored);
+  save_model(path, view_of(engine), metadata, stored);
 }
 
 /// save_model plus every view of state.shards as full tensors and state.metadata, in the same
 /// file (one rename, so weights and optimizer state can never come from two different saves).
-/// Both save under HSDP too (the engine's options().replica_group; `comm` is then the engine's
+/// Both save under HSDP too (the engine's options().replica_group; its communicator is then the
 /// shard group): the first shard group writes the flat file, which loads at any world size, flat
 /// or HSDP; every rank of every group returns, or throws, together.
 ///
-///   kfsdp::io::save_checkpoint("ckpt.safetensors", engine, world, state);
+///   kfsdp::io::save_checkpoint("ckpt.safetensors", engine, state);
 template <class Scalar>
 void save_checkpoint(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
-                     comm::mpi& comm, const checkpoint_state<Scalar>& state);
+                     const checkpoint_state<Scalar>& state);
 KFSDP_EXPORT template <sharded_engine Engine>
-void save_checkpoint(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
+void save_checkpoint(const std::filesystem::path& path, Engine& engine,
                      const checkpoint_state<engine_scalar_t<Engine>>& state) {
-  save_checkpoint(path, view_of(engine), comm, state);
+  save_checkpoint(path, view_of(engine), state);
 }
 
 /// Loads the weights of `path` into the engine's shards: each rank reads only its rows, at any
@@ -102,13 +106,12 @@ void save_checkpoint(const std::filesystem::path& path, Engine& engine, comm::mp
 /// checksums is checked too; the message names the file and the tensor); the shards are then
 /// unchanged.
 ///
-///   kfsdp::io::load_model("gpt.safetensors", engine, world);
+///   kfsdp::io::load_model("gpt.safetensors", engine);
 template <class Scalar>
-metadata_map load_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
-                        comm::mpi& comm);
+metadata_map load_model(const std::filesystem::path& path, const sharded_view<Scalar>& engine);
 KFSDP_EXPORT template <sharded_engine Engine>
-metadata_map load_model(const std::filesystem::path& path, Engine& engine, comm::mpi& comm) {
-  return load_model(path, view_of(engine), comm);
+metadata_map load_model(const std::filesystem::path& path, Engine& engine) {
+  return load_model(path, view_of(engine));
 }
 
 /// The `__metadata__` of `path` alone, to check a file before loading it (collective over `comm`:
@@ -116,7 +119,14 @@ metadata_map load_model(const std::filesystem::path& path, Engine& engine, comm:
 /// that does not parse or verify, naming the file.
 ///
 ///   const auto metadata = kfsdp::io::read_metadata("ckpt.safetensors", world);
+///   const auto same = kfsdp::io::read_metadata("ckpt.safetensors", engine);  // over the engine's ranks
 KFSDP_EXPORT [[nodiscard]] metadata_map read_metadata(const std::filesystem::path& path, comm::mpi& comm);
+template <class Scalar>
+[[nodiscard]] metadata_map read_metadata(const std::filesystem::path& path, const sharded_view<Scalar>& engine);
+KFSDP_EXPORT template <sharded_engine Engine>
+[[nodiscard]] metadata_map read_metadata(const std::filesystem::path& path, Engine& engine) {
+  return read_metadata(path, view_of(engine));
+}
 
 /// What import_weights did, by tensor name: what it loaded, what the model has and the file lacks
 /// (left as they were, e.g. freshly initialised), what the file has and the model lacks (ignored).
@@ -137,44 +147,44 @@ struct import_report {
 /// with another dtype or shape is still a format_error, as is a corrupt file; nothing is changed
 /// unless everything checked out on every rank. Export the weights alone with save_model.
 ///
-///   kfsdp::io::save_model("pretrained.safetensors", engine, world);         // weights only
+///   kfsdp::io::save_model("pretrained.safetensors", engine);                // weights only
 ///   ...                                                                       // a new run:
-///   const kfsdp::io::import_report report = kfsdp::io::import_weights("pretrained.safetensors", engine, world);
-///   if (world.rank() == 0) fmt::print("{}\n", kfsdp::io::describe(report));
+///   const kfsdp::io::import_report report = kfsdp::io::import_weights("pretrained.safetensors", engine);
+///   if (engine.rank() == 0) fmt::print("{}\n", kfsdp::io::describe(report));
 KFSDP_EXPORT template <class Scalar>
 [[nodiscard]] import_report import_weights(const std::filesystem::path& path,
-                                           const sharded_view<Scalar>& engine, comm::mpi& comm);
+                                           const sharded_view<Scalar>& engine);
 template <sharded_engine Engine>
-[[nodiscard]] import_report import_weights(const std::filesystem::path& path, Engine& engine, comm::mpi& comm) {
-  return import_weights(path, view_of(engine), comm);
+[[nodiscard]] import_report import_weights(const std::filesystem::path& path, Engine& engine) {
+  return import_weights(path, view_of(engine));
 }
 
 /// load_model plus every view of state.shards (restored in place from "<name>.<parameter>"), and
 /// state.metadata replaced by the file's `__metadata__`. Nothing is changed unless everything
 /// verified on every rank.
 ///
-///   kfsdp::io::load_checkpoint("ckpt.safetensors", engine, world, state);
+///   kfsdp::io::load_checkpoint("ckpt.safetensors", engine, state);
 ///   std::int64_t step = std::stoll(state.metadata.at("step"));
 template <class Scalar>
 void load_checkpoint(const std::filesystem::path& path, const sharded_view<Scalar>& engine,
-                     comm::mpi& comm, checkpoint_state<Scalar>& state);
+                     checkpoint_state<Scalar>& state);
 KFSDP_EXPORT template <sharded_engine Engine>
-void load_checkpoint(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
+void load_checkpoint(const std::filesystem::path& path, Engine& engine,
                      checkpoint_state<engine_scalar_t<Engine>>& state) {
-  load_checkpoint(path, view_of(engine), comm, state);
+  load_checkpoint(path, view_of(engine), state);
 }
 
 /// The checkpoint protocol (tensor/stateful.hpp) over save_checkpoint: the weights, the state of every
 /// part (an optimizer, a sampler) and `metadata`, in one file; the caller names no tensor.
 ///
-///   kfsdp::io::save_training_state("run.safetensors", engine, world, {{"step", "20"}}, optimizer);
+///   kfsdp::io::save_training_state("run.safetensors", engine, {{"step", "20"}}, optimizer);
 KFSDP_EXPORT template <sharded_engine Engine, class... Parts>
   requires(stateful<Parts, engine_scalar_t<Engine>> && ...)
-void save_training_state(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
+void save_training_state(const std::filesystem::path& path, Engine& engine,
                          const metadata_map& metadata, const Parts&... parts) {
   checkpoint_state<engine_scalar_t<Engine>> state{.metadata = metadata};
   (parts.add_state(state), ...);
-  save_checkpoint(path, engine, comm, state);
+  save_checkpoint(path, engine, state);
 }
 
 /// What save_training_state wrote, into the engine and every part: the views in place, then each
@@ -182,15 +192,15 @@ void save_training_state(const std::filesystem::path& path, Engine& engine, comm
 /// nothing changed; a part that refuses the file (another optimizer, say) std::invalid_argument
 /// naming the key, after the weights and views were read.
 ///
-///   const auto metadata = kfsdp::io::load_training_state("run.safetensors", engine, world, optimizer);
+///   const auto metadata = kfsdp::io::load_training_state("run.safetensors", engine, optimizer);
 ///   const std::size_t step = kfsdp::io::metadata_count(metadata, "step");
 KFSDP_EXPORT template <sharded_engine Engine, class... Parts>
   requires(stateful<Parts, engine_scalar_t<Engine>> && ...)
-metadata_map load_training_state(const std::filesystem::path& path, Engine& engine, comm::mpi& comm,
+metadata_map load_training_state(const std::filesystem::path& path, Engine& engine,
                                  Parts&... parts) {
   checkpoint_state<engine_scalar_t<Engine>> state;
   (parts.add_state(state), ...);
-  load_checkpoint(path, engine, comm, state);
+  load_checkpoint(path, engine, state);
   (parts.restore_state(state.metadata), ...);
   return std::move(state.metadata);
 }

@@ -18,10 +18,9 @@
 //   kfsdp::comm::mpi world;
 //   const kfsdp::llama_config config = kfsdp::io::read_llama_config("tiny-llama");
 //   kfsdp::fsdp_engine<double> engine(kfsdp::make_param_table(kfsdp::make_llama(config)), world, {});
-//   kfsdp::io::load_pretrained("tiny-llama", engine, world);
+//   kfsdp::io::load_pretrained("tiny-llama", engine);
 //   ...                                                                 // train
-//   kfsdp::io::save_pretrained("tuned-llama", engine, world, kfsdp::io::llama_config_json(config),
-//                              kfsdp::dtype::F32);
+//   kfsdp::io::save_pretrained("tuned-llama", engine, kfsdp::io::llama_config_json(config), kfsdp::dtype::F32);
 
 #include <filesystem>
 #include <functional>
@@ -36,9 +35,10 @@
 
 namespace kfsdp::io {
 
-/// Loads every parameter of the engine by name from a Hugging Face directory (collective over
-/// `comm`, the engine's ranks in order): model.safetensors.index.json and the files it names when
-/// the index is there, model.safetensors otherwise. Strict: every parameter must be in the
+/// Loads every parameter of the engine by name from a Hugging Face directory (collective over the
+/// engine's communicator, which must run over comm::mpi, as checkpoint.hpp's functions):
+/// model.safetensors.index.json and the files it names when the index is there, model.safetensors
+/// otherwise. Strict: every parameter must be in the
 /// directory with the same shape, and every tensor of the directory must be a parameter, except
 /// those named in `ignore` (a tied model's "lm_head.weight", which some writers keep). Files
 /// written by kfsdp carry checksums, which are verified. Padding rows are set to zero.
@@ -47,18 +47,18 @@ namespace kfsdp::io {
 /// engine's scalar: an F64 value beyond float's range loaded into float is one), a malformed file or index;
 /// std::runtime_error for the file system. The shards are then unchanged.
 ///
-///   kfsdp::io::load_pretrained("tiny-llama", engine, world);
-///   kfsdp::io::load_pretrained("tied-llama", engine, world, {"lm_head.weight"});
+///   kfsdp::io::load_pretrained("tiny-llama", engine);
+///   kfsdp::io::load_pretrained("tied-llama", engine, {"lm_head.weight"});
 template <class Scalar>
-void load_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine, comm::mpi& comm,
+void load_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine,
                      const std::vector<std::string>& ignore = {});
 KFSDP_EXPORT template <sharded_engine Engine>
-void load_pretrained(const std::filesystem::path& directory, Engine& engine, comm::mpi& comm,
-                     const std::vector<std::string>& ignore = {}) {
-  load_pretrained(directory, view_of(engine), comm, ignore);
+void load_pretrained(const std::filesystem::path& directory, Engine& engine, const std::vector<std::string>& ignore = {}) {
+  load_pretrained(directory, view_of(engine), ignore);
 }
 
-/// Writes the engine's parameters as a Hugging Face directory (collective over `comm`):
+/// Writes the engine's parameters as a Hugging Face directory (collective over the engine's
+/// communicator):
 /// `config_json` as config.json and every parameter under its name in model.safetensors, stored as
 /// `stored` (F32 or the engine's scalar; metadata {"format": "pt"}, as transformers expects, and
 /// kfsdp's checksums). The directory is made when missing. As transformers' save_pretrained, it
@@ -75,14 +75,14 @@ void load_pretrained(const std::filesystem::path& directory, Engine& engine, com
 /// a folder; std::runtime_error naming the file for the file system (a failed write leaves the
 /// old files as they were).
 ///
-///   kfsdp::io::save_pretrained("tuned-llama", engine, world, kfsdp::io::llama_config_json(config));
+///   kfsdp::io::save_pretrained("tuned-llama", engine, kfsdp::io::llama_config_json(config));
 template <class Scalar>
-void save_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine, comm::mpi& comm,
+void save_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine,
                      std::string_view config_json, dtype stored = dtype_of<Scalar>);
 KFSDP_EXPORT template <sharded_engine Engine>
-void save_pretrained(const std::filesystem::path& directory, Engine& engine, comm::mpi& comm,
-                     std::string_view config_json, dtype stored = dtype_of<engine_scalar_t<Engine>>) {
-  save_pretrained(directory, view_of(engine), comm, config_json, stored);
+void save_pretrained(const std::filesystem::path& directory, Engine& engine, std::string_view config_json,
+                     dtype stored = dtype_of<engine_scalar_t<Engine>>) {
+  save_pretrained(directory, view_of(engine), config_json, stored);
 }
 
 namespace testing {

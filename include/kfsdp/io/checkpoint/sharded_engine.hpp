@@ -1,6 +1,7 @@
 #pragma once
 // What the checkpoint code needs of an FSDP engine, as a concept, so that io/ does not include
-// fsdp/: its plan, its parameters, this rank's flat parameter shard, and the HSDP replicas.
+// fsdp/: its plan, its parameters, this rank's flat parameter shard, its communicator (the ranks
+// that save and load together) and the HSDP replicas.
 // kfsdp::fsdp_engine<Scalar> (fsdp/engine.hpp) and the trainer's engine model it; the checkpoint
 // functions take any `sharded_engine` and pass its `sharded_view` to the compiled library.
 //
@@ -32,6 +33,7 @@ concept sharded_engine = requires(Engine& engine) {
   { engine.shards().flat() } -> std::convertible_to<Kokkos::View<typename Engine::scalar_type*>>;
   { engine.rank() } -> std::convertible_to<int>;
   { engine.world_size() } -> std::convertible_to<int>;
+  { engine.communicator() } -> std::convertible_to<comm::any_communicator&>;
   { engine.options().replica_group } -> std::convertible_to<const std::optional<comm::any_communicator>&>;
 };
 
@@ -44,6 +46,7 @@ struct sharded_view {
   Kokkos::View<Scalar*> flat;  // this rank's flat parameter shard (loads write into it)
   int rank = 0;
   int world_size = 1;  // the ranks of the shard group
+  comm::any_communicator* communicator = nullptr;  // the shard group's: the checkpoint's MPI ranks
   const comm::any_communicator* replica_group = nullptr;  // HSDP's replicas; null under flat FSDP
 };
 
@@ -52,7 +55,7 @@ template <sharded_engine Engine>
 [[nodiscard]] sharded_view<typename Engine::scalar_type> view_of(Engine& engine) {
   const std::optional<comm::any_communicator>& replicas = engine.options().replica_group;
   return {engine.plan(), engine.mapping(), engine.params(), engine.shards().flat(),
-          engine.rank(), engine.world_size(), replicas ? &*replicas : nullptr};
+          engine.rank(), engine.world_size(), &engine.communicator(), replicas ? &*replicas : nullptr};
 }
 
 /// The scalar of an engine's parameters.

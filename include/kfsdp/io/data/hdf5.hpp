@@ -9,7 +9,7 @@
 //   h5py: f.create_dataset("x", data=features.astype("f4")); f.create_dataset("y", data=targets)
 //   kfsdp::io::hdf5_dataset data("heat.h5", "x", "y", job.world().native());   // x [N, F], y [N, T] or [N]
 //   const auto stats = data.normalize();           // a streaming pass, collective, in chunks of rows
-//   kfsdp::fit(job, model, adam, schedule, data, {.steps = 4000, .global_batch = 256});
+//   kfsdp::fit(model, adam, schedule, data, {.steps = 4000, .global_batch = 256});
 //
 // Features and targets are datasets of the file (paths such as "train/x" too) of shape (N, width)
 // or (N,), the same N, of any floating-point type (16, 32 or 64-bit, either byte order), converted
