@@ -89,6 +89,30 @@ kfsdp::fit_result train(kfsdp::session& job, const kfsdp::io::array_dataset& dat
   return result;
 }
 
+// The metrics of a model with one output, recomputed here from every rank predicting every sample
+// (each call collective alike): MSE (the loss), relative L2, and the one user metric, |p - t| a sample.
+template <class Trainer>
+void check_regression_metrics(Trainer& model, const kfsdp::io::array_dataset& data, const kfsdp::eval_metrics& got,
+                              const std::string& user_metric) {
+  auto [x, y] = data.rows<double>(0, data.count());
+  const auto p = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.predict(x));
+  const auto t = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+  double squared = 0, target = 0, absolute = 0;
+  for (std::size_t r = 0; r < data.count(); ++r) {
+    squared += (p(r, 0) - t(r, 0)) * (p(r, 0) - t(r, 0));
+    target += t(r, 0) * t(r, 0);
+    absolute += std::abs(p(r, 0) - t(r, 0));
+  }
+  const double n = double(data.count());
+  CHECK(got.mse == doctest::Approx(squared / n).epsilon(1e-12));
+  CHECK(got.loss == doctest::Approx(squared / n).epsilon(1e-12));
+  CHECK(got.relative_l2 == doctest::Approx(std::sqrt(squared / target)).epsilon(1e-12));
+  REQUIRE(got.user.size() == 1);
+  CHECK(got.user[0].first == user_metric);
+  CHECK(got.user[0].second == doctest::Approx(absolute / n).epsilon(1e-12));
+  CHECK(std::isnan(got.accuracy));
+}
+
 std::string error_of(const auto& run) {
   try {
     run();
@@ -377,24 +401,7 @@ TEST_CASE("fit: evaluation metrics equal the hand-computed ones") {
     const kfsdp::fit_result result = kfsdp::fit(
         model, adam, kfsdp::optim::constant(1e-2), samples(60, 4),
         {.steps = 3, .global_batch = global_batch, .eval_data = &test, .metrics = {mean_abs_error}});
-    // Every rank predicts every sample (each call collective alike).
-    auto [x, y] = test.rows<double>(0, test.count());
-    const auto p = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.predict(x));
-    const auto t = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
-    double squared = 0, target = 0, absolute = 0;
-    for (std::size_t r = 0; r < test.count(); ++r) {
-      squared += (p(r, 0) - t(r, 0)) * (p(r, 0) - t(r, 0));
-      target += t(r, 0) * t(r, 0);
-      absolute += std::abs(p(r, 0) - t(r, 0));
-    }
-    const double n = double(test.count());
-    CHECK(result.eval.mse == doctest::Approx(squared / n).epsilon(1e-12));
-    CHECK(result.eval.loss == doctest::Approx(squared / n).epsilon(1e-12));
-    CHECK(result.eval.relative_l2 == doctest::Approx(std::sqrt(squared / target)).epsilon(1e-12));
-    REQUIRE(result.eval.user.size() == 1);
-    CHECK(result.eval.user[0].first == "mean_abs_error");
-    CHECK(result.eval.user[0].second == doctest::Approx(absolute / n).epsilon(1e-12));
-    CHECK(std::isnan(result.eval.accuracy));
+    check_regression_metrics(model, test, result.eval, "mean_abs_error");
     CHECK(std::isnan(result.eval.perplexity));
   }
   SUBCASE("cross-entropy: loss, accuracy, perplexity") {
@@ -544,23 +551,7 @@ TEST_CASE("kfsdp::evaluate in a loop of one's own: the whole dataset's metrics, 
         model, test, {{.name = "max_abs_error", .per_sample = [](std::span<const double> p, std::span<const double> t) {
                          return std::abs(p[0] - t[0]);
                        }}});
-    auto [x, y] = test.rows<double>(0, test.count());
-    const auto p = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.predict(x));
-    const auto t = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
-    double squared = 0, target = 0, absolute = 0;
-    for (std::size_t r = 0; r < test.count(); ++r) {
-      squared += (p(r, 0) - t(r, 0)) * (p(r, 0) - t(r, 0));
-      target += t(r, 0) * t(r, 0);
-      absolute += std::abs(p(r, 0) - t(r, 0));
-    }
-    const double n = double(test.count());
-    CHECK(metrics.loss == doctest::Approx(squared / n).epsilon(1e-12));
-    CHECK(metrics.mse == doctest::Approx(squared / n).epsilon(1e-12));
-    CHECK(metrics.relative_l2 == doctest::Approx(std::sqrt(squared / target)).epsilon(1e-12));
-    REQUIRE(metrics.user.size() == 1);
-    CHECK(metrics.user[0].first == "max_abs_error");
-    CHECK(metrics.user[0].second == doctest::Approx(absolute / n).epsilon(1e-12));
-    CHECK(std::isnan(metrics.accuracy));
+    check_regression_metrics(model, test, metrics, "max_abs_error");
     // The same numbers on every rank: the sums went over the trainer's ranks, replicas included.
     double spread[2] = {metrics.relative_l2, -metrics.relative_l2};
     job.world().all_reduce_max(std::span<double>(spread));
