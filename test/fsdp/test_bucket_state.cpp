@@ -30,6 +30,24 @@ struct fixture {
 std::string message_of(auto&& call) { return kfsdp::test::error_message<std::logic_error>(call); }
 }  // namespace
 
+TEST_CASE("the two layouts of bucket_state.hpp's example") {
+  const shard_plan plan = make_shard_plan(param_table<sequential<"", linear<"0", 1, 3>>>, 2, bucketing::layer);
+  const shard_mapping map(plan);
+  REQUIRE(plan.buckets.size() == 1);
+  CHECK(plan.buckets[0].shard_numel == 4);
+  // gathered [w0 w1 b0 b1 | w2 · b2 ·]
+  CHECK(map.gathered(0, 0) == index_range{0, 2});
+  CHECK(map.gathered(1, 0) == index_range{2, 2});
+  CHECK(map.gathered(0, 1) == index_range{4, 2});
+  CHECK(map.gathered(1, 1) == index_range{6, 2});
+  // unpacked [w0 w1 w2 · | b0 b1 b2 ·]
+  CHECK(map.padded(0) == index_range{0, 4});
+  CHECK(map.unpacked(0) == index_range{0, 3});
+  CHECK(map.padded(1) == index_range{4, 4});
+  CHECK(map.unpacked(1) == index_range{4, 3});
+  CHECK(map.unpacked(0, 1) == index_range{2, 1});  // rank 1's real row of w: w2
+}
+
 TEST_CASE("the parameters go sharded → gathering → unsharded → sharded, and nothing else") {
   fixture f;
   Kokkos::deep_copy(f.shards.flat(), 2.0);

@@ -19,10 +19,10 @@
 //             leaves it;
 //   unpacked  parameter-major: each parameter's chunks in rank order, its padding last, as the
 //             parameter's own all-gather leaves it, so each parameter starts with its full tensor.
-// A bucket of a (3 rows of 1) and b (2 rows of 1) at world size 2: chunks of 2 and 1, S = 3
-// (· padding, a_r: element r of a):
-//   gathered  [a0 a1 b0 | a2 · b1]
-//   unpacked  [a0 a1 a2 · | b0 b1]   (a is [0, 3), b is [4, 6))
+// Linear(1, 3) at world size 2, one bucket: weight w [3,1] and bias b [3], chunks of 2 rows, S = 4
+// (w2: w's element 2, ·: padding; test_bucket_state.cpp checks it):
+//   gathered  [w0 w1 b0 b1 | w2 · b2 ·]
+//   unpacked  [w0 w1 w2 · | b0 b1 b2 ·]   (w is [0, 3), b is [4, 7))
 // The layers read the unpacked layout and the gradients live in it; only int8's all-gather (each
 // rank's wire buffer whole) and broadcast_from use the gathered one.
 //
