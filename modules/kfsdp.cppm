@@ -40,7 +40,7 @@ module;
 #include <kfsdp/environment.hpp>
 #include <kfsdp/export.hpp>
 #include <kfsdp/expr/expression.hpp>
-#include <kfsdp/fsdp/bucket_unit.hpp>
+#include <kfsdp/fsdp/bucket_state.hpp>
 #include <kfsdp/fsdp/buffer_pool.hpp>
 #include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/fsdp/fsdp.hpp>

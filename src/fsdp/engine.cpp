@@ -1,4 +1,4 @@
-// fsdp_engine<float|double>: the plan, and the order of the bucket units' transitions (the state
+// fsdp_engine<float|double>: the plan, and the order of the buckets' transitions (the state
 // dicts are in state_dict_io.cpp).
 #include <algorithm>
 #include <cstring>
@@ -89,8 +89,8 @@ fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_commun
   context_.param_dtype = options_.param_dtype;
   context_.reduce_dtype = options_.reduce_dtype;
   context_.frozen.assign(table_.size(), 0);
-  units_.reserve(plan_.buckets.size());
-  for (std::size_t b = 0; b < plan_.buckets.size(); ++b) units_.emplace_back(b, map_);
+  buckets_.reserve(plan_.buckets.size());
+  for (std::size_t b = 0; b < plan_.buckets.size(); ++b) buckets_.emplace_back(b, map_);
 }
 
 template <class Scalar>
@@ -106,9 +106,9 @@ std::size_t fsdp_engine<Scalar>::param_index(std::string_view name) const {
 
 template <class Scalar>
 void fsdp_engine<Scalar>::check_bucket(std::size_t bucket, const char* where) const {
-  if (bucket >= units_.size())
+  if (bucket >= buckets_.size())
     throw std::out_of_range(fmt::format("kfsdp::fsdp::{}: bucket is {}, expected less than {}", where, bucket,
-                                        units_.size()));
+                                        buckets_.size()));
 }
 
 template <class Scalar>
@@ -131,11 +131,11 @@ std::pair<std::size_t, std::size_t> fsdp_engine<Scalar>::buckets_of(param_range 
 template <class Scalar>
 void fsdp_engine<Scalar>::begin_unshard(std::size_t b) {
   check_bucket(b, "begin_unshard");
-  if (units_[b].params() != param_phase::sharded) return;
+  if (buckets_[b].params() != param_phase::sharded) return;
   // The limit on all-gathers in flight: complete the oldest before issuing one more.
   while (options_.limit_all_gathers > 0 && inflight_.size() >= options_.limit_all_gathers)
     finish_unshard(inflight_.front());
-  units_[b].begin_gather(context_);
+  buckets_[b].begin_gather(context_);
   inflight_.push_back(b);
   max_inflight_ = std::max(max_inflight_, inflight_.size());
 }
@@ -143,39 +143,39 @@ void fsdp_engine<Scalar>::begin_unshard(std::size_t b) {
 template <class Scalar>
 void fsdp_engine<Scalar>::finish_unshard(std::size_t b) {
   check_bucket(b, "finish_unshard");
-  if (units_[b].params() == param_phase::unsharded) return;
-  if (units_[b].params() == param_phase::sharded) begin_unshard(b);
+  if (buckets_[b].params() == param_phase::unsharded) return;
+  if (buckets_[b].params() == param_phase::sharded) begin_unshard(b);
   std::erase(inflight_, b);
-  units_[b].finish_gather(context_);
+  buckets_[b].finish_gather(context_);
 }
 
 template <class Scalar>
 void fsdp_engine<Scalar>::reshard(std::size_t b) {
   check_bucket(b, "reshard");
   std::erase(inflight_, b);
-  units_[b].free(context_);
+  buckets_[b].free(context_);
 }
 
 template <class Scalar>
 bool fsdp_engine<Scalar>::is_unsharded(std::size_t b) const {
   check_bucket(b, "is_unsharded");
-  return units_[b].params() == param_phase::unsharded;
+  return buckets_[b].params() == param_phase::unsharded;
 }
 
 template <class Scalar>
 bool fsdp_engine<Scalar>::is_gathering(std::size_t b) const {
   check_bucket(b, "is_gathering");
-  return units_[b].params() == param_phase::gathering;
+  return buckets_[b].params() == param_phase::gathering;
 }
 
 template <class Scalar>
 typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_param(std::size_t p) const {
   check_param(p, "full_param");
   const std::size_t b = plan_.params[p].bucket;
-  if (units_[b].params() != param_phase::unsharded)
+  if (buckets_[b].params() != param_phase::unsharded)
     throw std::logic_error(fmt::format("kfsdp::fsdp::full_param: '{}' is sharded (bucket {}); unshard it first",
                                        table_[p].name.view(), b));
-  return units_[b].param(context_, p);
+  return buckets_[b].param(context_, p);
 }
 
 // ---------------------------------------------------------------- gradients
@@ -185,31 +185,31 @@ typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_grad(std::size
   check_param(p, "full_grad");
   const std::size_t b = plan_.params[p].bucket;
   finish_reduce_gradients(b);  // a reduce-scatter in flight may still read the buffer
-  return units_[b].grad(context_, p);
+  return buckets_[b].grad(context_, p);
 }
 
 template <class Scalar>
 void fsdp_engine<Scalar>::begin_reduce_gradients(std::size_t b) {
   check_bucket(b, "begin_reduce_gradients");
   // The average over ranks: as if one process had seen the global batch with a mean loss.
-  if (units_[b].grads() != grad_phase::reducing)
-    units_[b].begin_reduce(context_, Scalar(division_.before), Scalar(division_.after));
+  if (buckets_[b].grads() != grad_phase::reducing)
+    buckets_[b].begin_reduce(context_, Scalar(division_.before), Scalar(division_.after));
 }
 
 template <class Scalar>
 void fsdp_engine<Scalar>::finish_reduce_gradients(std::size_t b) {
   check_bucket(b, "finish_reduce_gradients");
-  if (units_[b].grads() == grad_phase::reducing) units_[b].finish_reduce(context_);
+  if (buckets_[b].grads() == grad_phase::reducing) buckets_[b].finish_reduce(context_);
 }
 
 template <class Scalar>
 void fsdp_engine<Scalar>::set_frozen(std::size_t p, bool frozen) {
   check_param(p, "set_frozen");
   const std::size_t b = plan_.params[p].bucket;
-  if (units_[b].grads() != grad_phase::none)
+  if (buckets_[b].grads() != grad_phase::none)
     throw std::logic_error(fmt::format("kfsdp::fsdp::set_frozen: '{}' (bucket {}) has gradients that are {}, expected "
                                        "none (freeze between steps)",
-                                       table_[p].name.view(), b, to_string(units_[b].grads())));
+                                       table_[p].name.view(), b, to_string(buckets_[b].grads())));
   context_.frozen[p] = frozen ? 1 : 0;
   // A frozen gradient shard is zero: what an earlier reduction left there goes.
   if (frozen) Kokkos::deep_copy(grads_.chunk(p), Scalar(0));
@@ -224,12 +224,12 @@ bool fsdp_engine<Scalar>::is_frozen(std::size_t p) const {
 template <class Scalar>
 bool fsdp_engine<Scalar>::is_reducing(std::size_t b) const {
   check_bucket(b, "is_reducing");
-  return units_[b].grads() == grad_phase::reducing;
+  return buckets_[b].grads() == grad_phase::reducing;
 }
 
 template <class Scalar>
 void fsdp_engine<Scalar>::finish_gradient_reductions() {
-  for (std::size_t b = 0; b < units_.size(); ++b) finish_reduce_gradients(b);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) finish_reduce_gradients(b);
 }
 
 template <class Scalar>
@@ -241,16 +241,16 @@ void fsdp_engine<Scalar>::sum_over_ranks(std::span<double> values) {
 template <class Scalar>
 void fsdp_engine<Scalar>::zero_grad() {
   Kokkos::deep_copy(grads_.flat(), Scalar(0));
-  for (auto& unit : units_) unit.set_shard_grads_zero(true);  // the next reductions write, not add
+  for (auto& bucket : buckets_) bucket.set_shard_grads_zero(true);  // the next reductions write, not add
 }
 
 template <class Scalar>
 double fsdp_engine<Scalar>::grad_squared_norm() const {
   // Bucket by bucket, as finish_reduce sums them: the same bits whether the reductions took them or not.
   double sum = 0;
-  for (const auto& unit : units_) {
-    const std::optional<double> bucket = unit.shard_grad_squared_norm();
-    sum += bucket ? *bucket : optim::local_squared_norm<Scalar>(grads_.bucket(unit.index()));
+  for (const auto& bucket : buckets_) {
+    const std::optional<double> norm = bucket.shard_grad_squared_norm();
+    sum += norm ? *norm : optim::local_squared_norm<Scalar>(grads_.bucket(bucket.index()));
   }
   return sum;
 }

@@ -5,12 +5,12 @@
 // and its collaborators, split the way FSDP works:
 //   shard_mapping     every offset (plan/shard_mapping.hpp)
 //   sharded_storage   the parameter and gradient shards (fsdp/storage.hpp)
-//   bucket_unit       one bucket's gather / free / reduce state machine (fsdp/bucket_unit.hpp)
+//   bucket_state      one bucket's gather / free / reduce state machine (fsdp/bucket_state.hpp)
 //   buffer_pool       the unsharded buffers and their byte counts (fsdp/buffer_pool.hpp)
 //   state-dict IO     initialisation, broadcast_from, load and gather of full state dicts
 //                     (src/fsdp/state_dict_io.cpp)
-// and orders the units: the limit on all-gathers in flight, finishing a reduction before its
-// gradient is touched again.
+// and orders the buckets' transitions: the limit on all-gathers in flight, finishing a reduction
+// before its gradient is touched again.
 //
 //   kfsdp::fsdp_engine<float> e(kfsdp::make_param_table(model), comm, {.bucketing_strategy = kfsdp::bucketing::layer});
 //   e.initialize(seed, choose_init);        // each rank evaluates its own rows only
@@ -35,7 +35,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <kfsdp/comm/any_communicator.hpp>
-#include <kfsdp/fsdp/bucket_unit.hpp>
+#include <kfsdp/fsdp/bucket_state.hpp>
 #include <kfsdp/fsdp/buffer_pool.hpp>
 #include <kfsdp/fsdp/options.hpp>
 #include <kfsdp/fsdp/pack.hpp>
@@ -120,7 +120,7 @@ class fsdp_engine {
   [[nodiscard]] const sharded_storage<Scalar>& shards() const noexcept { return shards_; }
   // Write access to the gradient shards: from here on every bucket's next reduction adds into them.
   [[nodiscard]] sharded_storage<Scalar>& grads() noexcept {
-    for (auto& unit : units_) unit.set_shard_grads_zero(false);
+    for (auto& bucket : buckets_) bucket.set_shard_grads_zero(false);
     return grads_;
   }
   // Read access to the gradient shards, without grads()'s effect on the next reduction.
@@ -230,8 +230,8 @@ class fsdp_engine {
   sharded_storage<Scalar> shards_;
   sharded_storage<Scalar> grads_;
   buffer_pool<Scalar> pool_;
-  unit_context<Scalar> context_{comm_, pool_, map_, shards_, grads_};
-  std::vector<bucket_unit<Scalar>> units_;
+  bucket_context<Scalar> context_{comm_, pool_, map_, shards_, grads_};
+  std::vector<bucket_state<Scalar>> buckets_;
   std::deque<std::size_t> inflight_;  // buckets whose all-gather is issued, oldest first
   std::size_t max_inflight_ = 0;
 };

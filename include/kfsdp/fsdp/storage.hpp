@@ -1,12 +1,12 @@
 #pragma once
 // A rank's sharded storage: one flat Kokkos view laid out by the shard plan (bucket after bucket),
-// and each parameter's local shard as an unmanaged 2-D view (chunk_rows × row_numel) into it. The
+// and each parameter's local chunk as an unmanaged 2-D view (chunk_rows × row_numel) into it. The
 // offsets come from the plan's shard_mapping. The flat view is Kokkos' own allocation, or memory the
 // communicator's other ranks read in place (comm::allocate_shared: the parameter shards, on one
 // node, so that an unshard copies them out of the peers' memory instead of sending messages).
 //
 //   plan for 0.weight [13,4] at world size 3: chunk 5 rows, storage_offset 0
-//   rank 2: local_shard(0) = rows 10..14 of the padded weight; rows 13, 14 are padding (zero)
+//   rank 2: shard(0) = rows 10..14 of the padded weight; rows 13, 14 are padding (zero)
 
 #include <cstddef>
 #include <memory>
@@ -56,7 +56,7 @@ class sharded_storage {
   }
 
   [[nodiscard]] flat_view flat() const { return flat_; }
-  // The local slice of one bucket: what the all-gather sends and the reduce-scatter receives.
+  // This rank's shard of one bucket: what the all-gather sends and the reduce-scatter receives.
   [[nodiscard]] flat_view bucket(std::size_t b) const {
     check(b, map_.plan().buckets.size(), "bucket");
     return Kokkos::subview(flat_, map_.bucket(b).pair());

@@ -7,10 +7,12 @@
 // The index spaces, for parameter p of bucket b at world size W (S = b's shard_numel):
 //   full      p's unpadded elements, row-major: dim0 · row_numel
 //   storage   a rank's flat storage: p's local chunk (chunk_rows · row_numel) at storage_offset
-//   gathered  b's all-gathered buffer, (W, S) row-major: rank r's chunk of p at r·S + bucket_offset
-//   unpacked  b's parameters each gathered alone, back to back: p padded (W chunks in rank order,
-//             its real elements first) at W · bucket_offset; as long as the gathered buffer. Each
-//             parameter's own all-gather writes it in place (no copy) and its reduce-scatter reads it.
+//   gathered  b's full buffer, rank-major (W, S): rank r's chunk of p at r·S + bucket_offset
+//   unpacked  b's full buffer, parameter-major: its parameters each gathered alone, back to back: p
+//             padded (W chunks in rank order, its real elements first) at W · bucket_offset; as long
+//             as the gathered buffer. Each parameter's own all-gather writes it in place (no copy)
+//             and its reduce-scatter reads it.
+// (gathered and unpacked are the two layouts of a full bucket; fsdp/pack.hpp converts between them.)
 //
 // Worked example (shard_plan.hpp's: 0.weight [13,4] and 0.bias [13] in bucket 0 at W = 3, S = 25):
 //   rows(0.weight, 2)           = [10, 13)  (3 real rows; the chunk's other 2 are padding)

@@ -1,7 +1,7 @@
 #pragma once
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // The shard plan: how every parameter is split along dim 0 over `world_size` ranks, which bucket
-// (one all-gather / one reduce-scatter) it travels in, and where its local shard lives in the
+// (one all-gather / one reduce-scatter) it travels in, and where its local chunk lives in the
 // rank's flat storage. A pure constexpr function of (param table, world size, bucketing).
 //
 // It lays the parameters out (bucket_offset, storage_offset); every offset derived
@@ -18,9 +18,10 @@
 // Rank r holds rows [r·chunk_rows, (r+1)·chunk_rows) of each parameter; rows ≥ dim0 are zero padding
 // (rank 2 holds rows 10..12 of 0.weight and two padding rows; ranks 1 and 2 hold only padding of 1.*).
 //
-// Storage is bucket after bucket, so a bucket's local shard is one contiguous slice: the
-// all-gather sends it as it is. The all-gathered buffer of a bucket is
-// [rank 0's shard | rank 1's | ...], i.e. (world_size, shard_numel) row-major.
+// Storage is bucket after bucket, so a bucket's local shard (its parameters' chunks) is contiguous:
+// the all-gather sends it as it is. One all-gather of the whole shard leaves a bucket as
+// [rank 0's shard | rank 1's | ...], (world_size, shard_numel) row-major: the gathered layout
+// (shard_mapping.hpp; the engine's per-parameter all-gathers write the unpacked one instead).
 //
 //   auto plan = kfsdp::make_shard_plan(kfsdp::param_table<M>, comm.size(), kfsdp::bucketing::layer);
 //   static_assert(kfsdp::static_shard_plan<M, 3, kfsdp::bucketing::layer>.buckets.size() == 2);

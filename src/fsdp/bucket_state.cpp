@@ -1,4 +1,4 @@
-// bucket_unit<float|double>: one bucket's state machine (see include/kfsdp/fsdp/bucket_unit.hpp).
+// bucket_state<float|double>: one bucket's state machine (see include/kfsdp/fsdp/bucket_state.hpp).
 //
 // Mixed precision: a collective in bf16 or f16 (the "wire" type) sends a converted copy of the
 // shard and receives into a buffer of the wire type. Those buffers come from the same pool as
@@ -15,7 +15,7 @@
 #include <KokkosBlas1_scal.hpp>
 #include <fmt/format.h>
 
-#include <kfsdp/fsdp/bucket_unit.hpp>
+#include <kfsdp/fsdp/bucket_state.hpp>
 #include <kfsdp/fsdp/pack.hpp>
 #include <kfsdp/fsdp/quantize.hpp>
 #include <kfsdp/optim/clip.hpp>
@@ -46,35 +46,38 @@ Kokkos::View<Wire*> wire_view(const Kokkos::View<Scalar*>& storage, std::size_t 
 }  // namespace
 
 template <class Scalar>
-bucket_unit<Scalar>::bucket_unit(std::size_t bucket, const shard_mapping& map)
+bucket_state<Scalar>::bucket_state(std::size_t bucket, const shard_mapping& map)
     : bucket_(bucket),
       first_param_(map.plan().buckets[bucket].first_param),
       param_count_(map.plan().buckets[bucket].param_count) {}
 
 template <class Scalar>
-void bucket_unit<Scalar>::wrong_phase(const char* transition, std::string_view seen, std::string_view expected) const {
-  throw std::logic_error(fmt::format("kfsdp::fsdp: bucket {} cannot {}: it is {}, expected {}", bucket_, transition,
-                                     seen, expected));
+void bucket_state<Scalar>::wrong_phase(const char* transition, std::string_view seen,
+                                       std::string_view expected) const {
+  throw std::logic_error(fmt::format("kfsdp::fsdp: bucket {} cannot {}: it is {}, expected {}", bucket_,
+                                     transition, seen, expected));
 }
 
 template <class Scalar>
-typename bucket_unit<Scalar>::view bucket_unit<Scalar>::acquire_wire(unit_context<Scalar>& ctx, const char* label,
-                                                                     std::size_t numel, wire_precision wire,
-                                                                     typename buffer_pool<Scalar>::fill how) {
+typename bucket_state<Scalar>::view bucket_state<Scalar>::acquire_wire(
+    bucket_context<Scalar>& ctx, const char* label, std::size_t numel, wire_precision wire,
+    typename buffer_pool<Scalar>::fill how) {
   const std::size_t bytes = numel * wire_bytes(wire, sizeof(Scalar));
   return ctx.pool.acquire(label, (bytes + sizeof(Scalar) - 1) / sizeof(Scalar), how);
 }
 
 template <class Scalar>
-typename bucket_unit<Scalar>::view bucket_unit<Scalar>::acquire_bytes(unit_context<Scalar>& ctx, const char* label,
-                                                                      std::size_t bytes) {
+typename bucket_state<Scalar>::view bucket_state<Scalar>::acquire_bytes(bucket_context<Scalar>& ctx,
+                                                                        const char* label,
+                                                                        std::size_t bytes) {
   return ctx.pool.acquire(label, (bytes + sizeof(Scalar) - 1) / sizeof(Scalar));
 }
 
 template <class Scalar>
 template <class T>
-comm::request bucket_unit<Scalar>::reduce_params(unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
-                                                 const Kokkos::View<T*>& to, comm::scale_type<T> factor) const {
+comm::request bucket_state<Scalar>::reduce_params(bucket_context<Scalar>& ctx, const Kokkos::View<T*>& from,
+                                                  const Kokkos::View<T*>& to,
+                                                  comm::scale_type<T> factor) const {
   using space = typename Kokkos::View<T*>::memory_space;
   std::vector<comm::reduce_scatter_part<T, space>> parts;
   parts.reserve(param_count_);
@@ -87,8 +90,8 @@ comm::request bucket_unit<Scalar>::reduce_params(unit_context<Scalar>& ctx, cons
 
 template <class Scalar>
 template <class T>
-comm::request bucket_unit<Scalar>::gather_params(unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
-                                                 const Kokkos::View<T*>& to) const {
+comm::request bucket_state<Scalar>::gather_params(bucket_context<Scalar>& ctx, const Kokkos::View<T*>& from,
+                                                  const Kokkos::View<T*>& to) const {
   using space = typename Kokkos::View<T*>::memory_space;
   std::vector<comm::gather_part<T, space>> parts;
   parts.reserve(param_count_);
@@ -99,7 +102,7 @@ comm::request bucket_unit<Scalar>::gather_params(unit_context<Scalar>& ctx, cons
 }
 
 template <class Scalar>
-void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
+void bucket_state<Scalar>::begin_gather(bucket_context<Scalar>& ctx) {
   if (params_ != param_phase::sharded) wrong_phase("begin its all-gather", to_string(params_), "sharded");
   const view local = ctx.shards.bucket(bucket_);
   const std::size_t numel = ctx.map.gathered_numel(bucket_);
@@ -149,7 +152,7 @@ void bucket_unit<Scalar>::begin_gather(unit_context<Scalar>& ctx) {
 }
 
 template <class Scalar>
-void bucket_unit<Scalar>::finish_gather(unit_context<Scalar>& ctx) {
+void bucket_state<Scalar>::finish_gather(bucket_context<Scalar>& ctx) {
   if (params_ != param_phase::gathering) wrong_phase("finish its all-gather", to_string(params_), "gathering");
   gather_pending_.complete_before(comm::stream_of(ctx.compute));  // the layers' kernels come after it
   params_ = param_phase::unsharded;
@@ -189,7 +192,7 @@ void bucket_unit<Scalar>::finish_gather(unit_context<Scalar>& ctx) {
 }
 
 template <class Scalar>
-void bucket_unit<Scalar>::free(unit_context<Scalar>& ctx) {
+void bucket_state<Scalar>::free(bucket_context<Scalar>& ctx) {
   gather_pending_.wait();  // never free a buffer a collective still writes
   params_ = param_phase::sharded;
   ctx.pool.release(send_);
@@ -198,13 +201,14 @@ void bucket_unit<Scalar>::free(unit_context<Scalar>& ctx) {
 }
 
 template <class Scalar>
-typename bucket_unit<Scalar>::view bucket_unit<Scalar>::param(const unit_context<Scalar>& ctx, std::size_t p) const {
+typename bucket_state<Scalar>::view bucket_state<Scalar>::param(const bucket_context<Scalar>& ctx,
+                                                                std::size_t p) const {
   if (params_ != param_phase::unsharded) wrong_phase("hand out a parameter", to_string(params_), "unsharded");
   return Kokkos::subview(unpacks() ? unpacked_ : gathered_, ctx.map.unpacked(p).pair());
 }
 
 template <class Scalar>
-typename bucket_unit<Scalar>::view bucket_unit<Scalar>::grad(unit_context<Scalar>& ctx, std::size_t p) {
+typename bucket_state<Scalar>::view bucket_state<Scalar>::grad(bucket_context<Scalar>& ctx, std::size_t p) {
   if (grads_ == grad_phase::reducing) wrong_phase("hand out a gradient", to_string(grads_), "none or accumulating");
   if (grads_ == grad_phase::none) {
     // The unpacked layout, padding included: each parameter's reduce-scatter reads it as it is.
@@ -216,7 +220,7 @@ typename bucket_unit<Scalar>::view bucket_unit<Scalar>::grad(unit_context<Scalar
 }
 
 template <class Scalar>
-void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before, Scalar after) {
+void bucket_state<Scalar>::begin_reduce(bucket_context<Scalar>& ctx, Scalar before, Scalar after) {
   if (grads_ == grad_phase::reducing) wrong_phase("begin its reduce-scatter", to_string(grads_), "none or accumulating");
   shard_grad_squared_norm_.reset();  // until finish_reduce has the new shard
   // What the reduce-scatters carry: every parameter's padded gradient but the frozen ones'.
@@ -298,7 +302,7 @@ void bucket_unit<Scalar>::begin_reduce(unit_context<Scalar>& ctx, Scalar before,
 }
 
 template <class Scalar>
-void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx) {
+void bucket_state<Scalar>::finish_reduce(bucket_context<Scalar>& ctx) {
   if (grads_ != grad_phase::reducing) wrong_phase("finish its reduce-scatter", to_string(grads_), "reducing");
   const comm::native_stream compute = comm::stream_of(ctx.compute);
   reduce_pending_.complete_before(compute);
@@ -355,7 +359,7 @@ void bucket_unit<Scalar>::finish_reduce(unit_context<Scalar>& ctx) {
   ctx.pool.release(full_grads_);
 }
 
-template class bucket_unit<float>;
-template class bucket_unit<double>;
+template class bucket_state<float>;
+template class bucket_state<double>;
 
 }  // namespace kfsdp

@@ -1,6 +1,6 @@
 #pragma once
-// bucket_unit<Scalar> — one bucket's parameters and gradients through a step, as a state machine
-// (compiled in src/fsdp/bucket_unit.cpp). The engine owns one per bucket and orders them.
+// bucket_state<Scalar> — one bucket's parameters and gradients through a step, as a state machine
+// (compiled in src/fsdp/bucket_state.cpp). The engine owns one per bucket and orders them.
 //
 //   parameters:  sharded ──begin_gather──▶ gathering ──finish_gather──▶ unsharded ──free──▶ sharded
 //                (all-gathers issued; finish waits for them; free gives the buffers back)
@@ -13,15 +13,28 @@
 // A transition from any other state throws std::logic_error naming the bucket, the state it is in
 // and the one expected.
 //
+// A full bucket (world_size · S elements, S: its shard on one rank) has two layouts, both computed
+// by plan/shard_mapping.hpp and converted by fsdp/pack.hpp:
+//   gathered  rank-major, (world_size, S): each rank's shard whole, as one collective of the shards
+//             leaves it;
+//   unpacked  parameter-major: each parameter's chunks in rank order, its padding last, as the
+//             parameter's own all-gather leaves it, so each parameter starts with its full tensor.
+// Linear(1, 3) at world size 2, one bucket: weight w [3,1] and bias b [3], chunks of 2 rows, S = 4
+// (w2: w's element 2, ·: padding; test_bucket_state.cpp checks it):
+//   gathered  [w0 w1 b0 b1 | w2 · b2 ·]
+//   unpacked  [w0 w1 w2 · | b0 b1 b2 ·]   (w is [0, 3), b is [4, 7))
+// The layers read the unpacked layout and the gradients live in it; only int8's all-gather (each
+// rank's wire buffer whole) and broadcast_from use the gathered one.
+//
 // No copy around the collectives: the bucket's parameters are all-gathered as one batch, each from
-// its chunk of the local shard straight into its padded place of the unpacked buffer
-// (shard_mapping's parameter-major layout), where the layers read it (comm::iall_gather_parts:
-// over MPI one message a peer); each gradient lives in the same layout and is reduce-scattered
-// from there straight into its chunk of the reduced shard, the bucket's reduce-scatters issued
-// together and complete as one request (comm::when_all). With a wire type
-// (mixed precision) the shard is converted before and the gathered buffer after, flat; with int8
-// the shard is quantized into one wire buffer and the bucket's all-gather is one collective, and
-// the gradients are quantized per destination rank and exchanged by one all-to-all (qgZ).
+// its chunk of the local shard straight into its padded place of the unpacked buffer, where the
+// layers read it (comm::iall_gather_parts: over MPI one message a peer); each gradient is
+// reduce-scattered from the unpacked layout straight into its chunk of the reduced shard, the
+// bucket's reduce-scatters issued together and complete as one request (comm::when_all). With a
+// wire type (mixed precision) the shard is converted before and the gathered buffer after, flat;
+// with int8 the shard is quantized into one wire buffer and the bucket's all-gather is one
+// collective, and the gradients are quantized per destination rank and exchanged by one
+// all-to-all (qgZ).
 
 #include <optional>
 #include <cstddef>
@@ -52,7 +65,7 @@ constexpr std::string_view to_string(grad_phase phase) noexcept { return name_of
 
 // What every bucket's transitions use, owned by the engine.
 template <class Scalar>
-struct unit_context {
+struct bucket_context {
   comm::any_communicator& comm;
   buffer_pool<Scalar>& pool;
   const shard_mapping& map;
@@ -74,33 +87,33 @@ struct unit_context {
 };
 
 template <class Scalar>
-class bucket_unit {
+class bucket_state {
  public:
   using view = Kokkos::View<Scalar*>;
 
-  bucket_unit(std::size_t bucket, const shard_mapping& map);
+  bucket_state(std::size_t bucket, const shard_mapping& map);
 
   [[nodiscard]] std::size_t index() const noexcept { return bucket_; }
   [[nodiscard]] param_phase params() const noexcept { return params_; }
   [[nodiscard]] grad_phase grads() const noexcept { return grads_; }
 
-  void begin_gather(unit_context<Scalar>& ctx);   // sharded → gathering
-  void finish_gather(unit_context<Scalar>& ctx);  // gathering → unsharded
-  void free(unit_context<Scalar>& ctx);           // any → sharded (waits for an all-gather in flight)
+  void begin_gather(bucket_context<Scalar>& ctx);   // sharded → gathering
+  void finish_gather(bucket_context<Scalar>& ctx);  // gathering → unsharded
+  void free(bucket_context<Scalar>& ctx);           // any → sharded (waits for an all-gather in flight)
   // Parameter p (of this bucket), full and unpadded; unsharded only.
-  [[nodiscard]] view param(const unit_context<Scalar>& ctx, std::size_t p) const;
+  [[nodiscard]] view param(const bucket_context<Scalar>& ctx, std::size_t p) const;
 
   // Parameter p's full gradient, accumulated into (none → accumulating; not while reducing: the
   // reduce-scatter may still read the buffer).
-  [[nodiscard]] view grad(unit_context<Scalar>& ctx, std::size_t p);
+  [[nodiscard]] view grad(bucket_context<Scalar>& ctx, std::size_t p);
   // Frozen parameters (ctx.frozen) are left out: their gradient shard stays zero and no byte of
   // theirs is sent; a bucket of frozen parameters only goes back to none without a collective.
   // none | accumulating → reducing (no gradient: zeros); the packed gradients are multiplied by
   // `before` first, the reduced shard by `after` (1: not at all; before · after = 1 / world size:
   // the average). Where the shard receives the sums itself, the reduce-scatters multiply by `after`.
-  void begin_reduce(unit_context<Scalar>& ctx, Scalar before = 1, Scalar after = 1);
+  void begin_reduce(bucket_context<Scalar>& ctx, Scalar before = 1, Scalar after = 1);
   // reducing → none: grads += reduced shard · after.
-  void finish_reduce(unit_context<Scalar>& ctx);
+  void finish_reduce(bucket_context<Scalar>& ctx);
   // Whether this bucket's gradient shard holds zeros that nothing else will write before its next
   // reduction (the engine's zero_grad says so; any other write access, and each reduction, not).
   void set_shard_grads_zero(bool zero) noexcept {
@@ -119,18 +132,19 @@ class bucket_unit {
   // The bucket's parameters all-gathered as one batch: each from its chunk of `from` (the shard)
   // into its padded place in `to` (comm::iall_gather_parts).
   template <class T>
-  [[nodiscard]] comm::request gather_params(unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
+  [[nodiscard]] comm::request gather_params(bucket_context<Scalar>& ctx, const Kokkos::View<T*>& from,
                                             const Kokkos::View<T*>& to) const;
   // The bucket's gradients reduce-scattered as one batch, times `factor`: each unfrozen
   // parameter's padded gradient in `from` into its chunk of `to` (comm::ireduce_scatter_sum_parts).
   template <class T>
-  [[nodiscard]] comm::request reduce_params(unit_context<Scalar>& ctx, const Kokkos::View<T*>& from,
+  [[nodiscard]] comm::request reduce_params(bucket_context<Scalar>& ctx, const Kokkos::View<T*>& from,
                                             const Kokkos::View<T*>& to, comm::scale_type<T> factor) const;
   // A pooled Scalar buffer with room for numel elements of `wire`.
-  [[nodiscard]] view acquire_wire(unit_context<Scalar>& ctx, const char* label, std::size_t numel, wire_precision wire,
+  [[nodiscard]] view acquire_wire(bucket_context<Scalar>& ctx, const char* label, std::size_t numel,
+                                  wire_precision wire,
                                   typename buffer_pool<Scalar>::fill how = buffer_pool<Scalar>::fill::none);
   // A pooled Scalar buffer with room for `bytes` bytes (int8's wire buffers).
-  [[nodiscard]] view acquire_bytes(unit_context<Scalar>& ctx, const char* label, std::size_t bytes);
+  [[nodiscard]] view acquire_bytes(bucket_context<Scalar>& ctx, const char* label, std::size_t bytes);
   [[noreturn]] void wrong_phase(const char* transition, std::string_view seen, std::string_view expected) const;
 
   std::size_t bucket_;
@@ -146,7 +160,7 @@ class bucket_unit {
   wire_precision gathered_as_ = wire_precision::scalar;  // what gathered_ holds
   wire_precision reduced_as_ = wire_precision::scalar;   // what packed_grads_ (once issued) and reduced_grads_ hold
   view send_;           // the shard converted to the wire type (mixed precision only)
-  view gathered_;       // the parameters after the all-gathers, in the unpacked layout
+  view gathered_;       // what the all-gathers wrote: unpacked layout; int8: every rank's wire buffer, rank-major
   view unpacked_;       // gathered_ converted to Scalar (mixed precision only)
   view full_grads_;     // the bucket's full gradients, in the unpacked layout
   view packed_grads_;   // full_grads_ converted to the wire type (mixed precision; int8: every rank's wire buffer)
@@ -160,7 +174,7 @@ class bucket_unit {
   std::size_t reduce_bytes_ = 0;
 };
 
-extern template class bucket_unit<float>;
-extern template class bucket_unit<double>;
+extern template class bucket_state<float>;
+extern template class bucket_state<double>;
 
 }  // namespace kfsdp
