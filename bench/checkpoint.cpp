@@ -21,9 +21,10 @@
 
 #include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/environment.hpp>
-#include <kfsdp/fsdp/fsdp.hpp>
+#include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/model/gpt.hpp>
+#include <kfsdp/model/param_table.hpp>
 
 namespace {
 

@@ -54,7 +54,7 @@
 #include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/comm/threaded/threaded.hpp>
 #include <kfsdp/environment.hpp>
-#include <kfsdp/fsdp/fsdp.hpp>
+#include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/train/gpt.hpp>
 #include <kfsdp/train/trainer.hpp>
 #include <kfsdp/fsdp/trace.hpp>
@@ -191,58 +191,57 @@ void bench_one(const settings& s, const kfsdp::io::text_windows& data, kfsdp::co
                const kfsdp::fsdp_options& options, kfsdp::trace_recorder* trace, result& r) {
   const auto model = kfsdp::make_gpt(s.model);
   const std::size_t ws = std::size_t(comm.size()), rank = std::size_t(comm.rank());
-  kfsdp::with_trainer<Scalar>(model, comm, options, {}, [&](auto& trainer) {
-    auto& engine = trainer.engine();
-    using batch = typename std::remove_reference_t<decltype(trainer)>::batch;
-    trainer.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
-    const std::size_t shard = engine.plan().shard_numel;
-    kfsdp::optim::adamw<Scalar> optimizer(shard, kfsdp::optim::adamw_options{.lr = 2e-3, .weight_decay = 0.01});
-    const std::size_t optimizer_bytes = (optimizer.exp_avg().extent(0) + optimizer.exp_avg_sq().extent(0)) * sizeof(Scalar);
+  kfsdp::trainer<kfsdp::gpt_descriptor, Scalar> trainer(model, comm, options, {});
+  auto& engine = trainer.engine();
+  using batch = typename std::remove_reference_t<decltype(trainer)>::batch;
+  trainer.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
+  const std::size_t shard = engine.plan().shard_numel;
+  kfsdp::optim::adamw<Scalar> optimizer(shard, kfsdp::optim::adamw_options{.lr = 2e-3, .weight_decay = 0.01});
+  const std::size_t optimizer_bytes = (optimizer.exp_avg().extent(0) + optimizer.exp_avg_sq().extent(0)) * sizeof(Scalar);
 
-    r.sharding = options.sharding();
-    r.bucketing = options.bucketing();
-    r.buckets = engine.plan().buckets.size();
-    r.psi = ws * shard * sizeof(Scalar);
-    r.theory_unsharded = theory_unsharded(trainer, options.sharding() == kfsdp::sharding_strategy::zero3);
-    r.root_bytes = 0;
-    for (std::size_t b : trainer.units()[0].buckets) r.root_bytes += engine.plan().gathered_numel(b) * sizeof(Scalar);
-    std::vector<batch> batches(1);
-    double unsharded_peak = 0, sharded = 0;
-    for (std::size_t step = 0; step < s.warmup + s.steps; ++step) {
-      std::vector<int> tokens, targets;
-      data.rank_slice(data.micro_batch(kfsdp::io::window_sampling::random, s.seed, step, s.batch), rank, ws, tokens, targets);
-      batches[0] = {kfsdp::device_ids(tokens), kfsdp::device_ids(targets)};
-      const bool timed = step >= s.warmup, traced = trace != nullptr && step + 1 == s.warmup + s.steps;
-      if (traced) engine.set_trace(trace);
-      std::optional<kfsdp::trace_recorder::scope> region;
-      comm.barrier();
-      engine.reset_peak_memory();
-      const std::size_t bytes_before = engine.bytes_communicated();
-      const long faults_before = minor_faults_so_far();
-      const auto start = std::chrono::steady_clock::now();
-      if (traced)
-        region.emplace(trace, fmt::format("step {} {}", kfsdp::to_string(r.sharding), kfsdp::to_string(r.bucketing)),
-                       "compute", kfsdp::trace_recorder::compute_lane, -1, 0);
-      const kfsdp::step_result out =
-          trainer.step(std::span<const batch>(batches), optimizer, 1.0, kfsdp::grad_accumulation::unsharded);
-      region.reset();
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double faults = double(minor_faults_so_far() - faults_before);
-      if (traced) engine.set_trace(nullptr);
-      const double slowest = max_over_ranks(comm, elapsed);
-      const double most_faults = max_over_ranks(comm, faults);
-      if (!timed) continue;
-      r.seconds.push_back(slowest);
-      r.minor_faults.push_back(most_faults);
-      r.loss = out.loss;
-      r.bytes_per_step = std::max(r.bytes_per_step, engine.bytes_communicated() - bytes_before);
-      const kfsdp::memory_report m = engine.memory();
-      unsharded_peak = std::max(unsharded_peak, double(m.unsharded_peak));
-      sharded = std::max(sharded, double(m.sharded_params + m.sharded_grads + optimizer_bytes));
-    }
-    r.unsharded_peak = std::max(r.unsharded_peak, std::size_t(max_over_ranks(comm, unsharded_peak)));
-    r.sharded = std::max(r.sharded, std::size_t(max_over_ranks(comm, sharded)));
-  });
+  r.sharding = options.sharding();
+  r.bucketing = options.bucketing();
+  r.buckets = engine.plan().buckets.size();
+  r.psi = ws * shard * sizeof(Scalar);
+  r.theory_unsharded = theory_unsharded(trainer, options.sharding() == kfsdp::sharding_strategy::zero3);
+  r.root_bytes = 0;
+  for (std::size_t b : trainer.units()[0].buckets) r.root_bytes += engine.plan().gathered_numel(b) * sizeof(Scalar);
+  std::vector<batch> batches(1);
+  double unsharded_peak = 0, sharded = 0;
+  for (std::size_t step = 0; step < s.warmup + s.steps; ++step) {
+    std::vector<int> tokens, targets;
+    data.rank_slice(data.micro_batch(kfsdp::io::window_sampling::random, s.seed, step, s.batch), rank, ws, tokens, targets);
+    batches[0] = {kfsdp::device_ids(tokens), kfsdp::device_ids(targets)};
+    const bool timed = step >= s.warmup, traced = trace != nullptr && step + 1 == s.warmup + s.steps;
+    if (traced) engine.set_trace(trace);
+    std::optional<kfsdp::trace_recorder::scope> region;
+    comm.barrier();
+    engine.reset_peak_memory();
+    const std::size_t bytes_before = engine.bytes_communicated();
+    const long faults_before = minor_faults_so_far();
+    const auto start = std::chrono::steady_clock::now();
+    if (traced)
+      region.emplace(trace, fmt::format("step {} {}", kfsdp::to_string(r.sharding), kfsdp::to_string(r.bucketing)),
+                     "compute", kfsdp::trace_recorder::compute_lane, -1, 0);
+    const kfsdp::step_result out =
+        trainer.step(std::span<const batch>(batches), optimizer, 1.0, kfsdp::grad_accumulation::unsharded);
+    region.reset();
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double faults = double(minor_faults_so_far() - faults_before);
+    if (traced) engine.set_trace(nullptr);
+    const double slowest = max_over_ranks(comm, elapsed);
+    const double most_faults = max_over_ranks(comm, faults);
+    if (!timed) continue;
+    r.seconds.push_back(slowest);
+    r.minor_faults.push_back(most_faults);
+    r.loss = out.loss;
+    r.bytes_per_step = std::max(r.bytes_per_step, engine.bytes_communicated() - bytes_before);
+    const kfsdp::memory_report m = engine.memory();
+    unsharded_peak = std::max(unsharded_peak, double(m.unsharded_peak));
+    sharded = std::max(sharded, double(m.sharded_params + m.sharded_grads + optimizer_bytes));
+  }
+  r.unsharded_peak = std::max(r.unsharded_peak, std::size_t(max_over_ranks(comm, unsharded_peak)));
+  r.sharded = std::max(r.sharded, std::size_t(max_over_ranks(comm, sharded)));
 }
 
 template <class Scalar>

@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
     const auto stats = data.normalize();  // mean 0, stddev 1 per column; the test set takes the same
     held_out.normalize(stats);
 
-    trainer<surrogate, double, zero3, layer_bucketing> model(surrogate{}, job.shard_group(), job.fsdp());
+    trainer<surrogate, double> model(surrogate{}, job.shard_group(),
+        job.fsdp({.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::layer}));
     model.initialize(/*seed=*/1);
     optim::adamw<double> adam(model, {.weight_decay = 0.0});
     const fit_result result = fit(model, adam, optim::cosine(3e-3, 4000), data,

@@ -7,9 +7,10 @@
 
 #include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/environment.hpp>
-#include <kfsdp/fsdp/fsdp.hpp>
+#include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/train/gpt.hpp>  // gpt2_init
 #include <kfsdp/model/gpt.hpp>
+#include <kfsdp/model/param_table.hpp>
 
 int main(int argc, char** argv) {
   kfsdp::comm::mpi::environment mpi_up(argc, argv);
@@ -18,7 +19,9 @@ int main(int argc, char** argv) {
 
   // The example GPT: 2 blocks, width 64, context 32 (sizes may also be template arguments).
   const auto model = kfsdp::make_gpt({.layers = 2, .dim = 64, .heads = 4, .seq = 32});
-  kfsdp::fsdp<decltype(model), float, kfsdp::zero3, kfsdp::block_bucketing> sharded(model, world);
+  kfsdp::fsdp_engine<float> sharded(kfsdp::make_param_table(model), world,
+                                    {.sharding_strategy = kfsdp::sharding_strategy::zero3,
+                                     .bucketing_strategy = kfsdp::bucketing::block});
   sharded.initialize(/*seed=*/1337, kfsdp::gpt2_init(2));  // each rank computes its own rows only
 
   const kfsdp::memory_report m = sharded.memory();

@@ -143,82 +143,81 @@ int run(const settings& s, kfsdp::session& job) {
 #endif
   kfsdp::trace_recorder trace(world.rank());
   const kfsdp::trainer_options training{.checkpointing = s.flags.checkpointing};
-  return kfsdp::with_trainer<Scalar>(kfsdp::make_gpt(s.model), engine_comm, options, training, [&](auto& trainer) {
-    auto& engine = trainer.engine();
-    if (!s.trace.empty()) engine.set_trace(&trace);
-    if (s.load.empty())
-      trainer.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
-    else if (!kfsdp::io::load_model(s.load, engine).contains(std::string(kfsdp::io::header_checksum_key)) &&
-             root)
-      fmt::print("train_gpt: {} has no kfsdp checksums (a standard safetensors file): its layout was "
-                 "checked, its data could not be verified\n", s.load);
+  kfsdp::trainer<kfsdp::gpt_descriptor, Scalar> trainer(kfsdp::make_gpt(s.model), engine_comm, options, training);
+  auto& engine = trainer.engine();
+  if (!s.trace.empty()) engine.set_trace(&trace);
+  if (s.load.empty())
+    trainer.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
+  else if (!kfsdp::io::load_model(s.load, engine).contains(std::string(kfsdp::io::header_checksum_key)) &&
+           root)
+    fmt::print("train_gpt: {} has no kfsdp checksums (a standard safetensors file): its layout was "
+               "checked, its data could not be verified\n", s.load);
 
-    if (s.eval_windows > 0) {  // evaluation only
-      const double loss = kfsdp::evaluate_windows(trainer, data, s.eval_windows, world);
-      if (root) fmt::print("eval_loss {:.12g}\n", loss);
-      return 0;
-    }
-
-    kfsdp::optim::any_optimizer<Scalar> optimizer(trainer, s.training.optimizer);  // 2-D weights decay, 1-D parameters not
-    // A checkpoint: the weights, the optimizer's state (the checkpoint protocol), the step and the configuration.
-    // Under HSDP the first shard group writes the (flat) file; every group resumes from it.
-    const auto save = [&](std::size_t steps_done) {
-      kfsdp::io::metadata_map metadata{{"format", "pt"}, {"step", std::to_string(steps_done)}, {"seed", std::to_string(s.seed)},
-                                        {"batch", std::to_string(s.batch)}};
-      metadata.insert(config.begin(), config.end());
-      kfsdp::io::save_training_state(s.save, engine, metadata, optimizer);
-    };
-    std::size_t first_step = 0;  // windows are keyed by step: the data resumes too
-    if (!s.resume.empty()) {
-      try {
-        first_step = kfsdp::io::metadata_count(
-            kfsdp::io::load_training_state(s.resume, engine, optimizer), "step");
-      } catch (const std::invalid_argument& refused) {
-        throw std::invalid_argument(fmt::format("train_gpt: --resume {}: {}", s.resume, refused.what()));
-      }
-      if (root) fmt::print("resumed {} at step {}\n", s.resume, first_step);
-    }
-
-    if (root)
-      fmt::print("train_gpt: {} ranks, {} ({} parameters, {} per rank), {} / {} bucketing ({} buckets), {}, "
-                 "batch {} x {} windows of {} bytes, {} windows in {}\n",
-                 ws, s.dtype, engine.plan().full_numel, engine.plan().shard_numel, kfsdp::to_string(s.flags.fsdp.sharding()),
-                 kfsdp::to_string(s.flags.fsdp.bucketing()), engine.plan().buckets.size(), s.training.optimizer.kind,
-                 s.training.grad_accum, s.batch, s.model.seq + 1, data.count(), s.data);
-    if (root && need.activations > 0) fmt::print("train_gpt: estimated memory per rank {}\n", kfsdp::describe(need));
-    kfsdp::step_log log(world, {.program = "train_gpt", .metrics = s.training.metrics, .unit = "tokens",
-                                .steps = s.training.steps, .log_every = s.training.log_every});
-    const std::size_t steps_done = kfsdp::examples::train_on_windows(
-        trainer, optimizer, data, s.training, s.batch, s.seed, first_step, world, log, "train_gpt",
-                                      [&](std::size_t steps_done) {
-                                        if (s.save_every > 0 && steps_done % s.save_every == 0 && steps_done < s.training.steps) {
-                                          save(steps_done);
-                                          if (root) fmt::print("saved {} at step {}\n", s.save, steps_done);  // one line per save
-                                        }
-                                      });
-    if (!s.trace.empty()) {
-      engine.set_trace(nullptr);
-      trace.write(fmt::format("{}.rank{}.json", s.trace, world.rank()));
-      if (root) fmt::print("trace: {} events per rank in {}.rank<r>.json\n", trace.size(), s.trace);
-    }
-    if (steps_done < s.training.steps) {  // SIGTERM / SIGUSR1: saved, marked, exit 0; --resume goes on
-      if (!s.save.empty()) save(steps_done);
-      kfsdp::examples::report_stopped("train_gpt", steps_done, s.save, root);
-      return 0;
-    }
-    log.print_loss_change();
-    if (!s.save.empty()) {
-      save(steps_done);
-      kfsdp::mark_finished(s.save, root);
-      if (root) fmt::print("saved {}\n", s.save);
-    }
-    if (s.sample_bytes > 0) {
-      const std::string text = kfsdp::generate(trainer, s.model, "And God said", s.sample_bytes,
-                                               {.temperature = 0.8, .seed = s.seed, .printable = true});
-      if (root) fmt::print("sample:\n{}\n", text);
-    }
+  if (s.eval_windows > 0) {  // evaluation only
+    const double loss = kfsdp::evaluate_windows(trainer, data, s.eval_windows, world);
+    if (root) fmt::print("eval_loss {:.12g}\n", loss);
     return 0;
-  });
+  }
+
+  kfsdp::optim::any_optimizer<Scalar> optimizer(trainer, s.training.optimizer);  // 2-D weights decay, 1-D parameters not
+  // A checkpoint: the weights, the optimizer's state (the checkpoint protocol), the step and the configuration.
+  // Under HSDP the first shard group writes the (flat) file; every group resumes from it.
+  const auto save = [&](std::size_t steps_done) {
+    kfsdp::io::metadata_map metadata{{"format", "pt"}, {"step", std::to_string(steps_done)}, {"seed", std::to_string(s.seed)},
+                                      {"batch", std::to_string(s.batch)}};
+    metadata.insert(config.begin(), config.end());
+    kfsdp::io::save_training_state(s.save, engine, metadata, optimizer);
+  };
+  std::size_t first_step = 0;  // windows are keyed by step: the data resumes too
+  if (!s.resume.empty()) {
+    try {
+      first_step = kfsdp::io::metadata_count(
+          kfsdp::io::load_training_state(s.resume, engine, optimizer), "step");
+    } catch (const std::invalid_argument& refused) {
+      throw std::invalid_argument(fmt::format("train_gpt: --resume {}: {}", s.resume, refused.what()));
+    }
+    if (root) fmt::print("resumed {} at step {}\n", s.resume, first_step);
+  }
+
+  if (root)
+    fmt::print("train_gpt: {} ranks, {} ({} parameters, {} per rank), {} / {} bucketing ({} buckets), {}, "
+               "batch {} x {} windows of {} bytes, {} windows in {}\n",
+               ws, s.dtype, engine.plan().full_numel, engine.plan().shard_numel, kfsdp::to_string(s.flags.fsdp.sharding()),
+               kfsdp::to_string(s.flags.fsdp.bucketing()), engine.plan().buckets.size(), s.training.optimizer.kind,
+               s.training.grad_accum, s.batch, s.model.seq + 1, data.count(), s.data);
+  if (root && need.activations > 0) fmt::print("train_gpt: estimated memory per rank {}\n", kfsdp::describe(need));
+  kfsdp::step_log log(world, {.program = "train_gpt", .metrics = s.training.metrics, .unit = "tokens",
+                              .steps = s.training.steps, .log_every = s.training.log_every});
+  const std::size_t steps_done = kfsdp::examples::train_on_windows(
+      trainer, optimizer, data, s.training, s.batch, s.seed, first_step, world, log, "train_gpt",
+                                    [&](std::size_t steps_done) {
+                                      if (s.save_every > 0 && steps_done % s.save_every == 0 && steps_done < s.training.steps) {
+                                        save(steps_done);
+                                        if (root) fmt::print("saved {} at step {}\n", s.save, steps_done);  // one line per save
+                                      }
+                                    });
+  if (!s.trace.empty()) {
+    engine.set_trace(nullptr);
+    trace.write(fmt::format("{}.rank{}.json", s.trace, world.rank()));
+    if (root) fmt::print("trace: {} events per rank in {}.rank<r>.json\n", trace.size(), s.trace);
+  }
+  if (steps_done < s.training.steps) {  // SIGTERM / SIGUSR1: saved, marked, exit 0; --resume goes on
+    if (!s.save.empty()) save(steps_done);
+    kfsdp::examples::report_stopped("train_gpt", steps_done, s.save, root);
+    return 0;
+  }
+  log.print_loss_change();
+  if (!s.save.empty()) {
+    save(steps_done);
+    kfsdp::mark_finished(s.save, root);
+    if (root) fmt::print("saved {}\n", s.save);
+  }
+  if (s.sample_bytes > 0) {
+    const std::string text = kfsdp::generate(trainer, s.model, "And God said", s.sample_bytes,
+                                             {.temperature = 0.8, .seed = s.seed, .printable = true});
+    if (root) fmt::print("sample:\n{}\n", text);
+  }
+  return 0;
 }
 
 }  // namespace

@@ -115,44 +115,42 @@ int run(const settings& s, kfsdp::session& job) {
   const kfsdp::comm::any_communicator engine_comm = s.flags.overlap ? kfsdp::comm::any_communicator(overlapped)
                                                                     : kfsdp::comm::any_communicator(job.shard_group());
   const kfsdp::trainer_options training{.checkpointing = s.flags.checkpointing};
-  return kfsdp::with_trainer<Scalar>(
-      kfsdp::make_llama(config, s.window), engine_comm, job.fsdp(s.flags.fsdp), training, [&](auto& trainer) {
-        auto& engine = trainer.engine();
-        if (s.load.empty())
-          trainer.initialize(s.seed, kfsdp::llama_init());
-        else  // a tied model's directory may still hold lm_head.weight (some writers keep it)
-          kfsdp::io::load_pretrained(s.load, engine,
-                                     config.tie_weights ? std::vector<std::string>{"lm_head.weight"} : std::vector<std::string>{});
+  kfsdp::trainer<kfsdp::llama_descriptor, Scalar> trainer( kfsdp::make_llama(config, s.window), engine_comm, job.fsdp(s.flags.fsdp), training);
+  auto& engine = trainer.engine();
+  if (s.load.empty())
+    trainer.initialize(s.seed, kfsdp::llama_init());
+  else  // a tied model's directory may still hold lm_head.weight (some writers keep it)
+    kfsdp::io::load_pretrained(s.load, engine,
+                               config.tie_weights ? std::vector<std::string>{"lm_head.weight"} : std::vector<std::string>{});
 
-        if (s.eval_windows > 0) {  // evaluation only
-          const double loss = kfsdp::evaluate_windows(trainer, data, s.eval_windows, world);
-          if (root) fmt::print("eval_loss {:.12g}\n", loss);
-          return 0;
-        }
+  if (s.eval_windows > 0) {  // evaluation only
+    const double loss = kfsdp::evaluate_windows(trainer, data, s.eval_windows, world);
+    if (root) fmt::print("eval_loss {:.12g}\n", loss);
+    return 0;
+  }
 
-        kfsdp::optim::any_optimizer<Scalar> optimizer(trainer, s.training.optimizer);  // 2-D weights decay, 1-D not
-        if (root)
-          fmt::print("train_llama: {} ranks, {} ({} parameters, {} per rank; {} layers, dim {}, {} heads, {} kv heads), "
-                     "{} / {} bucketing ({} buckets), {}, batch {} x {} windows of {} bytes, {} windows in {}\n",
-                     world.size(), s.dtype, engine.plan().full_numel, engine.plan().shard_numel, config.layers, config.dim,
-                     config.heads, config.kv_heads, kfsdp::to_string(s.flags.fsdp.sharding()),
-                     kfsdp::to_string(s.flags.fsdp.bucketing()), engine.plan().buckets.size(),
-                     s.training.optimizer.kind, s.training.grad_accum, s.batch, s.window + 1, data.count(), s.data);
-        kfsdp::step_log log(world, {.program = "train_llama", .metrics = s.training.metrics, .unit = "tokens",
-                                    .steps = s.training.steps, .log_every = s.training.log_every});
-        const std::size_t steps_done = kfsdp::examples::train_on_windows(
-            trainer, optimizer, data, s.training, s.batch, s.seed, 0, world, log, "train_llama", [](std::size_t) {});
-        const bool stopped = steps_done < s.training.steps;  // SIGTERM / SIGUSR1: the weights so far, marked
-        if (!stopped) log.print_loss_change();
-        if (!s.save.empty()) {
-          kfsdp::io::save_pretrained(s.save, engine, kfsdp::io::llama_config_json(config, kfsdp::io::dtype_of<Scalar>),
-                                     kfsdp::io::dtype_of<Scalar>);
-          if (!stopped) kfsdp::mark_finished(s.save, root);
-          if (root && !stopped) fmt::print("saved {}\n", s.save);
-        }
-        if (stopped) kfsdp::examples::report_stopped("train_llama", steps_done, s.save, root);
-        return 0;
-      });
+  kfsdp::optim::any_optimizer<Scalar> optimizer(trainer, s.training.optimizer);  // 2-D weights decay, 1-D not
+  if (root)
+    fmt::print("train_llama: {} ranks, {} ({} parameters, {} per rank; {} layers, dim {}, {} heads, {} kv heads), "
+               "{} / {} bucketing ({} buckets), {}, batch {} x {} windows of {} bytes, {} windows in {}\n",
+               world.size(), s.dtype, engine.plan().full_numel, engine.plan().shard_numel, config.layers, config.dim,
+               config.heads, config.kv_heads, kfsdp::to_string(s.flags.fsdp.sharding()),
+               kfsdp::to_string(s.flags.fsdp.bucketing()), engine.plan().buckets.size(),
+               s.training.optimizer.kind, s.training.grad_accum, s.batch, s.window + 1, data.count(), s.data);
+  kfsdp::step_log log(world, {.program = "train_llama", .metrics = s.training.metrics, .unit = "tokens",
+                              .steps = s.training.steps, .log_every = s.training.log_every});
+  const std::size_t steps_done = kfsdp::examples::train_on_windows(
+      trainer, optimizer, data, s.training, s.batch, s.seed, 0, world, log, "train_llama", [](std::size_t) {});
+  const bool stopped = steps_done < s.training.steps;  // SIGTERM / SIGUSR1: the weights so far, marked
+  if (!stopped) log.print_loss_change();
+  if (!s.save.empty()) {
+    kfsdp::io::save_pretrained(s.save, engine, kfsdp::io::llama_config_json(config, kfsdp::io::dtype_of<Scalar>),
+                               kfsdp::io::dtype_of<Scalar>);
+    if (!stopped) kfsdp::mark_finished(s.save, root);
+    if (root && !stopped) fmt::print("saved {}\n", s.save);
+  }
+  if (stopped) kfsdp::examples::report_stopped("train_llama", steps_done, s.save, root);
+  return 0;
 }
 
 }  // namespace

@@ -181,12 +181,11 @@ int run(const settings& s, kfsdp::session& job) {
     const stats target = saved.targets;
     test_set.normalize(saved);
     const auto model = make_saved_surrogate(meta, s.load, sizeof(Scalar));
-    return kfsdp::with_trainer<Scalar>(model, engine_comm, fsdp, training, [&](auto& trainer) {
-      kfsdp::io::load_model(s.load, trainer.engine());
-      const double error = relative_l2(trainer, test_set, test.targets, target, world);
-      if (root) fmt::print("test relative L2 {:.9g} ({} ranks, {} samples)\n", error, job.size(), test_set.count());
-      return 0;
-    });
+    kfsdp::trainer<surrogate, Scalar> trainer(model, engine_comm, fsdp, training);
+    kfsdp::io::load_model(s.load, trainer.engine());
+    const double error = relative_l2(trainer, test_set, test.targets, target, world);
+    if (root) fmt::print("test relative L2 {:.9g} ({} ranks, {} samples)\n", error, job.size(), test_set.count());
+    return 0;
   }
 
   const auto train = s.data.empty() ? heat_samples(random_sources(s.train_problems, s.seed), s.grid) : samples_from(s, world);
@@ -199,47 +198,46 @@ int run(const settings& s, kfsdp::session& job) {
   job.require_memory(kfsdp::estimate_sharded_memory(surrogate_parameters(s.width, s.depth), sizeof(Scalar), 2 /*AdamW*/,
                                                     std::size_t(job.shard_group().size())),
                      fmt::format("--width {} --depth {} --dtype {}", s.width, s.depth, s.dtype));
-  return kfsdp::with_trainer<Scalar>(make_surrogate(s.width, s.depth), engine_comm, fsdp, training, [&](auto& trainer) {
-    trainer.initialize(s.seed);
-    kfsdp::optim::adamw<Scalar> adam(trainer, {.weight_decay = s.weight_decay});  // 2-D weights decay, 1-D not
-    const kfsdp::optim::cosine schedule(s.lr, s.steps);
-    kfsdp::io::distributed_sampler sampler(train_set, s.batch, s.seed);
-    if (root)
-      fmt::print("train_surrogate: {} ranks, {}, {} parameters ({} per rank), {} hidden layers of {}, {} / {} bucketing, "
-                 "{} train and {} test samples\n",
-                 job.size(), s.dtype, trainer.engine().plan().full_numel, trainer.engine().plan().shard_numel, s.depth,
-                 s.width, kfsdp::to_string(s.flags.fsdp.sharding()),
-                 kfsdp::to_string(s.flags.fsdp.bucketing()), train_set.count(), test_set.count());
-    kfsdp::step_log log(world, {.program = "train_surrogate", .metrics = s.metrics, .unit = "samples", .steps = s.steps,
-                                .log_every = s.log_every});
-    const auto start = std::chrono::steady_clock::now();
-    const kfsdp::stop_signals signals;  // SIGTERM / SIGUSR1: every rank stops at the same step, as fit does
-    std::size_t steps_done = 0;
-    for (; steps_done < s.steps && !signals.stop_requested(world); ++steps_done) {
-      const std::size_t step = steps_done;
-      const double lr = schedule(step);
-      adam.set_lr(lr);
-      auto [x, y] = sampler.next<Scalar>(train_set, std::size_t(world.rank()), std::size_t(job.size()));
-      log.measure(step, trainer, adam, lr, s.batch, [&] { return trainer.step({{x, y}}, adam, s.clip); });
-    }
-    const bool stopped = steps_done < s.steps;
-    if (stopped) {  // the weights so far (no resume in this program), marked for the job script
-      if (!s.save.empty()) kfsdp::io::save_model(s.save, trainer.engine(), metadata_of(normalization, s));
-      report_stopped("train_surrogate", steps_done, s.save, root);
-      return 0;
-    }
-    log.print_loss_change();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double train_error = relative_l2(trainer, train_set, train.targets, target, world);
-    const double test_error = relative_l2(trainer, test_set, test.targets, target, world);
-    if (root) fmt::print("train relative L2 {:.9g}\ntest relative L2 {:.9g}\ntrained in {:.1f} s\n", train_error, test_error, seconds);
-    if (!s.save.empty()) {
-      kfsdp::io::save_model(s.save, trainer.engine(), metadata_of(normalization, s));
-      kfsdp::mark_finished(s.save, root);
-      if (root) fmt::print("saved {}\n", s.save);
-    }
+  kfsdp::trainer<surrogate, Scalar> trainer(make_surrogate(s.width, s.depth), engine_comm, fsdp, training);
+  trainer.initialize(s.seed);
+  kfsdp::optim::adamw<Scalar> adam(trainer, {.weight_decay = s.weight_decay});  // 2-D weights decay, 1-D not
+  const kfsdp::optim::cosine schedule(s.lr, s.steps);
+  kfsdp::io::distributed_sampler sampler(train_set, s.batch, s.seed);
+  if (root)
+    fmt::print("train_surrogate: {} ranks, {}, {} parameters ({} per rank), {} hidden layers of {}, {} / {} bucketing, "
+               "{} train and {} test samples\n",
+               job.size(), s.dtype, trainer.engine().plan().full_numel, trainer.engine().plan().shard_numel, s.depth,
+               s.width, kfsdp::to_string(s.flags.fsdp.sharding()),
+               kfsdp::to_string(s.flags.fsdp.bucketing()), train_set.count(), test_set.count());
+  kfsdp::step_log log(world, {.program = "train_surrogate", .metrics = s.metrics, .unit = "samples", .steps = s.steps,
+                              .log_every = s.log_every});
+  const auto start = std::chrono::steady_clock::now();
+  const kfsdp::stop_signals signals;  // SIGTERM / SIGUSR1: every rank stops at the same step, as fit does
+  std::size_t steps_done = 0;
+  for (; steps_done < s.steps && !signals.stop_requested(world); ++steps_done) {
+    const std::size_t step = steps_done;
+    const double lr = schedule(step);
+    adam.set_lr(lr);
+    auto [x, y] = sampler.next<Scalar>(train_set, std::size_t(world.rank()), std::size_t(job.size()));
+    log.measure(step, trainer, adam, lr, s.batch, [&] { return trainer.step({{x, y}}, adam, s.clip); });
+  }
+  const bool stopped = steps_done < s.steps;
+  if (stopped) {  // the weights so far (no resume in this program), marked for the job script
+    if (!s.save.empty()) kfsdp::io::save_model(s.save, trainer.engine(), metadata_of(normalization, s));
+    report_stopped("train_surrogate", steps_done, s.save, root);
     return 0;
-  });
+  }
+  log.print_loss_change();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double train_error = relative_l2(trainer, train_set, train.targets, target, world);
+  const double test_error = relative_l2(trainer, test_set, test.targets, target, world);
+  if (root) fmt::print("train relative L2 {:.9g}\ntest relative L2 {:.9g}\ntrained in {:.1f} s\n", train_error, test_error, seconds);
+  if (!s.save.empty()) {
+    kfsdp::io::save_model(s.save, trainer.engine(), metadata_of(normalization, s));
+    kfsdp::mark_finished(s.save, root);
+    if (root) fmt::print("saved {}\n", s.save);
+  }
+  return 0;
 }
 
 }  // namespace

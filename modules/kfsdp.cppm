@@ -1,7 +1,8 @@
 // The C++20 module `kfsdp`: kfsdp's public API, as `import kfsdp;`.
 //
 //   import kfsdp;
-//   kfsdp::trainer<model, float, kfsdp::zero3, kfsdp::block_bucketing> trainer(model{}, world);
+//   kfsdp::trainer<model, float> trainer(model{}, world, {.sharding_strategy = kfsdp::sharding_strategy::zero3,
+//                                                        .bucketing_strategy = kfsdp::bucketing::block});
 //
 // libc++'s std module's pattern: the headers are included in the global module fragment, so what
 // they declare stays attached to the global module (one entity whether a program imports, includes
@@ -43,7 +44,6 @@ module;
 #include <kfsdp/fsdp/bucket_state.hpp>
 #include <kfsdp/fsdp/buffer_pool.hpp>
 #include <kfsdp/fsdp/engine.hpp>
-#include <kfsdp/fsdp/fsdp.hpp>
 #include <kfsdp/fsdp/memory_fit.hpp>
 #include <kfsdp/fsdp/options.hpp>
 #include <kfsdp/fsdp/pack.hpp>
@@ -194,11 +194,6 @@ using kfsdp::environment;
 export namespace kfsdp {
 using kfsdp::fsdp_engine;
 }
-// <kfsdp/fsdp/fsdp.hpp>
-export namespace kfsdp {
-using kfsdp::fsdp;
-using kfsdp::with_fsdp;
-}
 // <kfsdp/fsdp/memory_fit.hpp>
 export namespace kfsdp {
 using kfsdp::describe;
@@ -212,18 +207,13 @@ using kfsdp::fsdp_options;
 }
 // <kfsdp/fsdp/policies.hpp>
 export namespace kfsdp {
-using kfsdp::block_bucketing;
 using kfsdp::gradient_division;
-using kfsdp::layer_bucketing;
-using kfsdp::no_bucketing;
 using kfsdp::parse_gradient_division;
 using kfsdp::parse_sharding;
 using kfsdp::parse_wire_precision;
 using kfsdp::sharding_strategy;
 using kfsdp::to_string;
 using kfsdp::wire_precision;
-using kfsdp::zero2;
-using kfsdp::zero3;
 }
 // <kfsdp/fsdp/trace.hpp>
 export namespace kfsdp {
@@ -415,6 +405,7 @@ using kfsdp::make_shard_plan;
 using kfsdp::parse_bucketing;
 using kfsdp::shard_plan;
 using kfsdp::static_shard_plan;
+using kfsdp::to_dynamic;
 }
 #ifdef KFSDP_MODULE_MPI
 // <kfsdp/session.hpp>
@@ -488,6 +479,5 @@ using kfsdp::non_finite_loss;
 using kfsdp::parse_grad_accumulation;
 using kfsdp::trainer;
 using kfsdp::trainer_options;
-using kfsdp::with_trainer;
 }
 // --- end of generated exports ---

@@ -1,6 +1,6 @@
 #pragma once
-// kfsdp/kfsdp.hpp — the common case in one include: models and their layers, FSDP with its
-// policies, the trainer, the optimizers and schedules, the datasets, state dicts and one-process
+// kfsdp/kfsdp.hpp — the common case in one include: models and their layers, the FSDP engine
+// and its options, the trainer, the optimizers and schedules, the datasets, state dicts and one-process
 // safetensors files. No backend: it includes neither MPI, NCCL nor HDF5, so a program that uses it
 // alone links the kfsdp library only (pkg-config kfsdp, CMake kfsdp::kfsdp) and trains on one rank
 // with comm::self. The backends and what needs them are included by name:
@@ -14,7 +14,8 @@
 //                                 kfsdp::linear<"fc2", 64, 1>, kfsdp::mse<>>;
 //   kfsdp::environment kokkos_up(argc, argv);
 //   kfsdp::comm::self one;
-//   kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> t(mlp{}, one);
+//   kfsdp::trainer<mlp, double> t(mlp{}, one, {.sharding_strategy = kfsdp::sharding_strategy::zero3,
+//                                             .bucketing_strategy = kfsdp::bucketing::layer});
 //   t.initialize(/*seed=*/0);
 //   kfsdp::optim::adamw<double> adam(t, {.lr = 1e-3});   // the trainer holds the shard size
 //   auto [loss, grad_norm] = t.step({{x, y}}, adam);
@@ -34,7 +35,7 @@
 #include <kfsdp/model/llama_config.hpp>
 #include <kfsdp/model/param_table.hpp>
 
-#include <kfsdp/fsdp/fsdp.hpp>
+#include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/fsdp/memory_fit.hpp>
 #include <kfsdp/fsdp/options.hpp>
 #include <kfsdp/fsdp/policies.hpp>

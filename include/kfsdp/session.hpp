@@ -115,8 +115,8 @@ KFSDP_EXPORT class session {
 
   /// `options` with this session's replica group set (HSDP); pass it with shard_group() to a trainer.
   ///
-  ///   kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(),
-  ///                                                   job.fsdp({.broadcast_from = 0}));
+  ///   kfsdp::trainer<mlp, double> model(mlp{}, job.shard_group(),
+  ///       job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero3, .broadcast_from = 0}));
   [[nodiscard]] fsdp_options fsdp(fsdp_options options = {}) {
     if (replicas_) options.replica_group = comm::any_communicator(*replicas_);
     return options;

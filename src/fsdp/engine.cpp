@@ -31,8 +31,6 @@ template <class Scalar>
 fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_communicator comm,
                                  const fsdp_options& options, std::optional<shard_plan> plan)
     : table_(std::move(table)), comm_(std::move(comm)), options_(options) {
-  options_.sharding_strategy = options_.sharding();  // resolved: options() holds what runs
-  options_.bucketing_strategy = options_.bucketing();
   rank_ = comm_.rank();
   world_size_ = comm_.size();
   if (options_.broadcast_from && (*options_.broadcast_from < 0 || *options_.broadcast_from >= world_size_))
@@ -55,8 +53,8 @@ fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_commun
   }
   if (plan) {
     if (plan->world_size != static_cast<std::size_t>(world_size_))
-      throw std::invalid_argument(fmt::format("kfsdp::fsdp: the communicator has {} ranks, expected {} (the plan's "
-                                              "world size, static_world_size<{}>)",
+      throw std::invalid_argument(fmt::format("kfsdp::fsdp: the communicator has {} ranks, expected {} (the world "
+                                              "size of the plan given, static_shard_plan<Model, {}, ...>)",
                                               world_size_, plan->world_size, plan->world_size));
     if (plan->bucketing != options_.bucketing() || plan->params.size() != table_.size())
       throw std::invalid_argument(fmt::format("kfsdp::fsdp: the plan given has {} parameters with {} bucketing, "

@@ -15,7 +15,9 @@
 using mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 4, 16>, kfsdp::gelu<>,
                               kfsdp::repeat<"hidden", 2, kfsdp::residual<"", kfsdp::linear<"fc", 16, 16>, kfsdp::gelu<>>>,
                               kfsdp::linear<"out", 16, 1>, kfsdp::mse<>>;
-using mlp_trainer = kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing>;
+using mlp_trainer = kfsdp::trainer<mlp, double>;
+const kfsdp::fsdp_options zero3_layer{.sharding_strategy = kfsdp::sharding_strategy::zero3,
+                                      .bucketing_strategy = kfsdp::bucketing::layer};
 
 int main(int argc, char** argv) {
   kfsdp::comm::mpi::environment mpi_up(argc, argv);
@@ -35,7 +37,7 @@ int main(int argc, char** argv) {
   // The same global batch twice: a small step down the gradient must lower its loss.
   auto [xs, ys] = data.rank_slice<double>(data.micro_batch(/*seed=*/1, 0, /*global batch=*/32), rank, ranks);
 
-  mlp_trainer model(mlp{}, world);
+  mlp_trainer model(mlp{}, world, zero3_layer);
   model.initialize(/*seed=*/1);
   kfsdp::optim::adamw<double> adam(model.engine().plan().shard_numel, {.lr = 1e-3});
   const double first = model.step({{xs, ys}}, adam).loss;
@@ -43,7 +45,7 @@ int main(int argc, char** argv) {
   const double trained = model.evaluate({{xs, ys}});
 
   kfsdp::io::save_model(checkpoint, model.engine());
-  mlp_trainer reloaded(mlp{}, world);
+  mlp_trainer reloaded(mlp{}, world, zero3_layer);
   kfsdp::io::load_model(checkpoint, reloaded.engine());
   const double reloaded_loss = reloaded.evaluate({{xs, ys}});
 

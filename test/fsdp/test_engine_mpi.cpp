@@ -9,7 +9,7 @@
 
 #include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/comm/threaded/threaded.hpp>
-#include <kfsdp/fsdp/fsdp.hpp>
+#include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/fsdp/quantize.hpp>
 
 #include "engine_checks.hpp"
@@ -24,7 +24,7 @@ using namespace kfsdp;
 using namespace kfsdp::testing;
 
 namespace {
-constexpr bucketing every_bucketing[] = {bucketing::none, bucketing::layer, bucketing::block};
+constexpr bucketing all_bucketings[] = {bucketing::none, bucketing::layer, bucketing::block};
 constexpr sharding_strategy every_sharding[] = {sharding_strategy::zero2, sharding_strategy::zero3};
 
 template <class Scalar>
@@ -45,7 +45,7 @@ void check_state_dict_is_init(const state_dict& sd, std::span<const param_info> 
 TEST_CASE("shard -> full state dict gives exactly the original parameters, every strategy x bucketing") {
   comm::mpi world;
   for (sharding_strategy s : every_sharding)
-    for (bucketing b : every_bucketing) {
+    for (bucketing b : all_bucketings) {
       CAPTURE(to_string(s));
       CAPTURE(to_string(b));
       fsdp_engine<double> e(make_param_table(tiny_gpt{}), world, {.sharding_strategy = s, .bucketing_strategy = b});
@@ -59,7 +59,7 @@ TEST_CASE("shard -> full state dict gives exactly the original parameters, every
 
 TEST_CASE("unsharded parameters are the same under none, layer and block bucketing (padding dropped)") {
   comm::mpi world;
-  for (bucketing b : every_bucketing) {
+  for (bucketing b : all_bucketings) {
     CAPTURE(to_string(b));
     fsdp_engine<float> e(make_param_table(thunder_padding{}), world, {.bucketing_strategy = b});
     e.initialize(3, all_normal);
@@ -92,7 +92,7 @@ TEST_CASE("reduce-scatter of known per-rank gradients gives the average, dividin
   comm::mpi world;
   const double ws = world.size();
   for (gradient_division division : {gradient_division::after, gradient_division::before, gradient_division::split})
-    for (bucketing b : every_bucketing) {
+    for (bucketing b : all_bucketings) {
       CAPTURE(to_string(division));
       CAPTURE(to_string(b));
       fsdp_engine<double> e(make_param_table(thunder_padding{}), world,
@@ -123,7 +123,7 @@ TEST_CASE("mixed precision: parameters gathered in bf16 / f16 are the shards rou
   comm::mpi world;
   const double ws = world.size();
   for (wire_precision wire : {wire_precision::bf16, wire_precision::f16})
-    for (bucketing b : every_bucketing) {
+    for (bucketing b : all_bucketings) {
       CAPTURE(to_string(wire));
       CAPTURE(to_string(b));
       const auto rounded = [wire](double x) {
@@ -165,7 +165,7 @@ TEST_CASE("mixed precision: parameters gathered in bf16 / f16 are the shards rou
 TEST_CASE("int8 all-gather: parameters within half a block's scale of the shards; one byte a value plus the scales") {
   comm::mpi world;
   const std::size_t ws = std::size_t(world.size());
-  for (bucketing b : every_bucketing) {
+  for (bucketing b : all_bucketings) {
     CAPTURE(to_string(b));
     fsdp_engine<double> e(make_param_table(thunder_padding{}), world, {.bucketing_strategy = b, .param_dtype = wire_precision::int8});
     e.initialize(3, all_normal);
@@ -219,7 +219,7 @@ TEST_CASE("int8 gradient reduction (qgZ): the average within the quantization bo
   comm::any_communicator replicas(replica_group);
   for (const bool hsdp : {false, true})
     for (gradient_division division : {gradient_division::after, gradient_division::before})
-      for (bucketing b : every_bucketing) {
+      for (bucketing b : all_bucketings) {
         if (hsdp && group == n) continue;  // no replicas at an odd world size
         CAPTURE(hsdp);
         CAPTURE(to_string(division));
@@ -325,7 +325,7 @@ TEST_CASE("a parameter with dim0 below the world size: ranks holding only paddin
 TEST_CASE("broadcast_from: ranks starting from different weights end with rank r's") {
   comm::mpi world;
   for (int root = 0; root < world.size(); ++root) {
-    for (bucketing b : every_bucketing) {
+    for (bucketing b : all_bucketings) {
       fsdp_engine<double> e(make_param_table(tiny_gpt{}), world, {.bucketing_strategy = b, .broadcast_from = root});
       e.initialize(100 + std::uint64_t(world.rank()), gpt_like_init);  // a different model on every rank
       check_state_dict_is_init<double>(e.original_state_dict(), e.params(), 100 + std::uint64_t(root), gpt_like_init);
@@ -339,7 +339,7 @@ TEST_CASE("load_original_state_dict shards a full state dict; bad ones are rejec
   source.initialize(21, gpt_like_init);
   const state_dict full = source.original_state_dict();
 
-  for (bucketing b : every_bucketing) {
+  for (bucketing b : all_bucketings) {
     fsdp_engine<double> e(make_param_table(tiny_gpt{}), world, {.bucketing_strategy = b});
     e.load_original_state_dict(full);
     check_state_dict_is_init<double>(e.original_state_dict(), e.params(), 21, gpt_like_init);

@@ -8,7 +8,10 @@
 #include <vector>
 
 #include <kfsdp/comm/self/self.hpp>
-#include <kfsdp/fsdp/fsdp.hpp>
+#include <kfsdp/fsdp/engine.hpp>
+#include <kfsdp/fsdp/scheduler.hpp>
+#include <kfsdp/fsdp/units.hpp>
+#include <kfsdp/model/model_graph.hpp>
 
 #include "engine_checks.hpp"
 
@@ -38,12 +41,26 @@ TEST_CASE("world size 1: the state dict is the initialised model, for every buck
 }
 
 namespace {
+// An engine and the unit scheduler over it, built as kfsdp::trainer builds them (without the
+// network), so that these tests drive the schedule's transitions themselves.
+template <class Scalar>
+struct scheduled : fsdp_engine<Scalar> {
+  template <descriptor Model>
+  scheduled(const Model& model, comm::any_communicator comm, const fsdp_options& options)
+      : scheduled(make_model_graph(model), std::move(comm), options) {}
+  scheduled(const model_graph& graph, comm::any_communicator comm, const fsdp_options& options)
+      : fsdp_engine<Scalar>(graph.params, std::move(comm), options),
+        schedule(*this, make_units(graph, this->plan(), this->options().wrap)) {}
+  [[nodiscard]] const std::vector<fsdp_unit>& units() const noexcept { return schedule.units(); }
+  unit_scheduler<Scalar> schedule;
+};
+
 // Drives a whole step through the scheduler's transitions, as kfsdp::trainer's pass does: the root first (kept),
 // each block unit with the next one prefetched, backward in reverse. on_forward(u) runs inside
 // unit u's forward, on_backward(u) inside its backward (after its full gradients are set to 1).
 template <class E, class Forward, class Backward>
 void run_units(E& engine, Forward&& on_forward, Backward&& on_backward) {
-  auto& e = kfsdp::detail::scheduler_access::of(engine);
+  auto& e = engine.schedule;
   const std::size_t n = e.units().size();
   auto next = [&](std::size_t u) { return u < n ? std::optional(u) : std::nullopt; };
   e.before_forward(0, next(1));
@@ -81,7 +98,8 @@ std::vector<std::size_t> live_units(E& e) {
 
 TEST_CASE("the units of the GPT: the root, then one per block") {
   comm::self one;
-  fsdp<tiny_gpt, float, zero3, block_bucketing> e(tiny_gpt{}, one);
+  scheduled<float> e(tiny_gpt{}, one,
+                     {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::block});
   REQUIRE(e.units().size() == 3);
   CHECK(e.units()[0].name == "root");
   CHECK(e.units()[0].params == std::vector<std::size_t>{0, 1, 26, 27, 28});  // wte, wpe, ln_f, lm_head
@@ -89,9 +107,15 @@ TEST_CASE("the units of the GPT: the root, then one per block") {
   CHECK(e.units()[2].name == "transformer.h.1");
   CHECK(e.units()[2].params.size() == 12);
   // Two blocks per unit, or every layer its own.
-  fsdp<tiny_gpt, float, zero3, layer_bucketing> pairs(tiny_gpt{}, one, {.wrap = {.blocks_per_unit = 2}});
+  scheduled<float> pairs(tiny_gpt{}, one,
+                         {.sharding_strategy = sharding_strategy::zero3,
+                          .bucketing_strategy = bucketing::layer,
+                          .wrap = {.blocks_per_unit = 2}});
   CHECK(pairs.units().size() == 2);
-  fsdp<tiny_gpt, float, zero3, layer_bucketing> layers(tiny_gpt{}, one, {.wrap = {.policy = wrap_policy::layers}});
+  scheduled<float> layers(tiny_gpt{}, one,
+                          {.sharding_strategy = sharding_strategy::zero3,
+                           .bucketing_strategy = bucketing::layer,
+                           .wrap = {.policy = wrap_policy::layers}});
   CHECK(layers.units().size() == 1 + 2 + 2 * 6 + 2);  // an empty root, wte, wpe, 6 per block, ln_f, lm_head
   CHECK(layers.units()[0].params.empty());
 }
@@ -102,10 +126,10 @@ using four_block_gpt = gpt<4, 8, 5>;
 TEST_CASE("the schedule: zero3 holds the root and one unit in flight, zero2 keeps every bucket until backward") {
   comm::self one;
   const auto model = four_block_gpt{};
-  fsdp<four_block_gpt, float, zero3, block_bucketing> z3(model, one);
-  fsdp<four_block_gpt, float, block_bucketing, zero2> z2(model, one);  // policies in any order
-  static_assert(decltype(z2)::sharding == sharding_strategy::zero2);
-  static_assert(decltype(z3)::bucketing_strategy == bucketing::block);
+  scheduled<float> z3(
+      model, one, {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::block});
+  scheduled<float> z2(
+      model, one, {.sharding_strategy = sharding_strategy::zero2, .bucketing_strategy = bucketing::block});
   for (auto* e : {static_cast<fsdp_engine<float>*>(&z3), static_cast<fsdp_engine<float>*>(&z2)}) e->initialize(1, gpt_like_init);
 
   auto check_reducing = [](auto& e, std::size_t u) {  // reduce-scatters run one unit behind the backward
@@ -150,14 +174,16 @@ concept user_can_call_unit_hooks =
     } || requires(E& e) { e.before_backward(0); } || requires(E& e) { e.after_backward(0); } || requires(E& e) {
       e.finish_backward();
     } || requires(E& e) { e.reshard_all(); };
-static_assert(!user_can_call_unit_hooks<fsdp<tiny_gpt, float, zero3, block_bucketing>>);
-static_assert(!user_can_call_unit_hooks<fsdp<tiny_gpt, double>>);
+static_assert(!user_can_call_unit_hooks<fsdp_engine<float>>);
+static_assert(!user_can_call_unit_hooks<fsdp_engine<double>>);
 static_assert(user_can_call_unit_hooks<unit_scheduler<float>>);  // the check itself sees a callable hook
 
 TEST_CASE("a hook out of order names the unit and the state it was in") {
   comm::self one;
-  fsdp<tiny_gpt, float, zero3, block_bucketing> engine(tiny_gpt{}, one);
-  auto& e = kfsdp::detail::scheduler_access::of(engine);
+  scheduled<float> engine(
+      tiny_gpt{}, one,
+      {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::block});
+  auto& e = engine.schedule;
   CHECK_THROWS_WITH_AS(e.after_backward(1),
                        "kfsdp::fsdp: after_backward(unit 1 'transformer.h.0') while the unit is 'sharded', expected 'backward'",
                        std::logic_error);
@@ -176,7 +202,10 @@ TEST_CASE("a hook out of order names the unit and the state it was in") {
 TEST_CASE("overlap_reduce_scatter = false finishes each unit's reduce-scatters at once: a lower peak") {
   comm::self one;
   auto peak = [&](bool overlap) {
-    fsdp<four_block_gpt, float, zero3, block_bucketing> e(four_block_gpt{}, one, {.overlap_reduce_scatter = overlap});
+    scheduled<float> e(four_block_gpt{}, one,
+                       {.sharding_strategy = sharding_strategy::zero3,
+                        .bucketing_strategy = bucketing::block,
+                        .overlap_reduce_scatter = overlap});
     run_units(e, [](std::size_t) {}, [&](std::size_t u) {
       for (std::size_t b : e.units()[u].buckets) CHECK(buckets(e).is_reducing(b) == overlap);
     });
@@ -188,7 +217,8 @@ TEST_CASE("overlap_reduce_scatter = false finishes each unit's reduce-scatters a
 
 TEST_CASE("after zero_grad the reductions write the gradient shards; written through grads() they add") {
   comm::self one;
-  fsdp<four_block_gpt, float, zero2, block_bucketing> e(four_block_gpt{}, one, {});
+  scheduled<float> e(four_block_gpt{}, one,
+                     {.sharding_strategy = sharding_strategy::zero2, .bucketing_strategy = bucketing::block});
   const auto reduce_ones = [&] {
     for (std::size_t p = 0; p < e.plan().params.size(); ++p) Kokkos::deep_copy(e.full_grad(p), 1.0f);
     for (std::size_t b = 0; b < e.plan().buckets.size(); ++b) buckets(e).reduce_gradients(b);
@@ -209,7 +239,9 @@ TEST_CASE("after zero_grad the reductions write the gradient shards; written thr
 
 TEST_CASE("grad_squared_norm: the sums the reductions left, or a pass now; the same bits either way") {
   comm::self one;
-  fsdp<four_block_gpt, double, zero2, block_bucketing> e(four_block_gpt{}, one, {});
+  scheduled<double> e(
+      four_block_gpt{}, one,
+      {.sharding_strategy = sharding_strategy::zero2, .bucketing_strategy = bucketing::block});
   const auto pass_over_shards = [&] {
     double sum = 0;
     for (double x : testing::to_host(e.grads().flat())) sum += x * x;
@@ -233,37 +265,14 @@ TEST_CASE("grad_squared_norm: the sums the reductions left, or a pass now; the s
   CHECK(e.grad_squared_norm() == doctest::Approx(4.0 * double(e.grads().flat().extent(0))));
 }
 
-TEST_CASE("with_fsdp dispatches Thunder's options to the policies") {
+TEST_CASE("the options select the schedule; unset, zero2 and no bucketing") {
   comm::self one;
   const auto model = make_gpt({.layers = 1, .dim = 4, .heads = 1, .seq = 3});
-  const auto [sharding, buckets] = with_fsdp<float>(
-      model, one, {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::layer},
-      [](auto& e) { return std::pair(e.sharding, e.plan().buckets.size()); });
-  CHECK(sharding == sharding_strategy::zero3);
-  CHECK(buckets == 2 + 6 + 2);  // wte, wpe, the block's 6 layers, ln_f, lm_head
-}
-
-TEST_CASE("the policies and the options never disagree in silence") {
-  comm::self one;
-  using z3_block = fsdp<tiny_gpt, float, zero3, block_bucketing>;
-  // Unset: the policies' choice, and options() says what runs.
-  z3_block unset(tiny_gpt{}, one, {.limit_all_gathers = 2});
-  CHECK(unset.options().sharding_strategy == sharding_strategy::zero3);
-  CHECK(unset.options().bucketing_strategy == bucketing::block);
-  CHECK(unset.options().limit_all_gathers == 2);
-  // The same value: accepted.
-  z3_block same(tiny_gpt{}, one, {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::block});
-  CHECK(same.plan().bucketing == bucketing::block);
-  // Another value: refused at construction, naming the option, its value and the policy's.
-  CHECK_THROWS_WITH_AS(z3_block(tiny_gpt{}, one, {.sharding_strategy = sharding_strategy::zero2}),
-                       "kfsdp::fsdp: options.sharding_strategy is zero2, but the policies select zero3 (leave it "
-                       "unset, or make them agree)",
-                       std::invalid_argument);
-  CHECK_THROWS_WITH_AS(z3_block(tiny_gpt{}, one, {.bucketing_strategy = bucketing::layer}),
-                       "kfsdp::fsdp: options.bucketing_strategy is layer, but the policies select block (leave it "
-                       "unset, or make them agree)",
-                       std::invalid_argument);
-  // The engine alone resolves an unset choice to zero2 and no bucketing.
+  scheduled<float> e(model, one,
+                     {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::layer});
+  CHECK(e.options().sharding() == sharding_strategy::zero3);
+  CHECK(e.plan().buckets.size() == 2 + 6 + 2);  // wte, wpe, the block's 6 layers, ln_f, lm_head
+  CHECK(e.schedule.reshards_after_forward(1));  // zero3 frees a block after its forward
   fsdp_engine<float> plain(make_param_table(tiny_gpt{}), one, {});
   CHECK(plain.options().sharding_strategy == sharding_strategy::zero2);
   CHECK(plain.options().bucketing() == bucketing::none);
@@ -292,11 +301,18 @@ TEST_CASE("limit_all_gathers: never more than N all-gathers in flight, N = 1, 2,
   };
   for (std::size_t limit : {1u, 2u, 3u}) {
     CAPTURE(limit);
-    fsdp<tiny_gpt, float, zero3, layer_bucketing> z3(model, one, {.limit_all_gathers = limit});
-    fsdp<tiny_gpt, float, zero2, layer_bucketing> z2(model, one, {.limit_all_gathers = limit});
+    scheduled<float> z3(model, one,
+                        {.sharding_strategy = sharding_strategy::zero3,
+                         .bucketing_strategy = bucketing::layer,
+                         .limit_all_gathers = limit});
+    scheduled<float> z2(model, one,
+                        {.sharding_strategy = sharding_strategy::zero2,
+                         .bucketing_strategy = bucketing::layer,
+                         .limit_all_gathers = limit});
     CHECK(run(z3) == limit);  // a block unit and its prefetched successor are 12 buckets: the limit binds
     CHECK(run(z2) == limit);
   }
-  fsdp<tiny_gpt, float, zero3, layer_bucketing> unlimited(model, one);
+  scheduled<float> unlimited(
+      model, one, {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::layer});
   CHECK(run(unlimited) == 12);
 }

@@ -21,7 +21,7 @@
 #include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/comm/self/self.hpp>
 #include <kfsdp/comm/threaded/threaded.hpp>
-#include <kfsdp/fsdp/fsdp.hpp>
+#include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/optim/adamw.hpp>
 

@@ -137,7 +137,8 @@ void check_same_batches(const hdf5_dataset& file, const array_dataset& memory, s
 template <class Data>
 std::vector<double> fit_losses(kfsdp::session& job, const Data& data, const std::filesystem::path& metrics,
                                kfsdp::io::dataset_ref eval = nullptr) {
-  kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
+  kfsdp::trainer<mlp, double> model(mlp{}, job.shard_group(),
+                                    job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero3}));
   model.initialize(7);
   kfsdp::optim::adamw<double> adam(model, {.weight_decay = 0.01});
   (void)kfsdp::fit(model, adam, kfsdp::optim::cosine(1e-2, 40), data,

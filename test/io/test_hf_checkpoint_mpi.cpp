@@ -21,7 +21,7 @@
 #include <vector>
 
 #include <kfsdp/comm/mpi/mpi.hpp>
-#include <kfsdp/fsdp/fsdp.hpp>
+#include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 

@@ -18,7 +18,10 @@ inline std::vector<double> train_mlp() {
     targets.push_back(std::cos(2 * x));
   }
   kfsdp::comm::self one;
-  kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> trainer(mlp{}, one, {}, {});
+  kfsdp::trainer<mlp, double> trainer(
+      mlp{}, one,
+      {.sharding_strategy = kfsdp::sharding_strategy::zero3, .bucketing_strategy = kfsdp::bucketing::layer},
+      {});
   trainer.initialize(/*seed=*/5);
   kfsdp::optim::adamw<double> adam(trainer.engine().plan().shard_numel, {.lr = 1e-2});
   kfsdp::io::array_dataset data(features, 3, targets, 1);

@@ -157,7 +157,9 @@ TEST_CASE("bad groups name the group, the value seen and the expectation") {
 
 TEST_CASE("docs/training.md: a schedule and parameter groups on a trainer") {
   kfsdp::comm::self world;
-  kfsdp::trainer<model, double, kfsdp::zero3, kfsdp::layer_bucketing> trainer(model{}, world);
+  kfsdp::trainer<model, double> trainer(
+      model{}, world,
+      {.sharding_strategy = kfsdp::sharding_strategy::zero3, .bucketing_strategy = kfsdp::bucketing::layer});
   trainer.initialize(/*seed=*/0);
   const std::size_t steps = 20, rank = 0, world_size = 1;
   kfsdp::io::array_dataset data(test_values<double>(4 * 32, 1), 4, test_values<double>(32, 2), 1);

@@ -137,7 +137,11 @@ TEST_CASE("a trainer built with them stops at its shard plan") {
   using model = kfsdp::sequential<"", kfsdp::linear<"fc">, kfsdp::mse<>>;
   kfsdp::comm::self one;
   check_overflow(
-      [&] { kfsdp::trainer<model, double, kfsdp::zero3, kfsdp::layer_bucketing> t(model(kfsdp::linear<"fc">(4, pow2(61)), {}), one); },
+      [&] {
+        kfsdp::trainer<model, double> t(model(kfsdp::linear<"fc">(4, pow2(61)), {}), one,
+                                        {.sharding_strategy = kfsdp::sharding_strategy::zero3,
+                                         .bucketing_strategy = kfsdp::bucketing::layer});
+      },
       {"make_shard_plan", "· 8"});
   using two = kfsdp::sequential<"", kfsdp::linear<"fc">>;
   check_overflow([&] { (void)kfsdp::make_param_table(two(kfsdp::linear<"fc">(pow2(63), 2))); }, {text(pow2(63))});

@@ -25,7 +25,9 @@ int main(int argc, char** argv) {
   kfsdp::io::array_dataset data(x, 4, y, 1);
   auto [xs, ys] = data.rank_slice<double>(data.micro_batch(/*seed=*/1, 0, /*global batch=*/32), 0, 1);
 
-  kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> model(mlp{}, one);
+  kfsdp::trainer<mlp, double> model(
+      mlp{}, one,
+      {.sharding_strategy = kfsdp::sharding_strategy::zero3, .bucketing_strategy = kfsdp::bucketing::layer});
   model.initialize(/*seed=*/1);
   kfsdp::optim::adamw<double> adam(model, {.lr = 1e-3});
   const double first = model.step({{xs, ys}}, adam).loss;

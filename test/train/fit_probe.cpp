@@ -47,8 +47,9 @@ int main(int argc, char** argv) {
     const auto delay = std::chrono::milliseconds(count_argument(argv[4], "DELAY_MS"));
     auto data = samples();
     const auto stats = data.normalize();
-    kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> model(mlp{}, job.shard_group(),
-                                                                            job.fsdp());
+    kfsdp::trainer<mlp, double> model(mlp{}, job.shard_group(),
+                                      job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero3,
+                                                .bucketing_strategy = kfsdp::bucketing::layer}));
     model.initialize(3);
     kfsdp::optim::adamw<double> adam(model, {.weight_decay = 0.01});
     const kfsdp::optim::cosine cosine(1e-2, steps, 1e-4);

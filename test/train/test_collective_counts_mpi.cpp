@@ -178,17 +178,16 @@ kfsdp::io::array_dataset samples() {
 template <class Measure>
 void after_one_step(counting& shards, const kfsdp::io::array_dataset& data, const kfsdp::fsdp_options& options,
                     Measure&& measure) {
-  kfsdp::with_trainer<float>(wide_model{}, shards, options, {}, [&](auto& t) {
-    t.initialize(5);
-    kfsdp::optim::sgd<float> sgd(t.engine().plan().shard_numel, {.lr = 0.01f});
-    const auto ranks = std::size_t(shards.size()), rank = std::size_t(shards.rank());
-    const auto step = [&](std::size_t s) {
-      auto [x, y] = data.rank_slice<float>(data.micro_batch(1, s, 24 / ranks * ranks), rank, ranks);
-      (void)t.step({{x, y}}, sgd);
-    };
-    step(0);
-    measure(t, [&] { step(1); });
-  });
+  kfsdp::trainer<wide_model, float> t(wide_model{}, shards, options);
+  t.initialize(5);
+  kfsdp::optim::sgd<float> sgd(t.engine().plan().shard_numel, {.lr = 0.01f});
+  const auto ranks = std::size_t(shards.size()), rank = std::size_t(shards.rank());
+  const auto step = [&](std::size_t s) {
+    auto [x, y] = data.rank_slice<float>(data.micro_batch(1, s, 24 / ranks * ranks), rank, ranks);
+    (void)t.step({{x, y}}, sgd);
+  };
+  step(0);
+  measure(t, [&] { step(1); });
 }
 
 // Bytes one rank's bucket b puts on the wire a collective: int8 blocks, or f32 values.
@@ -231,48 +230,50 @@ TEST_CASE("collectives per step: per bucket 1 all-gather (+1 in backward under Z
           kfsdp::fsdp_options options{.sharding_strategy = sharding, .bucketing_strategy = bucketing,
                                       .reduce_dtype = reduce_dtype};
           if (hsdp) options.replica_group = comm::any_communicator(replicas);
-          kfsdp::with_trainer<double>(model{}, shards, options, {}, [&](auto& t) {
-            t.initialize(5);
-            kfsdp::optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.01});
-            const auto ranks = std::size_t(shards.size()), rank = std::size_t(shards.rank());
-            const auto step = [&](std::size_t s) {
-              auto [x, y] = data.rank_slice<double>(data.micro_batch(1, s, 24 / std::size_t(n) * ranks), rank, ranks);
-              (void)t.step({{x, y}}, sgd);
-            };
-            step(0);  // the first step may set up what later steps reuse
-            const counting before_shards = shards, before_replicas = replicas;
-            step(1);
-            const std::size_t buckets = t.engine().plan().buckets.size();
-            CAPTURE(buckets);
-            if (bucketing != kfsdp::bucketing::none) CHECK(buckets < t.engine().params().size());
-            // ZeRO3 frees a unit's buckets after its forward and gathers them again for its backward;
-            // the root unit (0) stays gathered, as FSDP2's root does.
-            const std::size_t regathered = sharding == kfsdp::sharding_strategy::zero3
-                                               ? buckets - t.units().front().buckets.size() : 0;
-            if (sharding == kfsdp::sharding_strategy::zero3) CHECK(regathered > 0);  // the blocks' units
-            CHECK(shards.all_gathers - before_shards.all_gathers == buckets + regathered);
-            const bool int8 = reduce_dtype == kfsdp::wire_precision::int8;
-            CHECK(shards.reduce_scatters - before_shards.reduce_scatters == (int8 ? 0 : buckets));
-            CHECK(shards.all_to_alls - before_shards.all_to_alls == (int8 ? buckets : 0));
-            CHECK(shards.broadcasts - before_shards.broadcasts == 0);
-            // The step's own sums (the loss, the gradient norm): over the shard group and the replicas,
-            // the same number whatever the buckets.
-            const std::size_t own_sums = shards.all_reduces - before_shards.all_reduces;
-            CHECK(own_sums <= 2);
-            const bool replicated = hsdp && replicas.size() > 1;
-            CHECK(replicas.all_reduces - before_replicas.all_reduces == (replicated ? buckets : 0) + (hsdp ? own_sums : 0));
-            CHECK(replicas.total() - before_replicas.total() == replicas.all_reduces - before_replicas.all_reduces);
-            // Stream order: every bucket collective follows the compute instance's work (order_after)
-            // and the instance's later work follows it (complete_before), never a host wait: on a GPU
-            // neither blocks the host. The host waits only for the step's own sums, which it reads.
-            const std::size_t bucket_collectives = buckets + regathered + buckets;
-            CHECK(shards.orderings - before_shards.orderings == bucket_collectives);
-            CHECK(shards.ends.ordered - before_shards.ends.ordered == bucket_collectives);
-            CHECK(shards.ends.host_waits - before_shards.ends.host_waits == own_sums);
-            const std::size_t replica_sums = replicated ? buckets : 0;
-            CHECK(replicas.orderings - before_replicas.orderings == replica_sums);
-            CHECK(replicas.ends.ordered - before_replicas.ends.ordered == replica_sums);
-          });
+          kfsdp::trainer<model, double> t(model{}, shards, options);
+          t.initialize(5);
+          kfsdp::optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.01});
+          const auto ranks = std::size_t(shards.size()), rank = std::size_t(shards.rank());
+          const auto step = [&](std::size_t s) {
+            auto [x, y] =
+                data.rank_slice<double>(data.micro_batch(1, s, 24 / std::size_t(n) * ranks), rank, ranks);
+            (void)t.step({{x, y}}, sgd);
+          };
+          step(0);  // the first step may set up what later steps reuse
+          const counting before_shards = shards, before_replicas = replicas;
+          step(1);
+          const std::size_t buckets = t.engine().plan().buckets.size();
+          CAPTURE(buckets);
+          if (bucketing != kfsdp::bucketing::none) CHECK(buckets < t.engine().params().size());
+          // ZeRO3 frees a unit's buckets after its forward and gathers them again for its backward;
+          // the root unit (0) stays gathered, as FSDP2's root does.
+          const std::size_t regathered =
+              sharding == kfsdp::sharding_strategy::zero3 ? buckets - t.units().front().buckets.size() : 0;
+          if (sharding == kfsdp::sharding_strategy::zero3) CHECK(regathered > 0);  // the blocks' units
+          CHECK(shards.all_gathers - before_shards.all_gathers == buckets + regathered);
+          const bool int8 = reduce_dtype == kfsdp::wire_precision::int8;
+          CHECK(shards.reduce_scatters - before_shards.reduce_scatters == (int8 ? 0 : buckets));
+          CHECK(shards.all_to_alls - before_shards.all_to_alls == (int8 ? buckets : 0));
+          CHECK(shards.broadcasts - before_shards.broadcasts == 0);
+          // The step's own sums (the loss, the gradient norm): over the shard group and the replicas,
+          // the same number whatever the buckets.
+          const std::size_t own_sums = shards.all_reduces - before_shards.all_reduces;
+          CHECK(own_sums <= 2);
+          const bool replicated = hsdp && replicas.size() > 1;
+          CHECK(replicas.all_reduces - before_replicas.all_reduces ==
+                (replicated ? buckets : 0) + (hsdp ? own_sums : 0));
+          CHECK(replicas.total() - before_replicas.total() ==
+                replicas.all_reduces - before_replicas.all_reduces);
+          // Stream order: every bucket collective follows the compute instance's work (order_after)
+          // and the instance's later work follows it (complete_before), never a host wait: on a GPU
+          // neither blocks the host. The host waits only for the step's own sums, which it reads.
+          const std::size_t bucket_collectives = buckets + regathered + buckets;
+          CHECK(shards.orderings - before_shards.orderings == bucket_collectives);
+          CHECK(shards.ends.ordered - before_shards.ends.ordered == bucket_collectives);
+          CHECK(shards.ends.host_waits - before_shards.ends.host_waits == own_sums);
+          const std::size_t replica_sums = replicated ? buckets : 0;
+          CHECK(replicas.orderings - before_replicas.orderings == replica_sums);
+          CHECK(replicas.ends.ordered - before_replicas.ends.ordered == replica_sums);
         }
 }
 

@@ -79,8 +79,9 @@ std::vector<double> losses_in(const std::filesystem::path& path) {
 
 kfsdp::fit_result train(kfsdp::session& job, const kfsdp::io::array_dataset& data,
                         const kfsdp::fit_options& options) {
-  kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> model(mlp{}, job.shard_group(),
-                                                                          job.fsdp());
+  kfsdp::trainer<mlp, double> model(mlp{}, job.shard_group(),
+                                    job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero3,
+                                              .bucketing_strategy = kfsdp::bucketing::layer}));
   model.initialize(7);
   kfsdp::optim::adamw<double> adam(model, {.weight_decay = 0.01});
   const kfsdp::fit_result result =
@@ -187,8 +188,9 @@ TEST_CASE(
   // The last checkpoint cut to half its size (a copy interrupted), and a save killed after its header.
   if (job.is_root()) std::filesystem::resize_file(kfsdp::checkpoint_path(dir, 6), final_bytes.size() / 2);
   {
-    kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> model(mlp{}, job.shard_group(),
-                                                                            job.fsdp());
+    kfsdp::trainer<mlp, double> model(mlp{}, job.shard_group(),
+                                      job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero3,
+                                                .bucketing_strategy = kfsdp::bucketing::layer}));
     model.initialize(7);
     kfsdp::io::testing::set_stop_after_header([](const std::filesystem::path&) { return true; });
     CHECK_THROWS_AS(kfsdp::io::save_model(kfsdp::checkpoint_path(dir, 8), model.engine()),
@@ -219,12 +221,14 @@ TEST_CASE(
   CHECK(seed_error.find("fit: resuming from " + kfsdp::checkpoint_path(dir, 6).string()) != std::string::npos);
   CHECK(seed_error.find("'sampler.seed' is '3', expected '4'") != std::string::npos);
   {
-    kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
+    kfsdp::trainer<mlp, double> model(mlp{}, job.shard_group(),
+                                      job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero3}));
     model.initialize(7);
     kfsdp::optim::sgd<double> sgd(model.engine().plan().shard_numel, {.lr = 0.1, .momentum = 0.9});
     CHECK(error_of([&] { kfsdp::fit(model, sgd, kfsdp::optim::constant(0.1), data, options); })
               .find("'optimizer' is 'adamw', expected 'sgd'") != std::string::npos);
-    kfsdp::trainer<wide_mlp, double, kfsdp::zero3> wide(wide_mlp{}, job.shard_group(), job.fsdp());
+    kfsdp::trainer<wide_mlp, double> wide(wide_mlp{}, job.shard_group(),
+                                          job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero3}));
     kfsdp::optim::adamw<double> adam(wide);
     CHECK(error_of([&] { kfsdp::fit(wide, adam, kfsdp::optim::constant(0.1), data, options); })
               .find("'kfsdp.numel' is '81', expected '161'") != std::string::npos);
@@ -243,7 +247,8 @@ TEST_CASE("fit: SGD's momentum goes through the checkpoint protocol: resuming is
   const kfsdp::fit_options options{.steps = 4, .global_batch = global_batch, .checkpoint_dir = dir,
                                    .checkpoint_every = 2};
   const auto run = [&] {
-    kfsdp::trainer<mlp, double, kfsdp::zero2> model(mlp{}, job.shard_group(), job.fsdp());
+    kfsdp::trainer<mlp, double> model(mlp{}, job.shard_group(),
+                                      job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero2}));
     model.initialize(7);
     kfsdp::optim::sgd<double> sgd(model.engine().plan().shard_numel, {.lr = 0.05, .momentum = 0.9});
     const kfsdp::fit_result result = kfsdp::fit(model, sgd, kfsdp::optim::cosine(0.05, 4), data, options);
@@ -268,7 +273,9 @@ TEST_CASE("fit with a frozen group (any_optimizer): the group stays as it was, a
   const kfsdp::fit_options options{.steps = 6, .global_batch = global_batch, .checkpoint_dir = dir,
                                    .checkpoint_every = 3};
   const auto run = [&](kfsdp::state_dict* initial, kfsdp::state_dict* final) {
-    kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> model(mlp{}, job.shard_group(), job.fsdp());
+    kfsdp::trainer<mlp, double> model(mlp{}, job.shard_group(),
+                                      job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero3,
+                                                .bucketing_strategy = kfsdp::bucketing::layer}));
     model.initialize(9);
     if (initial != nullptr) *initial = model.engine().original_state_dict();
     kfsdp::optim::any_optimizer<double> adam(model, {.kind = "adamw", .lr = 1e-2, .weight_decay = 0.1},
@@ -302,7 +309,9 @@ TEST_CASE("step_log: one JSON line per step with the step's loss, memory that su
   const auto dir = shared_dir(job.world(), "step-log");
   std::filesystem::create_directories(dir);
   const kfsdp::io::array_dataset data = samples(48, 3);
-  kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> model(mlp{}, job.shard_group(), job.fsdp());
+  kfsdp::trainer<mlp, double> model(mlp{}, job.shard_group(),
+                                    job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero3,
+                                              .bucketing_strategy = kfsdp::bucketing::layer}));
   model.initialize(7);
   kfsdp::optim::adamw<double> adam(model, {.lr = 1e-2});
   std::vector<kfsdp::step_result> stepped;
@@ -395,7 +404,8 @@ TEST_CASE("fit: evaluation metrics equal the hand-computed ones") {
         return std::abs(p[0] - t[0]);
       }};
   SUBCASE("mse: loss, mse, relative L2, a user metric") {
-    kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
+    kfsdp::trainer<mlp, double> model(mlp{}, job.shard_group(),
+                                      job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero3}));
     model.initialize(5);
     kfsdp::optim::adamw<double> adam(model);
     const kfsdp::fit_result result = kfsdp::fit(
@@ -405,7 +415,8 @@ TEST_CASE("fit: evaluation metrics equal the hand-computed ones") {
     CHECK(std::isnan(result.eval.perplexity));
   }
   SUBCASE("cross-entropy: loss, accuracy, perplexity") {
-    kfsdp::trainer<classifier, double, kfsdp::zero3> model(classifier{}, job.shard_group(), job.fsdp());
+    kfsdp::trainer<classifier, double> model(
+        classifier{}, job.shard_group(), job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero3}));
     model.initialize(5);
     kfsdp::optim::adamw<double> adam(model);
     const kfsdp::fit_result result =
@@ -539,7 +550,8 @@ TEST_CASE("kfsdp::evaluate in a loop of one's own: the whole dataset's metrics, 
     CAPTURE(hybrid);
     kfsdp::session job({.hybrid_shard = hybrid});  // 1: every rank its own shard group, replicated over all
     const auto train = samples(60, 4), test = samples(20, 9);
-    kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
+    kfsdp::trainer<mlp, double> model(mlp{}, job.shard_group(),
+                                      job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero3}));
     model.initialize(5);
     kfsdp::optim::adamw<double> adam(model, {.lr = 1e-2});
     for (std::size_t step = 0; step < 3; ++step) {

@@ -23,7 +23,9 @@ namespace {
 
 using mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 4, 8>, kfsdp::gelu<>, kfsdp::linear<"fc2", 8, 8>, kfsdp::gelu<>,
                               kfsdp::linear<"out", 8, 1>, kfsdp::mse<>>;
-using trainer_type = kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing>;
+using trainer_type = kfsdp::trainer<mlp, double>;
+const kfsdp::fsdp_options zero3_layer{.sharding_strategy = kfsdp::sharding_strategy::zero3,
+                                      .bucketing_strategy = kfsdp::bucketing::layer};
 const kfsdp::optim::adamw_options adam_options{.lr = 1e-2, .weight_decay = 0.1};
 const std::vector<kfsdp::optim::param_group> frozen_fc2{{.name_contains = "fc2.", .frozen = true}};
 
@@ -66,7 +68,7 @@ bool frozen_name(std::string_view name) { return name.starts_with("fc2."); }
 
 TEST_CASE("a frozen group is unchanged after 10 steps, holds no optimizer state and reduce-scatters nothing") {
   kfsdp::comm::mpi world;
-  trainer_type frozen(mlp{}, world), plain(mlp{}, world);
+  trainer_type frozen(mlp{}, world, zero3_layer), plain(mlp{}, world, zero3_layer);
   frozen.initialize(7);
   plain.initialize(7);
   kfsdp::optim::adamw<double> frozen_adam(frozen, adam_options, frozen_fc2);
@@ -112,7 +114,7 @@ TEST_CASE("a frozen group is unchanged after 10 steps, holds no optimizer state 
 
 TEST_CASE("the other parameters' gradients are bit for bit an unfrozen run's; the norm leaves the frozen out") {
   kfsdp::comm::mpi world;
-  trainer_type frozen(mlp{}, world), plain(mlp{}, world);
+  trainer_type frozen(mlp{}, world, zero3_layer), plain(mlp{}, world, zero3_layer);
   frozen.initialize(11);
   plain.initialize(11);
   kfsdp::optim::adamw<double> frozen_adam(frozen, adam_options, frozen_fc2);
@@ -144,7 +146,7 @@ TEST_CASE("a frozen optimizer's state round-trips through a checkpoint, with no 
   const std::string path = "test_train_frozen_mpi_np" + std::to_string(world.size()) + ".safetensors";
   std::vector<double> exp_avg, exp_avg_sq, weights;
   {
-    trainer_type t(mlp{}, world);
+    trainer_type t(mlp{}, world, zero3_layer);
     t.initialize(3);
     kfsdp::optim::adamw<double> adam(t, adam_options, frozen_fc2);
     for (std::size_t step = 0; step < 3; ++step) t.step({batch_of(world, step)}, adam, 1.0);
@@ -155,7 +157,7 @@ TEST_CASE("a frozen optimizer's state round-trips through a checkpoint, with no 
     exp_avg_sq = host(adam.exp_avg_sq());
     weights = host(t.engine().shards().flat());
   }
-  trainer_type resumed(mlp{}, world);
+  trainer_type resumed(mlp{}, world, zero3_layer);
   kfsdp::optim::adamw<double> adam(resumed, adam_options, frozen_fc2);
   kfsdp::io::checkpoint_state<double> state;
   adam.add_state(state);
@@ -167,7 +169,7 @@ TEST_CASE("a frozen optimizer's state round-trips through a checkpoint, with no 
   CHECK(host(resumed.engine().shards().flat()) == weights);
 
   // An unfrozen optimizer needs fc2's moments, which the file does not hold: refused, naming the tensor.
-  trainer_type other(mlp{}, world);
+  trainer_type other(mlp{}, world, zero3_layer);
   kfsdp::optim::adamw<double> unfrozen(other, adam_options);
   kfsdp::io::checkpoint_state<double> wanted;
   unfrozen.add_state(wanted);
@@ -185,7 +187,7 @@ TEST_CASE("a frozen optimizer's state round-trips through a checkpoint, with no 
 
 TEST_CASE("set_frozen names the parameter; make_param_groups checks the frozen mask's length") {
   kfsdp::comm::mpi world;
-  trainer_type t(mlp{}, world);
+  trainer_type t(mlp{}, world, zero3_layer);
   std::string message;
   try {
     t.engine().set_frozen(99);
@@ -207,7 +209,9 @@ TEST_CASE("a bucket with some parameters frozen reduce-scatters only the others 
   kfsdp::comm::mpi world;
   for (const kfsdp::wire_precision reduce_dtype : {kfsdp::wire_precision::scalar, kfsdp::wire_precision::bf16}) {
     CAPTURE(int(reduce_dtype));
-    const kfsdp::fsdp_options options{.reduce_dtype = reduce_dtype};
+    const kfsdp::fsdp_options options{.sharding_strategy = kfsdp::sharding_strategy::zero3,
+                                      .bucketing_strategy = kfsdp::bucketing::layer,
+                                      .reduce_dtype = reduce_dtype};
     trainer_type frozen(mlp{}, world, options), plain(mlp{}, world, options);
     frozen.initialize(5);
     plain.initialize(5);
@@ -245,7 +249,7 @@ TEST_CASE("sgd with momentum and weight decay: the frozen group is unchanged, th
   const kfsdp::optim::sgd_options options{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.1};
   std::vector<double> momentum;
   {
-    trainer_type t(mlp{}, world);
+    trainer_type t(mlp{}, world, zero3_layer);
     t.initialize(9);
     kfsdp::optim::sgd<double> sgd(t, options, frozen_fc2);
     const auto before = chunk(t, t.engine().shards(), "fc2.weight");
@@ -256,7 +260,7 @@ TEST_CASE("sgd with momentum and weight decay: the frozen group is unchanged, th
     kfsdp::io::save_checkpoint(path, t.engine(), state);
     momentum = host(sgd.momentum_buffer());
   }
-  trainer_type resumed(mlp{}, world);
+  trainer_type resumed(mlp{}, world, zero3_layer);
   kfsdp::optim::sgd<double> sgd(resumed, options, frozen_fc2);
   kfsdp::io::checkpoint_state<double> state;
   sgd.add_state(state);

@@ -77,9 +77,8 @@ run_result train(comm::any_communicator comm, fsdp_options options, std::size_t 
   gpt_config sizes = config;
   sizes.tie_weights = tie;
   const auto model = make_gpt(sizes);
-  return with_trainer<Scalar>(model, comm, options, topts, [&](auto& trainer) {
-    return run_steps<Scalar>(trainer, micro_batches, batch, accumulation, use_sgd, clip);
-  });
+  trainer<gpt_descriptor, Scalar> t(model, comm, options, topts);
+  return run_steps<Scalar>(t, micro_batches, batch, accumulation, use_sgd, clip);
 }
 
 template <class Scalar>
@@ -167,7 +166,8 @@ TEST_CASE("clipping: the norm the trainer computes is the norm of the gathered f
   comm::mpi world;
   const auto model = make_gpt(config);
   const auto data = sample_text();
-  trainer<std::remove_cvref_t<decltype(model)>, double, zero3, layer_bucketing> t(model, world);
+  trainer<std::remove_cvref_t<decltype(model)>, double> t(
+      model, world, {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::layer});
   const std::size_t ws = std::size_t(world.size());
   t.initialize(99, gpt2_init(config.layers));
   std::vector<int> tokens, targets;
@@ -185,7 +185,8 @@ TEST_CASE("clipping: the norm the trainer computes is the norm of the gathered f
 TEST_CASE("generate: the prompt continued, the same on every rank; printable shows only what a terminal can") {
   comm::mpi world;
   const auto model = make_gpt(config);
-  trainer<std::remove_cvref_t<decltype(model)>, double, zero3, layer_bucketing> t(model, world);
+  trainer<std::remove_cvref_t<decltype(model)>, double> t(
+      model, world, {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::layer});
   t.initialize(3, gpt2_init(config.layers));  // untrained: any byte comes out
   const std::string raw = generate(t, config, "And", 64, {.temperature = 2.0, .seed = 5});
   const std::string shown = generate(t, config, "And", 64, {.temperature = 2.0, .seed = 5, .printable = true});
@@ -229,7 +230,7 @@ TEST_CASE("tied weights: resuming from a checkpoint continues bit for bit") {
   const auto data = sample_text();
   const std::size_t ws = std::size_t(world.size());
   const std::string path = "test_train_gpt_mpi_tied_np" + std::to_string(ws) + ".safetensors";
-  using batch_type = trainer<model_type, double, zero3, block_bucketing>::batch;
+  using batch_type = trainer<model_type, double>::batch;
   auto batch_of = [&](std::size_t step) {
     std::vector<int> tokens, targets;
     data.rank_slice(data.micro_batch(io::window_sampling::random, 3, step, global_batch), std::size_t(world.rank()), ws,
@@ -242,14 +243,18 @@ TEST_CASE("tied weights: resuming from a checkpoint continues bit for bit") {
   };
   state_dict straight;
   {
-    trainer<model_type, double, zero3, block_bucketing> t(model, world);
+    trainer<model_type, double> t(
+        model, world,
+        {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::block});
     t.initialize(5, gpt2_init(sizes.layers));
     optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 3e-3});
     for (std::size_t step = 0; step < 4; ++step) t.step({batch_of(step)}, adam, 1.0);
     straight = t.engine().original_state_dict();
   }
   {
-    trainer<model_type, double, zero3, block_bucketing> t(model, world);
+    trainer<model_type, double> t(
+        model, world,
+        {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::block});
     t.initialize(5, gpt2_init(sizes.layers));
     optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 3e-3});
     for (std::size_t step = 0; step < 2; ++step) t.step({batch_of(step)}, adam, 1.0);
@@ -257,7 +262,8 @@ TEST_CASE("tied weights: resuming from a checkpoint continues bit for bit") {
     state.metadata = {{"step", "2"}, {"tied", "lm_head.weight=transformer.wte.weight"}};
     io::save_checkpoint(path, t.engine(), state);
   }
-  trainer<model_type, double, zero3, block_bucketing> resumed(model, world);
+  trainer<model_type, double> resumed(
+      model, world, {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::block});
   optim::adamw<double> adam(resumed.engine().plan().shard_numel, {.lr = 3e-3});
   auto state = state_of(adam);
   io::load_checkpoint(path, resumed.engine(), state);
@@ -283,7 +289,8 @@ TEST_CASE("the GPT's gradients, untied and tied, match central differences") {
     gpt_config sizes = config;
     sizes.tie_weights = tie;
     const auto model = make_gpt(sizes);
-    trainer<std::remove_cvref_t<decltype(model)>, double, zero3, block_bucketing> t(model, one);
+    trainer<std::remove_cvref_t<decltype(model)>, double> t(
+        model, one, {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::block});
     t.initialize(17, gpt2_init(sizes.layers));
     std::vector<int> tokens, targets;
     data.rank_slice(data.micro_batch(io::window_sampling::random, 1, 0, 2), 0, 1, tokens, targets);
@@ -291,23 +298,30 @@ TEST_CASE("the GPT's gradients, untied and tied, match central differences") {
   }
 }
 
-TEST_CASE("a static_world_size<2> engine: its plan from the compiler, the run-time engine's losses; another size refused") {
+TEST_CASE(
+    "a plan from the compiler (static_shard_plan at 2 ranks): the run-time plan's losses; another size "
+    "refused") {
   comm::mpi world;
   using static_gpt = gpt<2, 16, 8, 256, 2>;  // config's sizes, every extent a compile-time constant
-  using engine_type = trainer<static_gpt, double, zero3, block_bucketing, static_world_size<2>>;
-  static_assert(engine_type::static_world_size == 2 && engine_type::static_plan.world_size == 2);
+  constexpr const auto& static_plan = static_shard_plan<static_gpt, 2, bucketing::block>;
+  static_assert(static_plan.world_size == 2);
   // The bound a user would write: parameters, gradients and AdamW's two states under 1 MiB per rank.
-  static_assert(4 * engine_type::static_plan.shard_numel * sizeof(double) < (std::size_t(1) << 20));
+  static_assert(4 * static_plan.shard_numel * sizeof(double) < (std::size_t(1) << 20));
+  const fsdp_options options{.sharding_strategy = sharding_strategy::zero3,
+                             .bucketing_strategy = bucketing::block};
   if (world.size() != 2) {
-    CHECK_THROWS_WITH_AS((trainer<static_gpt, double, zero3, block_bucketing, static_world_size<2>>(static_gpt{}, world)),
-                         fmt::format("kfsdp::fsdp: the communicator has {} ranks, expected 2 (the plan's world size, "
-                                     "static_world_size<2>)", world.size()).c_str(),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        (trainer<static_gpt, double>(static_gpt{}, world, options, {}, to_dynamic(static_plan))),
+        fmt::format("kfsdp::fsdp: the communicator has {} ranks, expected 2 (the world size of the "
+                    "plan given, static_shard_plan<Model, 2, ...>)",
+                    world.size())
+            .c_str(),
+        std::invalid_argument);
     return;
   }
-  trainer<static_gpt, double, zero3, block_bucketing, static_world_size<2>> fixed(static_gpt{}, world);
-  CHECK(fixed.engine().plan() == to_dynamic(engine_type::static_plan));
-  trainer<static_gpt, double, zero3, block_bucketing> sized_at_run_time(static_gpt{}, world);
+  trainer<static_gpt, double> fixed(static_gpt{}, world, options, {}, to_dynamic(static_plan));
+  CHECK(fixed.engine().plan() == to_dynamic(static_plan));
+  trainer<static_gpt, double> sized_at_run_time(static_gpt{}, world, options);
   const run_result a = run_steps<double>(fixed), b = run_steps<double>(sized_at_run_time);
   CHECK(a.losses == b.losses);
   CHECK(a.norms == b.norms);

@@ -32,23 +32,23 @@ constexpr std::size_t steps = 200, settled = 20;
 std::vector<double> losses(comm::mpi& world, wire_precision param_dtype, wire_precision reduce_dtype) {
   const auto data = io::text_windows::from_file(std::filesystem::path(KFSDP_SOURCE_ROOT) / "data" / "kjv-genesis-exodus.txt",
                                                 config.seq);
-  return with_trainer<float>(make_gpt(config), world,
-                             {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::block,
-                              .param_dtype = param_dtype, .reduce_dtype = reduce_dtype},
-                             {}, [&](auto& trainer) {
-    trainer.initialize(1234, gpt2_init(config.layers));
-    auto& engine = trainer.engine();
-    // train_gpt's defaults (--lr 0.002 --weight-decay 0.01 --clip 1.0).
-    optim::adamw<float> adam(engine.plan().shard_numel, {.lr = 2e-3f, .weight_decay = 0.01f});
-    std::vector<double> out;
-    for (std::size_t s = 0; s < steps; ++s) {
-      std::vector<int> tokens, targets;
-      data.rank_slice(data.micro_batch(io::window_sampling::random, 7, s, global_batch), std::size_t(engine.rank()),
-                      std::size_t(engine.world_size()), tokens, targets);
-      out.push_back(trainer.step({{device_ids(tokens), device_ids(targets)}}, adam, 1.0).loss);
-    }
-    return out;
-  });
+  trainer<gpt_descriptor, float> trainer(make_gpt(config), world,
+                                         {.sharding_strategy = sharding_strategy::zero3,
+                                          .bucketing_strategy = bucketing::block,
+                                          .param_dtype = param_dtype,
+                                          .reduce_dtype = reduce_dtype});
+  trainer.initialize(1234, gpt2_init(config.layers));
+  auto& engine = trainer.engine();
+  // train_gpt's defaults (--lr 0.002 --weight-decay 0.01 --clip 1.0).
+  optim::adamw<float> adam(engine.plan().shard_numel, {.lr = 2e-3f, .weight_decay = 0.01f});
+  std::vector<double> out;
+  for (std::size_t s = 0; s < steps; ++s) {
+    std::vector<int> tokens, targets;
+    data.rank_slice(data.micro_batch(io::window_sampling::random, 7, s, global_batch),
+                    std::size_t(engine.rank()), std::size_t(engine.world_size()), tokens, targets);
+    out.push_back(trainer.step({{device_ids(tokens), device_ids(targets)}}, adam, 1.0).loss);
+  }
+  return out;
 }
 // The f32 run, once for both test cases.
 const std::vector<double>& f32_losses(comm::mpi& world) {

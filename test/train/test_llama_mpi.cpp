@@ -83,7 +83,9 @@ const state_dict& reference() { return test::llama_reference(); }
 template <class Scalar>
 void check_fixture(comm::mpi& world, const std::filesystem::path& dir, const char* suffix, double logits_tolerance,
                    double loss_tolerance) {
-  trainer<llama_descriptor, Scalar, zero3, block_bucketing> t(make_llama(fixture_config), world);
+  trainer<llama_descriptor, Scalar> t(
+      make_llama(fixture_config), world,
+      {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::block});
   t.engine().load_original_state_dict(read_directory(dir));
   test::check_logits_and_loss<Scalar>(t, world, suffix, suffix, logits_tolerance, loss_tolerance);
 }
@@ -102,7 +104,9 @@ TEST_CASE("the fixture in f64 (sharded files): logits and loss equal transformer
 
 TEST_CASE("3 SGD steps (zero3/block, f64) give transformers' parameters") {
   comm::mpi world;
-  trainer<llama_descriptor, double, zero3, block_bucketing> t(make_llama(fixture_config), world);
+  trainer<llama_descriptor, double> t(
+      make_llama(fixture_config), world,
+      {.sharding_strategy = sharding_strategy::zero3, .bucketing_strategy = bucketing::block});
   t.engine().load_original_state_dict(read_directory(fixture / "tiny-f64-sharded"));
   const auto data = io::text_windows::from_file(std::filesystem::path(KFSDP_SOURCE_ROOT) / "data" / "kjv-genesis-exodus.txt",
                                                 fixture_config.seq);
@@ -130,8 +134,8 @@ TEST_CASE("concat of linears (q/k/v-style) trains as one linear over the concate
   comm::mpi world;
   using split = sequential<"", linear<"in", 3, 4>, concat<"", linear<"a", 4, 3, false>, linear<"b", 4, 5, false>>, mse<>>;
   using fused = sequential<"", linear<"in", 3, 4>, linear<"ab", 4, 8, false>, mse<>>;
-  trainer<split, double, zero3> t_split(split{}, world);
-  trainer<fused, double, zero3> t_fused(fused{}, world);
+  trainer<split, double> t_split(split{}, world, {.sharding_strategy = sharding_strategy::zero3});
+  trainer<fused, double> t_fused(fused{}, world, {.sharding_strategy = sharding_strategy::zero3});
   t_split.initialize(7);
   state_dict weights = t_split.engine().original_state_dict();
   // ab.weight [8, 4] = [a.weight [3, 4]; b.weight [5, 4]]
@@ -181,19 +185,19 @@ TEST_CASE("sharded Llama training equals one process (zero2/zero3 x none/block, 
   comm::self one;
   const auto data = sample_text(tiny.seq);
   auto train = [&](comm::any_communicator comm, fsdp_options options) {
-    return with_trainer<double>(make_llama(tiny), comm, options, {}, [&](auto& t) {
-      t.initialize(11, llama_init(0.2));
-      optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.2, .momentum = 0.9});
-      const std::size_t ws = std::size_t(t.engine().world_size());
-      std::vector<double> losses;
-      for (int s = 0; s < 3; ++s) {
-        std::vector<int> tokens, targets;
-        data.rank_slice(data.micro_batch(io::window_sampling::sequential, 0, 0, 6), std::size_t(t.engine().rank()), ws, tokens,
-                        targets);  // one batch again: the loss falls
-        losses.push_back(t.step({{device_ids(tokens), device_ids(targets)}}, sgd).loss);
-      }
-      return std::pair{losses, t.engine().original_state_dict()};
-    });
+    trainer<llama_descriptor, double> t(make_llama(tiny), comm, options);
+    t.initialize(11, llama_init(0.2));
+    optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.2, .momentum = 0.9});
+    const std::size_t ws = std::size_t(t.engine().world_size());
+    std::vector<double> losses;
+    for (int s = 0; s < 3; ++s) {
+      std::vector<int> tokens, targets;
+      data.rank_slice(data.micro_batch(io::window_sampling::sequential, 0, 0, 6),
+                      std::size_t(t.engine().rank()), ws, tokens,
+                      targets);  // one batch again: the loss falls
+      losses.push_back(t.step({{device_ids(tokens), device_ids(targets)}}, sgd).loss);
+    }
+    return std::pair{losses, t.engine().original_state_dict()};
   };
   const auto [reference_losses, reference_weights] = train(one, {});
   CHECK(reference_losses.back() < reference_losses.front());

@@ -38,14 +38,16 @@ io::text_windows text() { return test::llama_fixture_text(); }
 using test::max_abs_difference;
 
 template <class Scalar>
-using llama_trainer = trainer<llama_descriptor, Scalar, zero3, block_bucketing>;
+using llama_trainer = trainer<llama_descriptor, Scalar>;
+const fsdp_options zero3_block{.sharding_strategy = sharding_strategy::zero3,
+                               .bucketing_strategy = bucketing::block};
 
 // transformers' logits on window 0 and mean loss over windows 0..3, from the directory as read.
 template <class Scalar>
 void check_against_transformers(comm::mpi& world, const fs::path& directory, const char* suffix, double logits_tolerance,
                                 double loss_tolerance) {
   const llama_config config = io::read_llama_config(directory);
-  llama_trainer<Scalar> t(make_llama(config), world);
+  llama_trainer<Scalar> t(make_llama(config), world, zero3_block);
   io::load_pretrained(directory, t.engine());
   test::check_logits_and_loss<Scalar>(t, world, suffix, directory.filename().string(), logits_tolerance, loss_tolerance);
 }
@@ -62,7 +64,7 @@ TEST_CASE("3 SGD steps from the loaded fixture, saved with save_pretrained and l
   comm::mpi world;
   test::scratch_directory scratch(world, "llama-pretrained");
   const llama_config config = io::read_llama_config(fixture / "tiny-f64-sharded");
-  llama_trainer<double> t(make_llama(config), world);
+  llama_trainer<double> t(make_llama(config), world, zero3_block);
   io::load_pretrained(fixture / "tiny-f64-sharded", t.engine());
   const auto data = text();
   optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.1});
@@ -82,7 +84,8 @@ TEST_CASE("3 SGD steps from the loaded fixture, saved with save_pretrained and l
   const llama_config again = io::read_llama_config(scratch.path / "trained");
   CHECK(again.rope_theta == config.rope_theta);
   CHECK(again.kv_heads == config.kv_heads);
-  trainer<llama_descriptor, double, zero3> loaded(make_llama(again), world);  // another bucketing
+  trainer<llama_descriptor, double> loaded(
+      make_llama(again), world, {.sharding_strategy = sharding_strategy::zero3});  // another bucketing
   io::load_pretrained(scratch.path / "trained", loaded.engine());
   double worst = 0;
   for (const tensor& p : loaded.engine().original_state_dict())
@@ -96,7 +99,7 @@ TEST_CASE("a tied Llama saves without lm_head.weight and loads an untied directo
   test::scratch_directory scratch(world, "llama-pretrained");
   llama_config config = io::read_llama_config(fixture / "tiny-f32");
   config.tie_weights = true;
-  llama_trainer<float> tied(make_llama(config), world);
+  llama_trainer<float> tied(make_llama(config), world, zero3_block);
   CHECK_THROWS_AS(io::load_pretrained(fixture / "tiny-f32", tied.engine()), io::format_error);
   io::load_pretrained(fixture / "tiny-f32", tied.engine(), {"lm_head.weight"});
   io::save_pretrained(scratch.path / "tied", tied.engine(), io::llama_config_json(config));

@@ -14,8 +14,11 @@
 
 #include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/comm/self/self.hpp>
-#include <kfsdp/fsdp/fsdp.hpp>
+#include <kfsdp/fsdp/engine.hpp>
+#include <kfsdp/fsdp/scheduler.hpp>
+#include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/io/data/array_dataset.hpp>
+#include <kfsdp/model/model_graph.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/gradient_check.hpp>
 #include <kfsdp/train/trainer.hpp>
@@ -95,14 +98,21 @@ struct run {
 
 constexpr std::size_t global_batch = 24;  // splits over 1, 2, 3 and 4 ranks
 
-template <class... Policies>
-run train(kfsdp::comm::any_communicator comm, bool checkpointing, std::size_t micro_batches = 1,
+constexpr auto zero2 = kfsdp::sharding_strategy::zero2, zero3 = kfsdp::sharding_strategy::zero3;
+constexpr auto no_buckets = kfsdp::bucketing::none, layer = kfsdp::bucketing::layer,
+               block = kfsdp::bucketing::block;
+
+run train(kfsdp::comm::any_communicator comm, kfsdp::sharding_strategy sharding, kfsdp::bucketing bucketing,
+          bool checkpointing, std::size_t micro_batches = 1,
           kfsdp::grad_accumulation accumulation = kfsdp::grad_accumulation::unsharded,
           std::vector<std::pair<std::string, bool>> reshard_after_forward = {}) {
   const auto data = samples();
-  kfsdp::trainer<surrogate, double, Policies...> t(surrogate{}, comm,
-                                                   {.limit_all_gathers = 2, .reshard_after_forward = reshard_after_forward},
-                                                   {.checkpointing = checkpointing});
+  kfsdp::trainer<surrogate, double> t(surrogate{}, comm,
+                                      {.sharding_strategy = sharding,
+                                       .bucketing_strategy = bucketing,
+                                       .limit_all_gathers = 2,
+                                       .reshard_after_forward = reshard_after_forward},
+                                      {.checkpointing = checkpointing});
   t.initialize(42);
   kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
   run out;
@@ -133,44 +143,43 @@ void check_same(const run& got, const run& want) {
 TEST_CASE("the MLP trains world-size invariantly: every sharding x bucketing x checkpointing") {
   kfsdp::comm::mpi world;
   kfsdp::comm::self one;
-  const run reference = train<>(one, false);
+  const run reference = train(one, zero2, no_buckets, false);
   CHECK(reference.losses.back() < reference.losses.front());  // it learns
-  for (bool checkpointing : {false, true}) {
-    CAPTURE(checkpointing);
-    check_same(train<kfsdp::zero2, kfsdp::no_bucketing>(world, checkpointing), reference);
-    check_same(train<kfsdp::zero2, kfsdp::layer_bucketing>(world, checkpointing), reference);
-    check_same(train<kfsdp::zero2, kfsdp::block_bucketing>(world, checkpointing), reference);
-    check_same(train<kfsdp::zero3, kfsdp::no_bucketing>(world, checkpointing), reference);
-    check_same(train<kfsdp::zero3, kfsdp::layer_bucketing>(world, checkpointing), reference);
-    check_same(train<kfsdp::zero3, kfsdp::block_bucketing>(world, checkpointing), reference);
-  }
+  for (bool checkpointing : {false, true})
+    for (kfsdp::sharding_strategy sharding : {zero2, zero3})
+      for (kfsdp::bucketing bucketing : {no_buckets, layer, block}) {
+        CAPTURE(checkpointing);
+        CAPTURE(kfsdp::to_string(sharding));
+        CAPTURE(kfsdp::to_string(bucketing));
+        check_same(train(world, sharding, bucketing, checkpointing), reference);
+      }
 }
 
 TEST_CASE("reshard_after_forward per unit: the root freed, a block kept, a block of zero2 freed; the same losses bit for bit") {
   kfsdp::comm::mpi world;
-  using kfsdp::zero2, kfsdp::zero3, kfsdp::block_bucketing;
   constexpr auto unsharded = kfsdp::grad_accumulation::unsharded;
-  const run z3 = train<zero3, block_bucketing>(world, false);
-  const run root_freed = train<zero3, block_bucketing>(world, false, 1, unsharded, {{"root", true}});
-  const run block_kept = train<zero3, block_bucketing>(world, false, 1, unsharded, {{"hidden.1.fc", false}});
-  const run z2 = train<zero2, block_bucketing>(world, false);
-  const run z2_freed = train<zero2, block_bucketing>(world, false, 1, unsharded, {{"hidden.0.fc", true}});
+  const run z3 = train(world, zero3, block, false);
+  const run root_freed = train(world, zero3, block, false, 1, unsharded, {{"root", true}});
+  const run block_kept = train(world, zero3, block, false, 1, unsharded, {{"hidden.1.fc", false}});
+  const run z2 = train(world, zero2, block, false);
+  const run z2_freed = train(world, zero2, block, false, 1, unsharded, {{"hidden.0.fc", true}});
   CHECK(root_freed.losses == z3.losses);
   CHECK(block_kept.losses == z3.losses);
   CHECK(z2_freed.losses == z2.losses);
   CHECK(root_freed.bytes_communicated > z3.bytes_communicated);  // the root gathered again for backward
   CHECK(block_kept.bytes_communicated < z3.bytes_communicated);
   CHECK(z2_freed.bytes_communicated > z2.bytes_communicated);
-  CHECK_THROWS_WITH_AS(train<zero3>(world, false, 1, unsharded, {{"hidden.9.fc", true}}),
-                       "kfsdp::fsdp: options.reshard_after_forward names unit 'hidden.9.fc', which the model does not have; "
-                       "its units are 'root', 'hidden.0.fc', 'hidden.1.fc', 'hidden.2.fc'",
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      train(world, zero3, no_buckets, false, 1, unsharded, {{"hidden.9.fc", true}}),
+      "kfsdp::fsdp: options.reshard_after_forward names unit 'hidden.9.fc', which the model does not have; "
+      "its units are 'root', 'hidden.0.fc', 'hidden.1.fc', 'hidden.2.fc'",
+      std::invalid_argument);
 }
 
 TEST_CASE("checkpointing keeps less activation memory, measured") {
   kfsdp::comm::mpi world;
-  const run plain = train<kfsdp::zero3, kfsdp::block_bucketing>(world, false);
-  const run checkpointed = train<kfsdp::zero3, kfsdp::block_bucketing>(world, true);
+  const run plain = train(world, zero3, block, false);
+  const run checkpointed = train(world, zero3, block, true);
   MESSAGE("peak activation bytes: ", plain.peak_activations, " without, ", checkpointed.peak_activations, " with checkpointing");
   CHECK(plain.peak_activations > 0);
   CHECK(checkpointed.peak_activations < plain.peak_activations);
@@ -179,11 +188,11 @@ TEST_CASE("checkpointing keeps less activation memory, measured") {
 TEST_CASE("gradient accumulation over 2 micro-batches equals one batch, both modes") {
   kfsdp::comm::mpi world;
   kfsdp::comm::self one;
-  const run reference = train<>(one, false);
+  const run reference = train(one, zero2, no_buckets, false);
   for (auto mode : {kfsdp::grad_accumulation::unsharded, kfsdp::grad_accumulation::sharded}) {
     CAPTURE(int(mode));
-    check_same(train<kfsdp::zero3, kfsdp::layer_bucketing>(world, false, 2, mode), reference);
-    check_same(train<kfsdp::zero2, kfsdp::block_bucketing>(world, true, 2, mode), reference);
+    check_same(train(world, zero3, layer, false, 2, mode), reference);
+    check_same(train(world, zero2, block, true, 2, mode), reference);
   }
 }
 
@@ -193,14 +202,14 @@ concept exposes_bucket_collectives =
     requires(E& e) { e.begin_unshard(0); } || requires(E& e) { e.finish_unshard(0); } || requires(E& e) { e.unshard(0); } ||
     requires(E& e) { e.reshard(0); } || requires(E& e) { e.begin_reduce_gradients(0); } ||
     requires(E& e) { e.finish_reduce_gradients(0); } || requires(E& e) { e.reduce_gradients(0); };
-using surrogate_trainer = kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::block_bucketing>;
+using surrogate_trainer = kfsdp::trainer<surrogate, double>;
 static_assert(!exposes_bucket_collectives<std::remove_reference_t<decltype(std::declval<surrogate_trainer&>().engine())>>);
 static_assert(exposes_bucket_collectives<kfsdp::detail::bucket_collectives<double>>);  // the check sees them where they are
 
 TEST_CASE("a trainer builds its model's graph once and assigns its units once") {
   kfsdp::comm::mpi world;
   const std::size_t graphs = kfsdp::detail::model_graphs_built, assignments = kfsdp::detail::unit_assignments_made;
-  surrogate_trainer t(surrogate{}, world);
+  surrogate_trainer t(surrogate{}, world, {.sharding_strategy = zero3, .bucketing_strategy = block});
   CHECK(kfsdp::detail::model_graphs_built - graphs == 1);
   CHECK(kfsdp::detail::unit_assignments_made - assignments == 1);
   CHECK(t.units().size() == 4);  // the schedule's units and the network's are the one assignment's
@@ -208,36 +217,48 @@ TEST_CASE("a trainer builds its model's graph once and assigns its units once") 
 
 TEST_CASE("the units come from the tree; a hook out of order names the unit and its state") {
   kfsdp::comm::mpi world;
-  kfsdp::fsdp<surrogate, double, kfsdp::zero3, kfsdp::block_bucketing> engine(surrogate{}, world);
-  REQUIRE(engine.units().size() == 4);
-  CHECK(engine.units()[0].name == "root");
-  CHECK(engine.units()[0].params.size() == 5);  // input.{weight,bias}, scale.factor, output.{weight,bias}
-  CHECK(engine.units()[1].name == "hidden.0.fc");  // the dotted prefix its parameters share
-  CHECK(engine.units()[3].name == "hidden.2.fc");
+  // The schedule as the trainer builds it: the engine from the model's table, the units from its graph.
+  const kfsdp::model_graph graph = kfsdp::make_model_graph(surrogate{});
+  kfsdp::fsdp_engine<double> engine(graph.params, world,
+                                    {.sharding_strategy = zero3, .bucketing_strategy = block});
+  kfsdp::unit_scheduler<double> schedule(engine,
+                                         kfsdp::make_units(graph, engine.plan(), engine.options().wrap));
+  REQUIRE(schedule.units().size() == 4);
+  CHECK(schedule.units()[0].name == "root");
+  CHECK(schedule.units()[0].params.size() == 5);  // input.{weight,bias}, scale.factor, output.{weight,bias}
+  CHECK(schedule.units()[1].name == "hidden.0.fc");  // the dotted prefix its parameters share
+  CHECK(schedule.units()[3].name == "hidden.2.fc");
   try {
-    kfsdp::detail::scheduler_access::of(engine).after_backward(2);
+    schedule.after_backward(2);
     FAIL("after_backward before before_backward must throw");
   } catch (const std::logic_error& e) {
     CHECK(std::string(e.what()) ==
           "kfsdp::fsdp: after_backward(unit 2 'hidden.1.fc') while the unit is 'sharded', expected 'backward'");
   }
-  kfsdp::detail::scheduler_access::of(engine).before_forward(1, 2);
-  CHECK_THROWS_WITH_AS(kfsdp::detail::scheduler_access::of(engine).before_backward(1), doctest::Contains("while the unit is 'forward', expected 'forward done'"),
+  schedule.before_forward(1, 2);
+  CHECK_THROWS_WITH_AS(schedule.before_backward(1),
+                       doctest::Contains("while the unit is 'forward', expected 'forward done'"),
                        std::logic_error);
   // Every layer its own unit: a block's bucket spanning two of them is refused, naming it.
   using two_layer_block = kfsdp::sequential<"", kfsdp::block<"b", kfsdp::linear<"l1", 2, 2>, kfsdp::linear<"l2", 2, 2>>, kfsdp::mse<>>;
-  CHECK_THROWS_WITH_AS((kfsdp::fsdp<two_layer_block, double, kfsdp::block_bucketing>(two_layer_block{}, world,
-                                                                             {.wrap = {.policy = kfsdp::wrap_policy::layers}})),
-                       doctest::Contains("choose a bucketing whose buckets lie in one unit"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      (kfsdp::trainer<two_layer_block, double>(
+          two_layer_block{}, world,
+          {.bucketing_strategy = kfsdp::bucketing::block, .wrap = {.policy = kfsdp::wrap_policy::layers}})),
+      doctest::Contains("choose a bucketing whose buckets lie in one unit"), std::invalid_argument);
 }
 
 TEST_CASE("a model without blocks: a unit per layer by default, so ZeRO3 frees its parameters; it trains the same") {
   using plain_mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 6, width>, kfsdp::gelu<>, kfsdp::linear<"fc2", width, width>,
                                       kfsdp::gelu<>, kfsdp::linear<"fc3", width, 1>, kfsdp::mse<>>;
   kfsdp::comm::mpi world;
-  kfsdp::trainer<plain_mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> by_default(plain_mlp{}, world);
-  kfsdp::trainer<plain_mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> in_root(
-      plain_mlp{}, world, {.wrap = {.policy = kfsdp::wrap_policy::blocks}});
+  kfsdp::trainer<plain_mlp, double> by_default(
+      plain_mlp{}, world,
+      {.sharding_strategy = kfsdp::sharding_strategy::zero3, .bucketing_strategy = kfsdp::bucketing::layer});
+  kfsdp::trainer<plain_mlp, double> in_root(plain_mlp{}, world,
+                                            {.sharding_strategy = kfsdp::sharding_strategy::zero3,
+                                             .bucketing_strategy = kfsdp::bucketing::layer,
+                                             .wrap = {.policy = kfsdp::wrap_policy::blocks}});
   REQUIRE(by_default.units().size() == 4);
   CHECK(by_default.units()[0].params.empty());
   CHECK(by_default.units()[1].name == "fc1");
@@ -270,7 +291,9 @@ TEST_CASE("a step whose loss is not finite throws non_finite_loss on every rank,
   auto [x, y] = data.rank_slice<double>(data.micro_batch(/*seed=*/1, 0, global_batch), rank, ws);
   kfsdp::nn::matrix<double> diverged("diverged", y.extent(0), 1);
   Kokkos::deep_copy(diverged, world.rank() == 0 ? std::numeric_limits<double>::infinity() : 0.5);  // one rank's rows
-  kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::layer_bucketing> t(surrogate{}, world);
+  kfsdp::trainer<surrogate, double> t(
+      surrogate{}, world,
+      {.sharding_strategy = kfsdp::sharding_strategy::zero3, .bucketing_strategy = kfsdp::bucketing::layer});
   t.initialize(42);
   kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
   (void)t.step({{x, y}}, adam, 1.0);
@@ -298,7 +321,9 @@ TEST_CASE("a non-finite step names where it went non-finite: the first layer who
   const auto data = samples();
   const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
   auto [x, y] = data.rank_slice<double>(data.micro_batch(/*seed=*/1, 0, global_batch), rank, ws);
-  kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::layer_bucketing> t(surrogate{}, world);
+  kfsdp::trainer<surrogate, double> t(
+      surrogate{}, world,
+      {.sharding_strategy = kfsdp::sharding_strategy::zero3, .bucketing_strategy = kfsdp::bucketing::layer});
   t.initialize(42);
   kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
   kfsdp::state_dict full = t.engine().original_state_dict();
@@ -328,8 +353,10 @@ TEST_CASE("a non-finite output names the unit the plan runs its layer in: a laye
   const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
   auto [x, y] = data.rank_slice<double>(data.micro_batch(/*seed=*/1, 0, global_batch), rank, ws);
   // Blocks: the hidden layers are units 1-3, input, scale and output the root's (unit 0, 'root').
-  kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::block_bucketing> t(
-      surrogate{}, world, {.wrap = {.policy = kfsdp::wrap_policy::blocks}});
+  kfsdp::trainer<surrogate, double> t(surrogate{}, world,
+                                      {.sharding_strategy = kfsdp::sharding_strategy::zero3,
+                                       .bucketing_strategy = kfsdp::bucketing::block,
+                                       .wrap = {.policy = kfsdp::wrap_policy::blocks}});
   REQUIRE(t.units().size() == 4);
   REQUIRE(t.units()[0].name == "root");
   t.initialize(42);
@@ -367,8 +394,11 @@ TEST_CASE("int8 collectives carry NaN through: a non-finite step is refused as w
     const std::string wires = std::string(kfsdp::name_of(kfsdp::wire_precision_names, param_dtype)) + " all-gather, " +
                               std::string(kfsdp::name_of(kfsdp::wire_precision_names, reduce_dtype)) + " reduction";
     CAPTURE(wires);
-    kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::layer_bucketing> t(
-        surrogate{}, world, {.param_dtype = param_dtype, .reduce_dtype = reduce_dtype});
+    kfsdp::trainer<surrogate, double> t(surrogate{}, world,
+                                        {.sharding_strategy = kfsdp::sharding_strategy::zero3,
+                                         .bucketing_strategy = kfsdp::bucketing::layer,
+                                         .param_dtype = param_dtype,
+                                         .reduce_dtype = reduce_dtype});
     t.initialize(42);
     kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
     const kfsdp::state_dict initial = t.engine().original_state_dict();
@@ -403,7 +433,10 @@ TEST_CASE("the MLP's gradients, the user's layer's included, match central diffe
   kfsdp::comm::self one;
   const auto data = samples();
   for (bool checkpointing : {false, true}) {
-    kfsdp::trainer<surrogate, double, kfsdp::zero3, kfsdp::layer_bucketing> t(surrogate{}, one, {}, {.checkpointing = checkpointing});
+    kfsdp::trainer<surrogate, double> t(
+        surrogate{}, one,
+        {.sharding_strategy = kfsdp::sharding_strategy::zero3, .bucketing_strategy = kfsdp::bucketing::layer},
+        {.checkpointing = checkpointing});
     t.initialize(3);
     auto [x, y] = data.rows<double>(0, 16);
     kfsdp::testing::check_gradients(t, decltype(t)::batch{x, y});

@@ -90,9 +90,9 @@ class fsdp_engine {
   using flat_view = Kokkos::View<Scalar*>;
   using initializer = std::function<param_init(const param_info&)>;
 
-  // The plan is make_shard_plan's for the communicator's size, or `plan` where one is given (a
-  // static_world_size engine's, computed at compile time): a communicator of another size, or a
-  // plan of another table or bucketing, throws std::invalid_argument naming both.
+  // The plan is make_shard_plan's for the communicator's size, or `plan` where one is given (say
+  // to_dynamic(static_shard_plan<Model, N, B>), computed at compile time): a communicator of
+  // another size, or a plan of another table or bucketing, throws std::invalid_argument naming both.
   fsdp_engine(std::vector<param_info> table, comm::any_communicator comm, const fsdp_options& options,
               std::optional<shard_plan> plan = std::nullopt);
   fsdp_engine(const fsdp_engine&) = delete;

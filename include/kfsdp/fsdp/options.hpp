@@ -1,6 +1,7 @@
 #pragma once
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
-// Thunder's fsdp() options (the policy tags and enums they take are in fsdp/policies.hpp).
+// Thunder's fsdp() options, the one place the schedule is chosen (the enums they take are in
+// fsdp/policies.hpp): the engine and kfsdp::trainer branch on them at run time.
 //
 //   kfsdp::fsdp_options opt{.sharding_strategy = kfsdp::sharding_strategy::zero3,
 //                           .bucketing_strategy = kfsdp::bucketing::block,
@@ -21,10 +22,9 @@
 namespace kfsdp {
 
 KFSDP_EXPORT struct fsdp_options {
-  // Unset: the policies' choice under fsdp<Model, Scalar, Policies...> (which refuses a value that
-  // differs from its policies), zero2 and no bucketing elsewhere; sharding() and bucketing() resolve.
-  std::optional<kfsdp::sharding_strategy> sharding_strategy{};
-  std::optional<kfsdp::bucketing> bucketing_strategy{};
+  // The schedule: one engine and one trainer type run every pair (no compile-time policy).
+  kfsdp::sharding_strategy sharding_strategy = kfsdp::sharding_strategy::zero2;
+  kfsdp::bucketing bucketing_strategy = kfsdp::bucketing::none;
   // Rank whose parameters become everyone's before sharding (nullopt: none); under HSDP, that
   // rank of the first shard group (the replica group's rank 0).
   std::optional<int> broadcast_from{};
@@ -66,42 +66,8 @@ KFSDP_EXPORT struct fsdp_options {
   //   .reshard_after_forward = {{"root", true}, {"transformer.h.11", false}}
   std::vector<std::pair<std::string, bool>> reshard_after_forward{};
 
-  [[nodiscard]] kfsdp::sharding_strategy sharding() const noexcept {
-    return sharding_strategy.value_or(kfsdp::sharding_strategy::zero2);
-  }
-  [[nodiscard]] kfsdp::bucketing bucketing() const noexcept { return bucketing_strategy.value_or(kfsdp::bucketing::none); }
+  [[nodiscard]] kfsdp::sharding_strategy sharding() const noexcept { return sharding_strategy; }
+  [[nodiscard]] kfsdp::bucketing bucketing() const noexcept { return bucketing_strategy; }
 };
-
-namespace detail {
-// What the policy tags of fsdp<> and trainer<> fix (P: fsdp_policies<Policies...>): the options'
-// sharding and bucketing, where set, must be the policies' (std::invalid_argument naming both).
-template <class P>
-fsdp_options with_policies(fsdp_options o, const char* who) {
-  if (o.sharding_strategy && *o.sharding_strategy != P::sharding)
-    throw std::invalid_argument(std::string(who) + ": options.sharding_strategy is " + std::string(to_string(*o.sharding_strategy)) +
-                                ", but the policies select " + std::string(to_string(P::sharding)) +
-                                " (leave it unset, or make them agree)");
-  if (o.bucketing_strategy && *o.bucketing_strategy != P::bucketing_strategy)
-    throw std::invalid_argument(std::string(who) + ": options.bucketing_strategy is " + std::string(to_string(*o.bucketing_strategy)) +
-                                ", but the policies select " + std::string(to_string(P::bucketing_strategy)) +
-                                " (leave it unset, or make them agree)");
-  o.sharding_strategy = P::sharding;
-  o.bucketing_strategy = P::bucketing_strategy;
-  return o;
-}
-// With static_world_size<N>: the plan computed at compile time (the model must be fully static);
-// std::nullopt where the communicator sets the world size.
-template <class P, class Model>
-constexpr auto static_plan_of() {
-  if constexpr (P::world_size == 0) return std::nullopt;
-  else return static_shard_plan<Model, P::world_size, P::bucketing_strategy>;
-}
-// The engine's plan: the compile-time one (checked against the communicator), or nullopt.
-template <class P, class Model>
-std::optional<shard_plan> planned() {
-  if constexpr (P::world_size == 0) return std::nullopt;
-  else return to_dynamic(static_plan_of<P, Model>());
-}
-}  // namespace detail
 
 }  // namespace kfsdp

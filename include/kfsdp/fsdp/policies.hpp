@@ -1,20 +1,19 @@
 #pragma once
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
-// The choices of Thunder's fsdp(): sharding, gradient division and wire precision as enums (the
-// run-time options, fsdp/options.hpp), and the policy tags that select them at compile time:
+// The choices of Thunder's fsdp(): sharding, gradient division and wire precision as enums, which
+// the run-time options select (fsdp/options.hpp; bucketing is plan/shard_plan.hpp's):
 //
-//   kfsdp::fsdp<Model, double, kfsdp::zero3, kfsdp::block_bucketing, kfsdp::static_world_size<8>>
+//   kfsdp::fsdp_options{.sharding_strategy = kfsdp::sharding_strategy::zero3,
+//                       .bucketing_strategy = kfsdp::bucketing::block}
 //
-// Free of Kokkos and of every backend, so plans and policies check in any translation unit.
+// Free of Kokkos and of every backend, so plans and options check in any translation unit.
 
 #include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <type_traits>
 
 #include <kfsdp/meta/enum_names.hpp>
-#include <kfsdp/meta/type_list.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
 namespace kfsdp {
@@ -86,63 +85,5 @@ KFSDP_EXPORT constexpr std::string_view to_string(wire_precision p) noexcept { r
 KFSDP_EXPORT inline wire_precision parse_wire_precision(std::string_view text) {
   return parse_named(text, wire_precision_names, "precision");
 }
-
-// Policy tags: fsdp<Model, Scalar, zero3, block_bucketing, static_world_size<8>> (any order, each
-// with a default).
-template <sharding_strategy S>
-struct sharding_policy {
-  static constexpr sharding_strategy value = S;
-};
-template <bucketing B>
-struct bucketing_policy {
-  static constexpr bucketing value = B;
-};
-// The world size fixed at compile time: the engine takes its plan from static_shard_plan (the model
-// must be fully static) and refuses a communicator of another size. 0: the communicator's (default).
-template <std::size_t N>
-struct static_world_size {
-  static constexpr std::size_t value = N;
-};
-KFSDP_EXPORT using zero2 = sharding_policy<sharding_strategy::zero2>;
-KFSDP_EXPORT using zero3 = sharding_policy<sharding_strategy::zero3>;
-KFSDP_EXPORT using no_bucketing = bucketing_policy<bucketing::none>;
-KFSDP_EXPORT using layer_bucketing = bucketing_policy<bucketing::layer>;
-KFSDP_EXPORT using block_bucketing = bucketing_policy<bucketing::block>;
-
-namespace detail {
-template <class T>
-struct is_sharding_policy : std::false_type {};
-template <sharding_strategy S>
-struct is_sharding_policy<sharding_policy<S>> : std::true_type {};
-template <class T>
-struct is_bucketing_policy : std::false_type {};
-template <bucketing B>
-struct is_bucketing_policy<bucketing_policy<B>> : std::true_type {};
-template <class T>
-struct is_world_size_policy : std::false_type {};
-template <std::size_t N>
-struct is_world_size_policy<static_world_size<N>> : std::true_type {};
-template <class T>
-struct is_policy
-    : std::bool_constant<is_sharding_policy<T>::value || is_bucketing_policy<T>::value || is_world_size_policy<T>::value> {};
-
-// The policies of fsdp<Model, Scalar, Policies...>, checked and defaulted.
-template <class... Policies>
-struct fsdp_policies {
-  using list = meta::type_list<Policies...>;
-  static_assert(meta::mp_count_if<list, is_policy>::value == sizeof...(Policies),
-                "kfsdp::fsdp: an unknown policy was given; policies are kfsdp::zero2, kfsdp::zero3, "
-                "kfsdp::no_bucketing, kfsdp::layer_bucketing, kfsdp::block_bucketing, kfsdp::static_world_size<N>");
-  static_assert(meta::mp_count_if<list, is_sharding_policy>::value <= 1,
-                "kfsdp::fsdp: more than one sharding policy (kfsdp::zero2 / kfsdp::zero3) was given");
-  static_assert(meta::mp_count_if<list, is_bucketing_policy>::value <= 1,
-                "kfsdp::fsdp: more than one bucketing policy (kfsdp::*_bucketing) was given");
-  static constexpr sharding_strategy sharding = meta::mp_find_if<list, is_sharding_policy, zero2>::value;
-  static_assert(meta::mp_count_if<list, is_world_size_policy>::value <= 1,
-                "kfsdp::fsdp: more than one kfsdp::static_world_size<N> was given");
-  static constexpr bucketing bucketing_strategy = meta::mp_find_if<list, is_bucketing_policy, no_bucketing>::value;
-  static constexpr std::size_t world_size = meta::mp_find_if<list, is_world_size_policy, static_world_size<0>>::value;
-};
-}  // namespace detail
 
 }  // namespace kfsdp

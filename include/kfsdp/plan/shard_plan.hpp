@@ -246,8 +246,9 @@ inline constexpr auto static_shard_plan = [] {
   return detail::make_static_shard_plan<Model, WorldSize, Strategy>();
 }();
 
-// The same plan held in std::vectors, e.g. to compare with one computed at run time.
-template <class Params, class Buckets>
+// The same plan held in std::vectors: to compare with one computed at run time, or to give
+// fsdp_engine or kfsdp::trainer as their plan (checked there against the communicator).
+KFSDP_EXPORT template <class Params, class Buckets>
 constexpr shard_plan to_dynamic(const basic_shard_plan<Params, Buckets>& plan) {
   return detail::convert_plan<shard_plan>(plan);
 }

@@ -9,7 +9,8 @@
 // boundary and returns, every rank alike.
 //
 //   kfsdp::session job(argc, argv);
-//   kfsdp::trainer<mlp, double, kfsdp::zero3> model(mlp{}, job.shard_group(), job.fsdp());
+//   kfsdp::trainer<mlp, double> model(mlp{}, job.shard_group(),
+//                                     job.fsdp({.sharding_strategy = kfsdp::sharding_strategy::zero3}));
 //   model.initialize(1);
 //   kfsdp::optim::adamw<double> adam(model, {.weight_decay = 0.0});
 //   const kfsdp::fit_result result = kfsdp::fit(model, adam, kfsdp::optim::cosine(3e-3, 4000), data,

@@ -5,7 +5,8 @@
 // kfsdp::gpt (model/gpt.hpp).
 //
 //   auto model = kfsdp::make_gpt({.layers = 4, .dim = 128, .heads = 4, .seq = 64});
-//   kfsdp::trainer<decltype(model), float, kfsdp::zero3> t(model, world);
+//   kfsdp::trainer<decltype(model), float> t(model, world,
+//                                            {.sharding_strategy = kfsdp::sharding_strategy::zero3});
 //   t.initialize(1337, kfsdp::gpt2_init(4));
 //   t.step({{kfsdp::device_ids(tokens), kfsdp::device_ids(targets)}}, adam);
 //   std::string text = kfsdp::generate(t, config, "And God said", 200, {.temperature = 0.8});
@@ -117,7 +118,7 @@ struct sampling {
 
 // Continues `prompt` by new_bytes bytes (the same on every rank: same seed). Collective.
 KFSDP_EXPORT template <class Model, class Scalar>
-std::string generate(trainer_core<Model, Scalar>& t, const gpt_config& config, std::string_view prompt, std::size_t new_bytes,
+std::string generate(trainer<Model, Scalar>& t, const gpt_config& config, std::string_view prompt, std::size_t new_bytes,
                      sampling how) {
   if (prompt.empty()) throw std::invalid_argument("kfsdp::generate: the prompt is empty");
   std::vector<int> ids;

@@ -4,7 +4,8 @@
 // Llama's compute compiled once (kernels/compute/llama.cpp).
 //
 //   auto model = kfsdp::make_llama({.layers = 2, .dim = 64, .hidden = 176, .heads = 4, .kv_heads = 2});
-//   kfsdp::trainer<decltype(model), float, kfsdp::zero3> t(model, world);
+//   kfsdp::trainer<decltype(model), float> t(model, world,
+//                                            {.sharding_strategy = kfsdp::sharding_strategy::zero3});
 //   t.initialize(1337, kfsdp::llama_init());
 
 #include <kfsdp/model/llama.hpp>

@@ -1,15 +1,17 @@
 #pragma once
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
-// kfsdp::trainer<Model, Scalar, Policies...> — trains any model descriptor with FSDP: it owns the
+// kfsdp::trainer<Model, Scalar> — trains any model descriptor with FSDP: it owns the
 // engine (fsdp_engine<Scalar>), its schedule (unit_scheduler) and the model's compute (network),
 // each built from one graph of the model; it runs forward unit by unit through the schedule
 // (the root first, each unit gathered with the next one prefetched, ZeRO2 or ZeRO3),
 // backward in reverse (reduce-scatters behind the next unit's backward), and owns the order of a
-// step: zero_grad, every micro-batch, finishing the reductions, clipping, the optimizer.
+// step: zero_grad, every micro-batch, finishing the reductions, clipping, the optimizer. The
+// options select the schedule at run time (one trainer type per model and scalar type).
 //
 //   using mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 4, 64>, kfsdp::gelu<>,
 //                                 kfsdp::linear<"fc2", 64, 1>, kfsdp::mse<>>;
-//   kfsdp::trainer<mlp, double, kfsdp::zero3, kfsdp::layer_bucketing> t(mlp{}, world);
+//   kfsdp::trainer<mlp, double> t(mlp{}, world, {.sharding_strategy = kfsdp::sharding_strategy::zero3,
+//                                                 .bucketing_strategy = kfsdp::bucketing::layer});
 //   t.initialize(/*seed=*/0);                               // nn.Linear's defaults
 //   kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-3});
 //   auto [loss, grad_norm] = t.step({{x, y}}, adam);        // x [rows, 4], y [rows, 1] of this rank
@@ -26,7 +28,6 @@
 #include <kfsdp/fsdp/trace.hpp>
 #include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/meta/enum_names.hpp>
-#include <kfsdp/meta/type_list.hpp>
 #include <kfsdp/model/model_graph.hpp>
 #include <kfsdp/model/unit_assignment.hpp>
 #include <kfsdp/optim/clip.hpp>
@@ -108,11 +109,10 @@ struct target_of<D> {
 };
 }  // namespace detail
 
-// Everything of kfsdp::trainer but the policy tags: compiled once per model and scalar type (a
-// program choosing the policies at run time instantiates six trainers, one trainer_core). It owns
-// the engine, the schedule and the network as members, built in that order from one graph.
-template <descriptor Model, class Scalar>
-class trainer_core {
+// Compiled once per model and scalar type, whatever the options. It owns the engine, the schedule
+// and the network as members, built in that order from one graph.
+KFSDP_EXPORT template <descriptor Model, class Scalar>
+class trainer {
   static_assert(std::is_same_v<output_t<Model>, loss>, "kfsdp::trainer: the model must end in a loss layer (cross_entropy, mse)");
 
  public:
@@ -125,8 +125,16 @@ class trainer_core {
     target_type targets;
   };
 
-  trainer_core(const trainer_core&) = delete;
-  trainer_core& operator=(const trainer_core&) = delete;
+  // The plan is make_shard_plan's for the communicator, or `plan` where one is given, say
+  // to_dynamic(static_shard_plan<Model, 8, bucketing::block>): a communicator of another size, or
+  // a plan of another bucketing than options', throws std::invalid_argument.
+  trainer(const Model& model, comm::any_communicator comm, const fsdp_options& options = {}, trainer_options t = {},
+          std::optional<shard_plan> plan = std::nullopt)
+      : trainer(make_model_graph(model), model, std::move(comm), options, t, std::move(plan)) {}
+
+  // The schedule and the pass hold the engine by reference.
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
 
   // The engine: the shards, the gradients, state dicts (its per-bucket collectives are the schedule's alone).
   [[nodiscard]] fsdp_engine<Scalar>& engine() noexcept { return engine_; }
@@ -243,19 +251,13 @@ class trainer_core {
   // step, measured by activation_meter (all of this process's trainers together).
   [[nodiscard]] std::size_t peak_activation_bytes() const noexcept { return peak_activations_; }
 
- protected:
-  // The plan is make_shard_plan's for the communicator, or `plan` (a static_world_size trainer's).
-  trainer_core(const Model& model, comm::any_communicator comm, const fsdp_options& options, trainer_options t,
-               std::optional<shard_plan> plan = std::nullopt)
-      : trainer_core(make_model_graph(model), model, std::move(comm), options, t, std::move(plan)) {}
-
  private:
   // One graph, its units assigned once: the engine takes its table, the schedule and the network its units.
-  trainer_core(const model_graph& graph, const Model& model, comm::any_communicator comm, const fsdp_options& options,
-               trainer_options t, std::optional<shard_plan> plan)
-      : trainer_core(graph, assign_units(graph, options.wrap), model, std::move(comm), options, t, std::move(plan)) {}
-  trainer_core(const model_graph& graph, const unit_assignment& units, const Model& model, comm::any_communicator comm,
-               const fsdp_options& options, trainer_options t, std::optional<shard_plan> plan)
+  trainer(const model_graph& graph, const Model& model, comm::any_communicator comm, const fsdp_options& options,
+          trainer_options t, std::optional<shard_plan> plan)
+      : trainer(graph, assign_units(graph, options.wrap), model, std::move(comm), options, t, std::move(plan)) {}
+  trainer(const model_graph& graph, const unit_assignment& units, const Model& model, comm::any_communicator comm,
+          const fsdp_options& options, trainer_options t, std::optional<shard_plan> plan)
       : engine_(graph.params, std::move(comm), options, std::move(plan)),
         schedule_(engine_, make_units(graph, units, engine_.plan())),
         network_(model, graph, units),
@@ -365,40 +367,5 @@ class trainer_core {
   training_pass pass_;
   std::size_t peak_activations_ = 0;
 };
-
-// The policy tags (fsdp/policies.hpp: any order, each defaulted: zero2, no_bucketing) fix the
-// options' sharding and bucketing; with static_world_size<N> the plan is computed at compile time.
-KFSDP_EXPORT template <descriptor Model, class Scalar, class... Policies>
-class trainer : public trainer_core<Model, Scalar> {
-  using policies = detail::fsdp_policies<Policies...>;
-
- public:
-  static constexpr kfsdp::sharding_strategy sharding = policies::sharding;
-  static constexpr kfsdp::bucketing bucketing_strategy = policies::bucketing_strategy;
-  // N of static_world_size<N> (0: the communicator's), and the plan for static_asserts on the bytes a rank holds.
-  static constexpr std::size_t static_world_size = policies::world_size;
-  static constexpr auto static_plan = detail::static_plan_of<policies, Model>();
-
-  // options' sharding and bucketing, where set, must be the policies' (std::invalid_argument if not).
-  trainer(const Model& model, comm::any_communicator comm, const fsdp_options& options = {}, trainer_options t = {})
-      : trainer_core<Model, Scalar>(model, std::move(comm), detail::with_policies<policies>(options, "kfsdp::trainer"), t,
-                                    detail::planned<policies, Model>()) {}
-};
-
-// The trainer that options select (sharding, bucketing), for settings known at run time; f gets
-// its trainer_core, so that f's body is compiled once, not once per policy pair:
-//   kfsdp::with_trainer<float>(model, world, {.sharding_strategy = zero3}, {}, [&](auto& t) { ... });
-KFSDP_EXPORT template <class Scalar, descriptor Model, class F>
-decltype(auto) with_trainer(const Model& model, comm::any_communicator comm, const fsdp_options& options,
-                            trainer_options t, F&& f) {
-  return meta::mp_with_index<2>(static_cast<std::size_t>(options.sharding()), [&](auto s) -> decltype(auto) {
-    return meta::mp_with_index<3>(static_cast<std::size_t>(options.bucketing()), [&](auto b) -> decltype(auto) {
-      trainer<Model, Scalar, sharding_policy<static_cast<sharding_strategy>(decltype(s)::value)>,
-              bucketing_policy<static_cast<bucketing>(decltype(b)::value)>>
-          instance(model, comm, options, t);
-      return f(static_cast<trainer_core<Model, Scalar>&>(instance));
-    });
-  });
-}
 
 }  // namespace kfsdp
