@@ -313,6 +313,7 @@ using kfsdp::param_decl;
 export namespace kfsdp {
 using kfsdp::gpt;
 using kfsdp::gpt_config;
+using kfsdp::gpt_descriptor;
 using kfsdp::gpt_metadata;
 using kfsdp::make_gpt;
 }

@@ -82,7 +82,7 @@ KFSDP_EXPORT inline std::vector<std::pair<std::string, std::string>> gpt_metadat
 }
 
 // The type of every GPT whose sizes come at run time (make_gpt's).
-using gpt_descriptor = gpt<dyn, dyn, dyn, dyn, dyn>;
+KFSDP_EXPORT using gpt_descriptor = gpt<dyn, dyn, dyn, dyn, dyn>;
 
 // The GPT descriptor for sizes known only at run time (vocab too); a zero size throws naming it.
 KFSDP_EXPORT constexpr gpt<dyn, dyn, dyn, dyn, dyn> make_gpt(const gpt_config& c) {
