@@ -156,6 +156,7 @@ void bucket_state<Scalar>::finish_gather(bucket_context<Scalar>& ctx) {
   if (params_ != param_phase::gathering) wrong_phase("finish its all-gather", to_string(params_), "gathering");
   gather_pending_.complete_before(comm::stream_of(ctx.compute));  // the layers' kernels come after it
   params_ = param_phase::unsharded;
+  ++params_version_;
   ctx.pool.release(send_);
   // From issue to the wait's return: with an overlapping backend most of it hides behind compute.
   if (ctx.trace)
@@ -195,6 +196,7 @@ template <class Scalar>
 void bucket_state<Scalar>::free(bucket_context<Scalar>& ctx) {
   gather_pending_.wait();  // never free a buffer a collective still writes
   params_ = param_phase::sharded;
+  ++params_version_;
   ctx.pool.release(send_);
   ctx.pool.release(gathered_);
   ctx.pool.release(unpacked_);

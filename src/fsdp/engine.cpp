@@ -176,6 +176,12 @@ typename fsdp_engine<Scalar>::flat_view fsdp_engine<Scalar>::full_param(std::siz
   return buckets_[b].param(context_, p);
 }
 
+template <class Scalar>
+std::uint64_t fsdp_engine<Scalar>::params_version(std::size_t p) const {
+  check_param(p, "params_version");
+  return buckets_[plan_.params[p].bucket].params_version();
+}
+
 // ---------------------------------------------------------------- gradients
 
 template <class Scalar>

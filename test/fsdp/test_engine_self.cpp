@@ -1,6 +1,7 @@
 // The engine at world size 1 with the self backend (no MPI), and its schedule and errors.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -276,6 +277,22 @@ TEST_CASE("the options select the schedule; unset, zero2 and no bucketing") {
   fsdp_engine<float> plain(make_param_table(tiny_gpt{}), one, {});
   CHECK(plain.options().sharding_strategy == sharding_strategy::zero2);
   CHECK(plain.options().bucketing() == bucketing::none);
+}
+
+TEST_CASE("params_version moves on at every gathering and every free of the parameter's bucket, and no other") {
+  comm::self one;
+  fsdp_engine<float> e(make_param_table(thunder_padding{}), one, {.bucketing_strategy = bucketing::layer});
+  const std::uint64_t first = e.params_version(0), other = e.params_version(2);  // buckets 0 and 1
+  buckets(e).unshard(0);
+  const std::uint64_t gathered = e.params_version(0);
+  CHECK(gathered != first);
+  CHECK(e.params_version(2) == other);
+  (void)e.full_param(0);
+  CHECK(e.params_version(0) == gathered);  // reading is no change
+  buckets(e).reshard(0);
+  CHECK(e.params_version(0) != gathered);  // a view bound while gathered no longer holds
+  CHECK_THROWS_WITH_AS((void)e.params_version(4), "kfsdp::fsdp::params_version: param is 4, expected less than 4",
+                       std::out_of_range);
 }
 
 TEST_CASE("bad input to the engine is a clear exception") {

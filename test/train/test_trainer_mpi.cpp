@@ -94,6 +94,7 @@ struct run {
   std::vector<double> losses;
   std::size_t peak_activations = 0;
   std::size_t bytes_communicated = 0;
+  std::size_t bindings = 0;  // layers' parameter views bound over the run (kfsdp::detail::param_bindings_made)
 };
 
 constexpr std::size_t global_batch = 24;  // splits over 1, 2, 3 and 4 ranks
@@ -116,6 +117,7 @@ run train(kfsdp::comm::any_communicator comm, kfsdp::sharding_strategy sharding,
   t.initialize(42);
   kfsdp::optim::adamw<double> adam(t.engine().plan().shard_numel, {.lr = 1e-2});
   run out;
+  const std::size_t bindings_before = kfsdp::detail::param_bindings_made;
   const std::size_t ws = std::size_t(t.engine().world_size()), rank = std::size_t(t.engine().rank());
   for (std::size_t step = 0; step < 4; ++step) {
     std::vector<typename decltype(t)::batch> batches;
@@ -127,6 +129,7 @@ run train(kfsdp::comm::any_communicator comm, kfsdp::sharding_strategy sharding,
   }
   out.peak_activations = t.peak_activation_bytes();
   out.bytes_communicated = t.engine().bytes_communicated();
+  out.bindings = kfsdp::detail::param_bindings_made - bindings_before;
   return out;
 }
 
@@ -174,6 +177,17 @@ TEST_CASE("reshard_after_forward per unit: the root freed, a block kept, a block
       "kfsdp::fsdp: options.reshard_after_forward names unit 'hidden.9.fc', which the model does not have; "
       "its units are 'root', 'hidden.0.fc', 'hidden.1.fc', 'hidden.2.fc'",
       std::invalid_argument);
+}
+
+TEST_CASE("a layer's parameter views are bound once per gathering of its unit, not on every call") {
+  kfsdp::comm::mpi world;
+  // 6 layers with parameters, each called twice a step (forward, backward), over 4 steps: 48 calls.
+  // The root's 3 are gathered once a step; the 3 hidden blocks once for forward and once for backward.
+  CHECK(train(world, zero3, block, false).bindings == 4 * (3 + 2 * 3));
+  CHECK(train(world, zero3, block, false, 1, kfsdp::grad_accumulation::unsharded, {{"root", true}}).bindings == 4 * 2 * 6);
+  CHECK(train(world, zero2, block, false).bindings == 4 * 6);  // zero2 keeps every unit gathered through the step
+  // Checkpointing recomputes a block's forward in its backward, with the views its gathering bound.
+  CHECK(train(world, zero3, block, true).bindings == 4 * (3 + 2 * 3));
 }
 
 TEST_CASE("checkpointing keeps less activation memory, measured") {

@@ -13,7 +13,9 @@
 namespace kfsdp {
 
 // One layer's parameters (layer_params<const S>) or gradients (layer_params<S>), in the order
-// of its params(), as views of the engine's unsharded buffers.
+// of its params(), as views of the engine's unsharded buffers. The views do not own the memory:
+// a layer's bound views (pass_context::params) keep no freed bucket from going back to the pool,
+// and they are bound again whenever their buckets are gathered anew.
 KFSDP_EXPORT template <class Element>
 class layer_params {
  public:
@@ -22,7 +24,7 @@ class layer_params {
   void push(Kokkos::View<Element*> flat, const param_info& info) {
     if (size_ == capacity)
       throw std::length_error("kfsdp::layer_params: a layer has more than " + std::to_string(capacity) + " parameters");
-    flat_[size_] = flat;
+    flat_[size_] = Kokkos::View<Element*>(flat.data(), flat.extent(0));  // unmanaged: no reference kept
     info_[size_++] = &info;
   }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }

@@ -24,7 +24,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <span>
 #include <stdexcept>
@@ -60,6 +62,20 @@ using value_t = typename flow<Tag, S>::value;
 template <class Tag, class S>
 using gradient_t = typename flow<Tag, S>::gradient;
 
+namespace detail {
+// Parameter views bound (pass_context::params), counted for the test that they are bound once per
+// gathering and not on every layer call.
+inline std::atomic<std::size_t> param_bindings_made{0};
+}  // namespace detail
+
+// A layer's parameter views as last bound, and the version of its rows they were bound at.
+template <class S>
+struct param_binding {
+  layer_params<const S> views;
+  const void* pass = nullptr;
+  std::uint64_t version = 0;
+};
+
 // The caller's side of a pass: its parameter views, its unit boundaries, targets and the loss
 // scale. A trainer and a predictor hold parameters differently, and only a trainer gathers units:
 // these virtual calls (one a layer or a unit) are the seam between compute and FSDP.
@@ -67,8 +83,21 @@ template <class S>
 class pass_context {
  public:
   virtual ~pass_context() = default;
-  // The parameters (gradients) of these indices of the parameter table, in order.
-  virtual layer_params<const S> params(std::span<const std::size_t> indices) = 0;
+  // The parameters of these rows of the parameter table, in order, bound once per gathering: a
+  // layer's views are reused while params_version of its rows is unchanged. They do not own the
+  // memory (layer_params), so a freed bucket's buffer goes back to the pool all the same.
+  const layer_params<const S>& params(param_binding<S>& bound, std::span<const std::size_t> indices) {
+    if (indices.empty()) return bound.views;  // a layer without parameters
+    const std::uint64_t version = params_version(indices);
+    if (bound.pass != this || bound.version != version) {
+      bound.views = bind_params(indices);
+      bound.pass = this;
+      bound.version = version;
+      detail::param_bindings_made.fetch_add(1, std::memory_order_relaxed);
+    }
+    return bound.views;
+  }
+  // The gradients of these rows, in order (bound on every call: the first one allocates the buffer).
   virtual layer_params<S> grads(std::span<const std::size_t> indices) = 0;
   // A unit's layers run next (a trainer's schedule gathers it; a predictor holds every parameter).
   virtual void enter_forward(std::size_t /*unit*/) {}
@@ -94,6 +123,13 @@ class pass_context {
     bool finite;
   };
   std::vector<checked_output> checked;
+
+ protected:
+  // Views of these rows' parameters (a trainer's: of its gathered buckets; throws if one is not).
+  virtual layer_params<const S> bind_params(std::span<const std::size_t> indices) = 0;
+  // Changes whenever a view bind_params gave of these rows may no longer hold (a trainer's: one of
+  // their buckets was gathered or freed since). Parameters that never move: always 0.
+  [[nodiscard]] virtual std::uint64_t params_version(std::span<const std::size_t> /*indices*/) const { return 0; }
 };
 
 namespace detail {
@@ -102,7 +138,7 @@ namespace detail {
 // node's graph record is the next one) and the features flowing in.
 struct network_builder {
   const model_graph* graph = nullptr;
-  unit_assignment units;
+  const unit_assignment* units = nullptr;  // the caller's, alive while the network is built
   std::size_t next_node = 0;
   std::size_t width = 0;  // features given by the layer before (0: the model's input, not yet known)
   std::size_t input_width = 0;  // features the model takes (0: not known yet, or ids in)
@@ -115,7 +151,8 @@ struct network_builder {
     return next_node++;
   }
   [[nodiscard]] const model_node& node(std::size_t n) const { return graph->nodes[n]; }
-  [[nodiscard]] std::size_t unit_of(std::size_t n) const { return units.of_node[n]; }
+  [[nodiscard]] std::size_t unit_of(std::size_t n) const { return units->of_node[n]; }
+  [[nodiscard]] std::size_t runs_in(std::size_t n) const { return units->runs_in[n]; }
 };
 
 // Whether every element of m is finite (x - x is 0 for a finite x, NaN for an infinity or a NaN).
@@ -236,7 +273,7 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
     const model_node& record = b.node(self);
     name_ = record.name.empty() ? std::string("(unnamed layer)") : std::string(record.name.view());
     unit = b.unit_of(self);
-    runs_in_ = b.units.runs_in[self];
+    runs_in_ = b.runs_in(self);
     bind_params(record);
     check_input_width(d, b);
     derive_output_width(b);
@@ -254,7 +291,7 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
         return op_.forward(x, ctx.target_values);
       }
     } else {
-      op_.forward(ctx.params(indices()), x, detail::ensure(y_, "kfsdp::nn::activation", name_, rows_, out_));
+      op_.forward(ctx.params(params_, indices()), x, detail::ensure(y_, "kfsdp::nn::activation", name_, rows_, out_));
       if (ctx.checking_outputs) ctx.output_checked(name_, runs_in_, detail::all_finite(nn::const_matrix<S>(y_)));
       return y_;
     }
@@ -265,12 +302,12 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
       op_.backward(ctx.grad_scale, detail::ensure(dx_, "kfsdp::nn::gradient", name_, rows_, in_));
       return dx_;
     } else if constexpr (std::is_same_v<in_tag, ids>) {
-      op_.backward(ctx.params(indices()), ctx.grads(indices()), dy);
+      op_.backward(ctx.params(params_, indices()), ctx.grads(indices()), dy);
       return {};
     } else {
       nn::matrix<S> dx;
       if (input_grad_) dx = detail::ensure(dx_, "kfsdp::nn::gradient", name_, rows_, in_);
-      op_.backward(ctx.params(indices()), ctx.grads(indices()), dy, dx);
+      op_.backward(ctx.params(params_, indices()), ctx.grads(indices()), dy, dx);
       return dx;
     }
   }
@@ -350,6 +387,7 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
   bool input_grad_;
   std::array<std::size_t, layer_params<S>::capacity> index_{};  // rows of the parameter table, in params() order
   std::size_t count_ = 0;
+  param_binding<S> params_;  // the views of index_'s rows, kept while their buckets stay gathered
   std::string name_;
   std::size_t runs_in_ = 0;  // the unit the plan runs this layer in (0: the root)
   std::size_t in_ = 0, out_ = 0, rows_ = 0;
@@ -671,8 +709,8 @@ node_t<Model, S> network<Model, S>::build(const Model& model, const model_graph&
                            " nodes, the graph has " + std::to_string(graph.nodes.size()) + ")");
   detail::network_builder b;
   b.graph = &graph;
-  b.units = units;
-  detail::check_ties(graph, b.units);
+  b.units = &units;
+  detail::check_ties(graph, units);
   node_t<Model, S> root(model, b, false, false);
   if (b.next_node != graph.nodes.size())
     throw std::logic_error("kfsdp::network: the model built " + std::to_string(b.next_node) + " nodes, its graph has " +

@@ -96,6 +96,8 @@ class bucket_state {
   [[nodiscard]] std::size_t index() const noexcept { return bucket_; }
   [[nodiscard]] param_phase params() const noexcept { return params_; }
   [[nodiscard]] grad_phase grads() const noexcept { return grads_; }
+  // Moves on at every gathering and every free: param()'s views hold while it is unchanged.
+  [[nodiscard]] std::uint64_t params_version() const noexcept { return params_version_; }
 
   void begin_gather(bucket_context<Scalar>& ctx);   // sharded → gathering
   void finish_gather(bucket_context<Scalar>& ctx);  // gathering → unsharded
@@ -151,6 +153,7 @@ class bucket_state {
   std::size_t first_param_;
   std::size_t param_count_;
   param_phase params_ = param_phase::sharded;
+  std::uint64_t params_version_ = 0;
   grad_phase grads_ = grad_phase::none;
   bool shard_grads_zero_ = true;  // the storage starts at zero
   std::optional<double> shard_grad_squared_norm_ = 0.0;  // see shard_grad_squared_norm()

@@ -144,6 +144,9 @@ class fsdp_engine {
   // --- the full parameters and gradients of gathered buckets (what a pass's layers read and write) ---
   // The full, unpadded parameter (dim0 · row_numel, row-major) while its bucket is unsharded.
   [[nodiscard]] flat_view full_param(std::size_t param) const;
+  // Moves on whenever `param`'s bucket is gathered or freed: a view full_param gave holds while it
+  // is unchanged (a pass binds a layer's views once per gathering by it).
+  [[nodiscard]] std::uint64_t params_version(std::size_t param) const;
   // Where parameter `param`'s full gradient accumulates (zero when first asked for).
   [[nodiscard]] flat_view full_grad(std::size_t param);
   // Finishes every reduce-scatter still in flight (before the optimizer reads the gradients).

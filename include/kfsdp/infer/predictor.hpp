@@ -35,7 +35,8 @@
 #include <kfsdp/io/checkpoint/safetensors_file.hpp>
 #include <kfsdp/meta/half.hpp>
 #include <kfsdp/meta/host_memory.hpp>  // require_host_memory
-#include <kfsdp/model/param_table.hpp>
+#include <kfsdp/model/model_graph.hpp>
+#include <kfsdp/model/unit_assignment.hpp>
 #include <kfsdp/compute/network.hpp>
 
 namespace kfsdp {
@@ -46,20 +47,23 @@ class predictor {
   using scalar_type = Scalar;
   using input_type = value_t<input_t<Model>, Scalar>;
 
+  predictor(const predictor&) = delete;  // its pass refers back to it: neither copied nor moved
+  predictor& operator=(const predictor&) = delete;
+
   /// Loads `weights` into `model`'s parameters; throws (std::invalid_argument, io::format_error)
   /// naming the file and the tensor that does not fit.
   predictor(const Model& model, const std::filesystem::path& weights)
-      : table_(make_param_table(model)), network_(model), context_(*this) {
+      : graph_(make_model_graph(model)), network_(model, graph_, assign_units(graph_, {})), context_(*this) {
     // The weights twice, as the file holds them and converted, checked before either is read.
     double numel = 0;
-    for (const param_info& param : table_) numel += double(param.numel);
+    for (const param_info& param : graph_.params) numel += double(param.numel);
     std::error_code no_size;
     const auto file_bytes = std::filesystem::file_size(weights, no_size);  // a missing file is named by the load
     require_host_memory(double(no_size ? 0 : file_bytes) + numel * double(sizeof(Scalar)),
                         fmt::format("the model's weights for {}", weights.string()));
     const state_dict file = io::load_state_dict_file(weights, &metadata_);
     std::size_t found = 0;
-    for (const param_info& param : table_) {
+    for (const param_info& param : graph_.params) {
       const tensor* t = file.find(param.name.view());
       const std::vector<std::size_t> shape(param.shape.begin(), param.shape.begin() + param.rank);
       if (t == nullptr) refuse(weights, fmt::format("has no tensor '{}', a parameter of the model", param.name.view()));
@@ -74,7 +78,7 @@ class predictor {
     const bool only_state_beside = weights_in_file != metadata_.end() && weights_in_file->second == std::to_string(found);
     if (!only_state_beside)
       for (const tensor& t : file)
-        if (index_of(t.name) == table_.size())
+        if (index_of(t.name) == graph_.params.size())
           refuse(weights, fmt::format("holds tensor '{}', which the model does not have", t.name));
     // The statistics checked against the model's widths (io::stats_from_metadata): as many finite means and
     // stddevs > 0 as it has input and output columns.
@@ -139,13 +143,13 @@ class predictor {
   // The forward's view of the parameters; a predictor has no units to gather and no gradients.
   struct forward_only final : pass_context<Scalar> {
     explicit forward_only(predictor& p) : owner(p) {}
-    layer_params<const Scalar> params(std::span<const std::size_t> indices) override {
-      layer_params<const Scalar> p;
-      for (const std::size_t i : indices) p.push(owner.params_[i], owner.table_[i]);
-      return p;
-    }
     layer_params<Scalar> grads(std::span<const std::size_t>) override {
       throw std::logic_error("kfsdp::predictor: a forward-only model has no gradients");
+    }
+    layer_params<const Scalar> bind_params(std::span<const std::size_t> indices) override {
+      layer_params<const Scalar> p;  // bound once: the weights never move
+      for (const std::size_t i : indices) p.push(owner.params_[i], owner.graph_.params[i]);
+      return p;
     }
     predictor& owner;
   };
@@ -154,9 +158,9 @@ class predictor {
     throw std::invalid_argument(fmt::format("kfsdp::predictor: {} {}", file.string(), what));
   }
   std::size_t index_of(std::string_view name) const {
-    for (std::size_t p = 0; p < table_.size(); ++p)
-      if (table_[p].name.view() == name) return p;
-    return table_.size();
+    for (std::size_t p = 0; p < graph_.params.size(); ++p)
+      if (graph_.params[p].name.view() == name) return p;
+    return graph_.params.size();
   }
 
   // The tensor's values as Scalar, on the device.
@@ -219,7 +223,7 @@ class predictor {
     });
   }
 
-  std::vector<param_info> table_;
+  model_graph graph_;  // the one walk of the model: its parameter table and the network's nodes
   std::vector<Kokkos::View<Scalar*>> params_;
   network<Model, Scalar> network_;
   forward_only context_;

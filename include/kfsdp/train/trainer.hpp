@@ -344,11 +344,6 @@ class trainer {
     void enter_backward(std::size_t unit) override { schedule_.enter_backward(unit); }
     void set_targets(nn::const_index_vector ids) { this->target_ids = ids; }
     void set_targets(nn::const_matrix<Scalar> v) { this->target_values = v; }
-    layer_params<const Scalar> params(std::span<const std::size_t> indices) override {
-      layer_params<const Scalar> p;
-      for (std::size_t i : indices) p.push(engine_.full_param(i), engine_.params()[i]);
-      return p;
-    }
     layer_params<Scalar> grads(std::span<const std::size_t> indices) override {
       layer_params<Scalar> g;  // a tied parameter's uses all accumulate into its one full gradient
       for (std::size_t i : indices) g.push(engine_.full_grad(i), engine_.params()[i]);
@@ -356,6 +351,17 @@ class trainer {
     }
 
    private:
+    layer_params<const Scalar> bind_params(std::span<const std::size_t> indices) override {
+      layer_params<const Scalar> p;
+      for (std::size_t i : indices) p.push(engine_.full_param(i), engine_.params()[i]);
+      return p;
+    }
+    std::uint64_t params_version(std::span<const std::size_t> indices) const override {
+      std::uint64_t sum = 0;  // each version only grows: the sum moves when any of them does
+      for (std::size_t i : indices) sum += engine_.params_version(i);
+      return sum;
+    }
+
     fsdp_engine<Scalar>& engine_;
     unit_scheduler<Scalar>& schedule_;
   };
