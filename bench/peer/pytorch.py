@@ -149,7 +149,7 @@ def main():
         import torch
     except ImportError:
         print("bench/peer/pytorch.py: torch is not importable: nothing to compare with "
-              "(pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+              "(pip install torch)")
         return 0
     print(f"# torch {torch.__version__}, BLAS {torch.backends.mkl.is_available() and 'MKL' or 'other'}; "
           f"{args.rounds} rounds of {args.warmup} warm-up + {args.steps} timed steps; tokens/s of the global batch")

@@ -58,15 +58,22 @@ template <class Scalar>
 void linear<Scalar>::backward(const params& p, const grads& g, const cache& c,
                               const_matrix<Scalar> dy, matrix<Scalar> dx) const {
   check_tensors("linear::backward (params)", p);
-  check_tensors("linear::backward (grads)", g);
+  // A frozen weight or bias has no gradient: an empty one is left out, not checked.
+  const bool want_dw = g.weight.data() != nullptr || g.weight.size() != 0;
+  const bool want_db = has_bias_ && (g.bias.data() != nullptr || g.bias.size() != 0);
+  if (want_dw) detail::check_matrix("linear::backward (grads)", "weight", g.weight, out_features_, in_features_);
+  if (want_db) detail::check_vector("linear::backward (grads)", "bias", g.bias, out_features_);
   const std::size_t rows = c.input.extent(0);
   detail::check_matrix("linear::backward", "cache.input", c.input, rows, in_features_);
   detail::check_matrix("linear::backward", "dy", dy, rows, out_features_);
   const bool want_dx = dx.data() != nullptr;  // the first layer's input needs no gradient
   if (want_dx) detail::check_matrix("linear::backward", "dx", dx, rows, in_features_);
   if (rows == 0) return;
-  detail::gemm<Scalar>("T", "N", Scalar(1), dy, c.input, Scalar(1), g.weight);  // dW += dy^T x
-  if (has_bias_) detail::add_column_sums<Scalar>(dy, g.bias);
+  if (want_dw) {
+    detail::gemm<Scalar>("T", "N", Scalar(1), dy, c.input, Scalar(1), g.weight);  // dW += dy^T x
+    detail::weight_gradient_products.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (want_db) detail::add_column_sums<Scalar>(dy, g.bias);
   if (want_dx) detail::gemm<Scalar>("N", "N", Scalar(1), dy, p.weight, Scalar(0), dx);  // dx = dy W
 }
 

@@ -46,6 +46,18 @@ Kokkos::View<Wire*> wire_view(const Kokkos::View<Scalar*>& storage, std::size_t 
 }  // namespace
 
 template <class Scalar>
+std::vector<index_range> bucket_state<Scalar>::unfrozen_runs(const bucket_context<Scalar>& ctx) const {
+  std::vector<index_range> runs;
+  for (std::size_t p = first_param_; p < first_param_ + param_count_; ++p) {
+    if (ctx.is_frozen(p)) continue;
+    const index_range chunk = ctx.map.bucket_chunk(p);
+    if (!runs.empty() && runs.back().last() == chunk.first) runs.back().count += chunk.count;
+    else runs.push_back(chunk);
+  }
+  return runs;
+}
+
+template <class Scalar>
 bucket_state<Scalar>::bucket_state(std::size_t bucket, const shard_mapping& map)
     : bucket_(bucket),
       first_param_(map.plan().buckets[bucket].first_param),
@@ -329,16 +341,22 @@ void bucket_state<Scalar>::finish_reduce(bucket_context<Scalar>& ctx) {
   }
   const wire_precision summed = summed_as(reduced_as_);
   if (ctx.replicated()) {
-    // HSDP: the group's sums, summed over the replicas on the shard (Ψ / group bytes a rank).
+    // HSDP: the group's sums, summed over the replicas on the shard (Ψ / group bytes a rank). A
+    // frozen parameter's chunks are zero on every replica: only the others' runs are summed.
     ctx.replicas->order_after(ctx.compute);  // the group's sums are in
-    if (summed == wire_precision::scalar) {
-      ctx.replicas->iall_reduce_sum(span_of(reduced_grads_)).complete_before(compute);
-    } else {
-      with_wire(reduced_as_, [&]<class Wire>(Wire) {
-        ctx.replicas->iall_reduce_sum(span_of(wire_view<Wire>(reduced_grads_, shard.extent(0)))).complete_before(compute);
-      });
+    std::size_t summed_numel = 0;
+    for (const index_range run : unfrozen_runs(ctx)) {
+      if (summed == wire_precision::scalar) {
+        ctx.replicas->iall_reduce_sum(span_of(Kokkos::subview(reduced_grads_, run.pair()))).complete_before(compute);
+      } else {
+        with_wire(reduced_as_, [&]<class Wire>(Wire) {
+          const auto wire = wire_view<Wire>(reduced_grads_, shard.extent(0));
+          ctx.replicas->iall_reduce_sum(span_of(Kokkos::subview(wire, run.pair()))).complete_before(compute);
+        });
+      }
+      summed_numel += run.count;
     }
-    ctx.bytes_communicated += shard.extent(0) * wire_bytes(summed, sizeof(Scalar));
+    ctx.bytes_communicated += summed_numel * wire_bytes(summed, sizeof(Scalar));
   }
   if (reduces_in_place_) {
     // Replicated, the factor waits for the replicas' sum; otherwise the reduce-scatters applied it.

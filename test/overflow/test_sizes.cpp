@@ -57,7 +57,7 @@ std::string text(std::size_t v) { return std::to_string(v); }
 // A pass whose parameters are never reached: the sizes must stop the forward first.
 struct no_params_pass final : kfsdp::pass_context<double> {
   kfsdp::layer_params<const double> bind_params(std::span<const std::size_t>) override { return {}; }
-  kfsdp::layer_params<double> grads(std::span<const std::size_t>) override { return {}; }
+  kfsdp::layer_params<double> grads(std::span<const std::size_t>, bool) override { return {}; }
 };
 
 }  // namespace

@@ -9,12 +9,14 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/fsdp/quantize.hpp>
 #include <kfsdp/io/data/array_dataset.hpp>
+#include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/sgd.hpp>
 #include <kfsdp/train/trainer.hpp>
 
@@ -51,6 +53,7 @@ struct counting {
   std::size_t all_to_alls = 0;
   std::size_t all_gather_bytes = 0;  // what the all-gathers receive
   std::size_t reduce_bytes = 0;      // what the reduce-scatters and all-to-alls send
+  std::size_t all_reduce_bytes = 0;  // what the all-reduces sum
   std::size_t orderings = 0;         // order_after calls: collectives to follow the compute instance
   completions ends{};
 
@@ -113,6 +116,7 @@ struct counting {
   template <comm::element T, class Space>
   [[nodiscard]] comm::request iall_reduce_sum(comm::span_in<T, Space> data) {
     ++all_reduces;
+    all_reduce_bytes += data.size_bytes();
     return counted(backend.iall_reduce_sum<T, Space>(data));
   }
   // Host memory.
@@ -327,5 +331,67 @@ TEST_CASE("int8 gradient reduction bytes per step: the theory (1 byte a value, 4
       });
     }
     check_int8_bytes("gradient reduction", world.size(), bucketing, sent, theory);
+  }
+}
+
+TEST_CASE("a frozen base costs no more than it must: no weight-gradient product, no gradient buffer, no reduce-scatter, "
+          "and under HSDP only the trainable chunks are all-reduced") {
+  comm::mpi world;
+  const int n = world.size();
+  const int group = n % 2 == 0 ? n / 2 : 1;  // HSDP as above: replicas wherever n is even
+  comm::mpi shard_group = world.split(world.rank() / group, world.rank());
+  comm::mpi replica_group = world.split(world.rank() % group, world.rank());
+  const auto data = samples();
+  // Frozen as a fine-tune freezes a base: the hidden blocks whole (buckets of frozen parameters
+  // alone), and the input layer's weight beside its trainable bias (one bucket, as an adapter's).
+  const std::vector<kfsdp::optim::param_group> frozen_base{{.name_contains = "input.weight", .frozen = true},
+                                                           {.name_contains = "hidden.", .frozen = true}};
+  const auto is_frozen = [](std::string_view name) { return name == "input.weight" || name.starts_with("hidden."); };
+  struct measured {
+    std::size_t products, reduce_scatters, reduce_bytes, replica_bytes, peak;
+  };
+  const auto run = [&](bool frozen, bool hsdp) {
+    counting shards{hsdp ? shard_group : world}, replicas{replica_group};
+    kfsdp::fsdp_options options{.sharding_strategy = kfsdp::sharding_strategy::zero2,
+                                .bucketing_strategy = kfsdp::bucketing::layer};
+    if (hsdp) options.replica_group = comm::any_communicator(replicas);
+    kfsdp::trainer<model, double> t(model{}, shards, options);
+    t.initialize(5);
+    kfsdp::optim::adamw<double> adam(t, {.lr = 0.01}, frozen ? frozen_base : std::vector<kfsdp::optim::param_group>{});
+    const auto ranks = std::size_t(shards.size()), rank = std::size_t(shards.rank());
+    const auto step = [&](std::size_t s) {
+      auto [x, y] = data.rank_slice<double>(data.micro_batch(1, s, 24 / std::size_t(n) * ranks), rank, ranks);
+      (void)t.step({{x, y}}, adam);
+    };
+    step(0);
+    const counting before = shards, before_replicas = replicas;
+    const std::size_t products = kfsdp::nn::detail::weight_gradient_products;
+    t.engine().reset_peak_memory();
+    step(1);
+    return measured{kfsdp::nn::detail::weight_gradient_products - products, shards.reduce_scatters - before.reduce_scatters,
+                    shards.reduce_bytes - before.reduce_bytes, replicas.all_reduce_bytes - before_replicas.all_reduce_bytes,
+                    t.engine().memory().unsharded_peak};
+  };
+  for (const bool hsdp : {false, true}) {
+    CAPTURE(hsdp);
+    const measured plain = run(false, hsdp), frozen = run(true, hsdp);
+    CHECK(plain.products == 4);   // input, 2 hidden, output: one dW = dy^T x each
+    CHECK(frozen.products == 1);  // the output layer's alone
+    // Layer bucketing, 4 buckets: the 2 hidden ones reduce nothing; the input's sends its bias only.
+    CHECK(frozen.reduce_scatters == plain.reduce_scatters - 2);
+    CHECK(frozen.reduce_bytes < plain.reduce_bytes);
+    // The hidden blocks fill no gradient buffer: a step's unsharded peak is lower.
+    MESSAGE("unsharded peak bytes of a step: ", plain.peak, " trained, ", frozen.peak, " with the base frozen");
+    CHECK(frozen.peak < plain.peak);
+    if (hsdp && replica_group.size() > 1) {
+      // Over the replicas go the trainable chunks alone (and the step's own sums, as unfrozen).
+      kfsdp::trainer<model, double> probe(model{}, shard_group, {.bucketing_strategy = kfsdp::bucketing::layer});
+      const auto& e = probe.engine();
+      std::size_t trainable = 0;
+      for (std::size_t p = 0; p < e.params().size(); ++p)
+        if (!is_frozen(e.params()[p].name.view())) trainable += e.mapping().chunk(p).count;
+      const std::size_t own_sums = plain.replica_bytes - e.plan().shard_numel * sizeof(double);
+      CHECK(frozen.replica_bytes == trainable * sizeof(double) + own_sums);
+    }
   }
 }

@@ -27,15 +27,22 @@ class layer_params {
     flat_[size_] = Kokkos::View<Element*>(flat.data(), flat.extent(0));  // unmanaged: no reference kept
     info_[size_++] = &info;
   }
+  // A gradient left out: a frozen parameter's, for a compute that skips it (skips_frozen_gradients).
+  void push_absent(const param_info& info) { push(Kokkos::View<Element*>(), info); }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  // Whether parameter i has a view (not one left out).
+  [[nodiscard]] bool has(std::size_t i) const { return flat_[checked(i, 0)].data() != nullptr; }
   [[nodiscard]] const param_info& info(std::size_t i) const { return *info_[checked(i, 0)]; }
   [[nodiscard]] Kokkos::View<Element*> flat(std::size_t i) const { return flat_[checked(i, 0)]; }
-  // The i-th parameter as a vector (rank 1) or a matrix (rank 2), in its declared shape.
+  // The i-th parameter as a vector (rank 1) or a matrix (rank 2), in its declared shape; empty
+  // where it was left out.
   [[nodiscard]] nn::vector_of<Element> vector(std::size_t i) const {
-    return nn::vector_of<Element>(flat_[checked(i, 1)].data(), info_[i]->shape[0]);
+    if (!has(checked(i, 1))) return {};
+    return nn::vector_of<Element>(flat_[i].data(), info_[i]->shape[0]);
   }
   [[nodiscard]] nn::matrix_of<Element> matrix(std::size_t i) const {
-    return nn::matrix_of<Element>(flat_[checked(i, 2)].data(), info_[i]->shape[0], info_[i]->shape[1]);
+    if (!has(checked(i, 2))) return {};
+    return nn::matrix_of<Element>(flat_[i].data(), info_[i]->shape[0], info_[i]->shape[1]);
   }
 
  private:

@@ -97,8 +97,9 @@ class pass_context {
     }
     return bound.views;
   }
-  // The gradients of these rows, in order (bound on every call: the first one allocates the buffer).
-  virtual layer_params<S> grads(std::span<const std::size_t> indices) = 0;
+  // The gradients of these rows, in order (bound on every call: the first one allocates the
+  // buffer). skips_frozen: the compute skips a frozen parameter's gradient, so it gets no view.
+  virtual layer_params<S> grads(std::span<const std::size_t> indices, bool skips_frozen) = 0;
   // A unit's layers run next (a trainer's schedule gathers it; a predictor holds every parameter).
   virtual void enter_forward(std::size_t /*unit*/) {}
   virtual void enter_backward(std::size_t /*unit*/) {}
@@ -302,12 +303,12 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
       op_.backward(ctx.grad_scale, detail::ensure(dx_, "kfsdp::nn::gradient", name_, rows_, in_));
       return dx_;
     } else if constexpr (std::is_same_v<in_tag, ids>) {
-      op_.backward(ctx.params(params_, indices()), ctx.grads(indices()), dy);
+      op_.backward(ctx.params(params_, indices()), ctx.grads(indices(), skips_frozen), dy);
       return {};
     } else {
       nn::matrix<S> dx;
       if (input_grad_) dx = detail::ensure(dx_, "kfsdp::nn::gradient", name_, rows_, in_);
-      op_.backward(ctx.params(params_, indices()), ctx.grads(indices()), dy, dx);
+      op_.backward(ctx.params(params_, indices()), ctx.grads(indices(), skips_frozen), dy, dx);
       return dx;
     }
   }
@@ -374,6 +375,8 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
     b.width = out_;
     b.previous = "'" + name_ + "' before it";
   }
+
+  static constexpr bool skips_frozen = requires { requires compute_t<D, S>::skips_frozen_gradients; };
 
   // Every parameter the compute reads, the tied one included.
   static auto declared_params(const D& d) {

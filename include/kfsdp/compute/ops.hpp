@@ -19,6 +19,9 @@
 // layer). y's width is L::out_features_for(in) (the input's width when L does not say), and
 // L::expected_in_features(), when L has it, is checked against the width it is given.
 // p.matrix(i) / p.vector(i) are the i-th parameter of L::params() in its declared shape.
+// A compute with `static constexpr bool skips_frozen_gradients = true` is given no view for a
+// frozen parameter's gradient (g.has(i) is false, g.matrix(i) empty) and computes none; any other
+// is given a buffer as for the rest, and what it adds there is dropped.
 //
 // A user's layer, y = x · scale (test/train/test_trainer_mpi.cpp trains it inside an MLP). Its compute is a
 // class of its own, not nested in scale<Name>: nvcc cannot name a kernel inside a class whose template
@@ -62,6 +65,7 @@ namespace kfsdp {
 
 template <class S>
 struct linear_op {
+  static constexpr bool skips_frozen_gradients = true;  // no dW (nor db) for a frozen weight (bias)
   nn::linear<S> kernel;
   typename nn::linear<S>::cache cache;
   template <class D>
@@ -93,6 +97,7 @@ nn::matrix<S> scratch_if_empty(nn::matrix<S> dx, std::size_t rows, std::size_t c
 
 template <class S>
 struct embedding_op {
+  static constexpr bool skips_frozen_gradients = true;
   nn::embedding<S> kernel;
   typename nn::embedding<S>::cache cache;
   template <class D>
@@ -101,7 +106,7 @@ struct embedding_op {
     kernel.forward({p.matrix(0)}, ids, y, cache);
   }
   void backward(const layer_params<const S>&, const layer_params<S>& g, nn::const_matrix<S> dy) {
-    kernel.backward({g.matrix(0)}, cache, dy);
+    if (g.has(0)) kernel.backward({g.matrix(0)}, cache, dy);  // a frozen table has nothing to do
   }
 };
 

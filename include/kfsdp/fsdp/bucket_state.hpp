@@ -148,6 +148,9 @@ class bucket_state {
   // A pooled Scalar buffer with room for `bytes` bytes (int8's wire buffers).
   [[nodiscard]] view acquire_bytes(bucket_context<Scalar>& ctx, const char* label, std::size_t bytes);
   [[noreturn]] void wrong_phase(const char* transition, std::string_view seen, std::string_view expected) const;
+  // The chunks of the bucket's shard that are not frozen, adjacent ones merged (a frozen weight
+  // beside trainable ones: one or two runs), as offsets in the shard.
+  [[nodiscard]] std::vector<index_range> unfrozen_runs(const bucket_context<Scalar>& ctx) const;
 
   std::size_t bucket_;
   std::size_t first_param_;

@@ -166,10 +166,11 @@ class fsdp_engine {
   // --- frozen parameters (fine-tuning part of a model: FSDP2's requires_grad=False) ---
   // A frozen parameter is still gathered and still passes gradients to the layers below it, but
   // its own gradient is never reduce-scattered (a bucket of frozen parameters sends nothing) and
-  // its gradient shard stays zero, so norms and clipping leave it out. (Its layer still computes
-  // that gradient into the bucket's full-gradient buffer, which is then dropped; under HSDP a
-  // bucket with some parameters frozen all-reduces its whole shard over the replicas, zeros too.) Every rank must freeze the
-  // same parameters; throws std::logic_error while its bucket holds unreduced gradients.
+  // its gradient shard stays zero, so norms and clipping leave it out. The built-in linear and
+  // embedding compute no gradient for it (no product, no buffer: a bucket of frozen parameters
+  // fills none); another layer computes it into the bucket's buffer, and it is dropped. Under HSDP
+  // only the unfrozen chunks are all-reduced over the replicas. Every rank must freeze the same
+  // parameters; throws std::logic_error while its bucket holds unreduced gradients.
   void set_frozen(std::size_t param, bool frozen = true);
   [[nodiscard]] bool is_frozen(std::size_t param) const;
   // Per parameter: 1 where frozen.

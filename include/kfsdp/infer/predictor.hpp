@@ -143,7 +143,7 @@ class predictor {
   // The forward's view of the parameters; a predictor has no units to gather and no gradients.
   struct forward_only final : pass_context<Scalar> {
     explicit forward_only(predictor& p) : owner(p) {}
-    layer_params<Scalar> grads(std::span<const std::size_t>) override {
+    layer_params<Scalar> grads(std::span<const std::size_t>, bool) override {
       throw std::logic_error("kfsdp::predictor: a forward-only model has no gradients");
     }
     layer_params<const Scalar> bind_params(std::span<const std::size_t> indices) override {

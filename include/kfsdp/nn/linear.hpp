@@ -11,10 +11,16 @@
 
 #include <kfsdp/nn/views.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <type_traits>
 
 namespace kfsdp::nn {
+
+namespace detail {
+// dW = dy^T x products run, counted for the test that a frozen weight costs none.
+inline std::atomic<std::size_t> weight_gradient_products{0};
+}  // namespace detail
 
 // The tensors of a linear layer: linear_tensors<const S> are its parameters, linear_tensors<S>
 // its gradients (or its owned storage, which converts to parameters).
@@ -56,7 +62,8 @@ class linear {
 
   // y [rows, out] = x [rows, in] · W^T + b.
   void forward(const params& p, const_matrix<Scalar> x, matrix<Scalar> y, cache& c) const;
-  // dW += dy^T x, db += column sums of dy, dx [rows, in] = dy · W (skipped when dx is empty).
+  // dW += dy^T x, db += column sums of dy, dx [rows, in] = dy · W. Each is skipped where its
+  // output is empty: dx for the first layer, dW and db for a frozen weight and bias.
   void backward(const params& p, const grads& g, const cache& c, const_matrix<Scalar> dy,
                 matrix<Scalar> dx) const;
 

@@ -344,9 +344,12 @@ class trainer {
     void enter_backward(std::size_t unit) override { schedule_.enter_backward(unit); }
     void set_targets(nn::const_index_vector ids) { this->target_ids = ids; }
     void set_targets(nn::const_matrix<Scalar> v) { this->target_values = v; }
-    layer_params<Scalar> grads(std::span<const std::size_t> indices) override {
+    layer_params<Scalar> grads(std::span<const std::size_t> indices, bool skips_frozen) override {
       layer_params<Scalar> g;  // a tied parameter's uses all accumulate into its one full gradient
-      for (std::size_t i : indices) g.push(engine_.full_grad(i), engine_.params()[i]);
+      for (std::size_t i : indices) {
+        if (skips_frozen && engine_.is_frozen(i)) g.push_absent(engine_.params()[i]);  // no buffer, no product
+        else g.push(engine_.full_grad(i), engine_.params()[i]);
+      }
       return g;
     }
 
