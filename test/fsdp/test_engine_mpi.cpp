@@ -246,12 +246,14 @@ TEST_CASE("int8 gradient reduction (qgZ): the average within the quantization bo
         const std::size_t bytes_before = e.bytes_communicated();
         for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).reduce_gradients(k);
         // What crosses the wire: every shard-group rank's wire buffer of the unfrozen chunks; the
-        // replicas' all-reduce in Scalar.
+        // replicas' all-reduce in Scalar, of the unfrozen chunks too (a frozen one is zero everywhere).
         std::size_t theory = 0;
         for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) {
           const int8_blocks layout = walk_int8_chunks(map, k, [&](std::size_t p) { return p != frozen; }, ignore_chunks{});
           theory += gs * layout.bytes();
-          if (hsdp && layout.numel > 0) theory += map.bucket(k).count * sizeof(double);  // a frozen bucket sends nothing
+          if (hsdp)
+            for (std::size_t p = e.plan().buckets[k].first_param; p < e.plan().buckets[k].first_param + e.plan().buckets[k].param_count; ++p)
+              if (p != frozen) theory += map.chunk(p).count * sizeof(double);
         }
         CHECK(e.bytes_communicated() - bytes_before == theory);
         std::vector<std::vector<double>> first(e.params().size());

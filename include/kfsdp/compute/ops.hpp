@@ -49,6 +49,7 @@
 #include <kfsdp/nn/cross_entropy.hpp>
 #include <kfsdp/nn/embedding.hpp>
 #include <kfsdp/nn/linear.hpp>
+#include <kfsdp/nn/lora.hpp>
 #include <kfsdp/nn/rotary.hpp>
 #include <kfsdp/compute/layer_params.hpp>
 #include <kfsdp/compute/rowwise.hpp>
@@ -80,6 +81,26 @@ struct linear_op {
     const nn::linear_tensors<S> grads = kernel.has_bias() ? nn::linear_tensors<S>(g.matrix(0), g.vector(1))
                                                           : nn::linear_tensors<S>(g.matrix(0));
     kernel.backward(tensors(p), grads, cache, dy, dx);
+  }
+};
+
+template <class S>
+struct lora_op {
+  static constexpr bool skips_frozen_gradients = true;  // a frozen base: no dW, no db
+  nn::lora<S> kernel;
+  typename nn::lora<S>::cache cache;
+  std::size_t first_adapter;  // A's index in params(): after the weight and the bias
+  template <class D>
+  explicit lora_op(const D& d) : kernel(d.in_features, d.out_features, d.rank, d.alpha, D::has_bias), first_adapter(D::has_bias ? 2 : 1) {}
+  template <class E>
+  nn::lora_tensors<E> tensors(const layer_params<E>& p) const {
+    return {p.matrix(0), first_adapter == 2 ? p.vector(1) : nn::vector_of<E>(), p.matrix(first_adapter), p.matrix(first_adapter + 1)};
+  }
+  void forward(const layer_params<const S>& p, nn::const_matrix<S> x, nn::matrix<S> y) {
+    kernel.forward(tensors(p), x, y, cache);
+  }
+  void backward(const layer_params<const S>& p, const layer_params<S>& g, nn::const_matrix<S> dy, nn::matrix<S> dx) {
+    kernel.backward(tensors(p), tensors(g), cache, dy, dx);
   }
 };
 
@@ -224,6 +245,10 @@ struct compute_of<linear<"", I, O, B>, S> {
   static_assert(I == dyn || O == dyn || product_fits({O, I, sizeof(S)}),
                 "kfsdp::linear: the weight's bytes, Out · In · sizeof(Scalar), overflow 64 bits");
   using type = linear_op<S>;
+};
+template <std::size_t I, std::size_t O, bool B, class S>
+struct compute_of<lora_linear<"", I, O, B>, S> {
+  using type = lora_op<S>;
 };
 template <std::size_t D, class S>
 struct compute_of<layer_norm<"", D>, S> {

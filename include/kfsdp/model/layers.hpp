@@ -2,6 +2,8 @@
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // Leaf layer descriptors with PyTorch's parameter layout and default initialisation.
 //   linear<"c_attn", 64, 192>      -> weight [192, 64], bias [192]   U(±1/√64) both (nn.Linear)
+//   lora_linear<"q_proj", 64, 64, false>(8, 16.0) (rank 8, alpha 16) -> weight [64, 64] U(±1/√64),
+//                                     lora_A.weight [8, 64] U(±1/√64), lora_B.weight [64, 8] zeros (peft)
 //   layer_norm<"ln_1", 64>         -> weight [64] ones, bias [64] zeros
 //   embedding<"wte", 256, 64>      -> weight [256, 64] N(0, 1)       ids in, features out
 //   positional_embedding<"wpe", 32, 64> -> weight [32, 64] N(0, 1)   x + weight[row % 32]
@@ -53,6 +55,51 @@ struct linear {
                         param_decl{"bias", {out_features}, bound}};
     else
       return std::array{param_decl{"weight", {out_features, in_features}, bound}};
+  }
+};
+
+// A linear layer with a LoRA adapter: y = x W^T + b + (alpha / rank) · (x A^T) B^T (nn/lora.hpp),
+// under peft's names, so that its adapter saves as peft's. B starts at zero: a fresh adapter leaves
+// the base's output unchanged. Freeze the base (optim::param_group{.frozen = true}) to train the
+// adapter alone: no gradient is then computed, stored or reduced for it.
+KFSDP_EXPORT template <fixed_string Name, std::size_t In = dyn, std::size_t Out = dyn, bool Bias = true>
+struct lora_linear {
+  static_assert(In != 0 && Out != 0, "kfsdp::lora_linear: In and Out must be at least 1");
+  static constexpr auto name = Name;
+  static constexpr layer_kind kind = layer_kind::layer;
+  using anonymous = lora_linear<"", In, Out, Bias>;
+  static constexpr bool has_bias = Bias;
+
+  std::size_t in_features = In;
+  std::size_t out_features = Out;
+  std::size_t rank = 8;  // peft's defaults: r = 8, lora_alpha = 8
+  double alpha = 8;
+
+  constexpr lora_linear() requires(In != dyn && Out != dyn) = default;
+  constexpr lora_linear(std::size_t rank_, double alpha_) requires(In != dyn && Out != dyn)
+      : rank(checked_rank(rank_)), alpha(alpha_) {}
+  constexpr lora_linear(std::size_t in, std::size_t out, std::size_t rank_, double alpha_)
+      : in_features(checked_extent<In>("lora_linear", Name.view(), "in_features", in)),
+        out_features(checked_extent<Out>("lora_linear", Name.view(), "out_features", out)),
+        rank(checked_rank(rank_)),
+        alpha(alpha_) {}
+
+  [[nodiscard]] constexpr std::size_t out_features_for(std::size_t) const { return out_features; }
+  [[nodiscard]] constexpr std::size_t expected_in_features() const { return in_features; }
+
+  constexpr auto params() const {
+    const init_rule bound{init_rule::uniform, 0.0, in_features};  // peft's A: kaiming_uniform(a=√5) = U(±1/√In)
+    const param_decl a{"lora_A.weight", {rank, in_features}, bound}, b{"lora_B.weight", {out_features, rank}};
+    if constexpr (Bias)
+      return std::array{param_decl{"weight", {out_features, in_features}, bound}, param_decl{"bias", {out_features}, bound}, a, b};
+    else
+      return std::array{param_decl{"weight", {out_features, in_features}, bound}, a, b};
+  }
+
+ private:
+  static constexpr std::size_t checked_rank(std::size_t r) {
+    if (r == 0) throw std::invalid_argument("kfsdp::lora_linear '" + std::string(Name.view()) + "': rank is 0, expected at least 1");
+    return r;
   }
 };
 
