@@ -65,6 +65,7 @@ module;
 #include <kfsdp/io/data/distributed_sampler.hpp>
 #include <kfsdp/io/data/numpy.hpp>
 #include <kfsdp/io/data/text_dataset.hpp>
+#include <kfsdp/io/data/token_dataset.hpp>
 #include <kfsdp/kfsdp.hpp>
 #include <kfsdp/meta/checked.hpp>
 #include <kfsdp/meta/enum_names.hpp>
@@ -278,7 +279,18 @@ using kfsdp::io::read_npz;
 export namespace kfsdp::io {
 using kfsdp::io::parse_sampling;
 using kfsdp::io::text_windows;
+using kfsdp::io::window_micro_batch;
 using kfsdp::io::window_sampling;
+}
+// <kfsdp/io/data/token_dataset.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::llmc_header_bytes;
+using kfsdp::io::llmc_magic_uint16;
+using kfsdp::io::llmc_magic_uint32;
+using kfsdp::io::llmc_version_uint16;
+using kfsdp::io::llmc_version_uint32;
+using kfsdp::io::token_format;
+using kfsdp::io::token_windows;
 }
 // <kfsdp/meta/fixed_string.hpp>
 export namespace kfsdp {
