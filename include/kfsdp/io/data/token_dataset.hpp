@@ -247,6 +247,10 @@ KFSDP_EXPORT class token_windows {
   [[nodiscard]] std::size_t shards() const noexcept { return shards_->size(); }
   /// The tokens of the whole stream (all shards, windows of a split or not).
   [[nodiscard]] std::size_t tokens() const noexcept { return shards_->back().first + shards_->back().count; }
+  /// Whether every shard is text read as bytes (token_format::text): ids are the bytes themselves.
+  [[nodiscard]] bool tokens_are_bytes() const noexcept {
+    return std::all_of(shards_->begin(), shards_->end(), [](const detail::token_shard& s) { return s.width == 1; });
+  }
   /// The bytes this object has copied out of the mappings: windows × (seq + 1) × token bytes.
   [[nodiscard]] std::uint64_t bytes_copied() const noexcept { return bytes_copied_; }
 
