@@ -279,16 +279,10 @@ using kfsdp::io::read_npz;
 export namespace kfsdp::io {
 using kfsdp::io::parse_sampling;
 using kfsdp::io::text_windows;
-using kfsdp::io::window_micro_batch;
 using kfsdp::io::window_sampling;
 }
 // <kfsdp/io/data/token_dataset.hpp>
 export namespace kfsdp::io {
-using kfsdp::io::llmc_header_bytes;
-using kfsdp::io::llmc_magic_uint16;
-using kfsdp::io::llmc_magic_uint32;
-using kfsdp::io::llmc_version_uint16;
-using kfsdp::io::llmc_version_uint32;
 using kfsdp::io::token_format;
 using kfsdp::io::token_windows;
 }

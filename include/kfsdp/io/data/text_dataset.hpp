@@ -31,8 +31,8 @@ KFSDP_EXPORT inline window_sampling parse_sampling(const std::string& text) {
 
 /// The windows (of `count`) of global micro-batch `micro` (step · grad_accum + k) of `batch`
 /// windows: the same on every rank, at any world size (text_windows and token_windows draw them so).
-KFSDP_EXPORT inline std::vector<std::size_t> window_micro_batch(std::size_t count, window_sampling sampling, std::uint64_t seed,
-                                                                std::size_t micro, std::size_t batch) {
+inline std::vector<std::size_t> window_micro_batch(std::size_t count, window_sampling sampling, std::uint64_t seed,
+                                                    std::size_t micro, std::size_t batch) {
   const auto mix = [](std::uint64_t z) {  // splitmix64's finaliser
     z += 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

@@ -56,9 +56,9 @@ namespace kfsdp::io {
 KFSDP_EXPORT enum class token_format { automatic, llmc, raw_uint16, npy, text };
 
 /// llm.c's shard header: 256 int32, these magics and versions (dev/data/data_common.py).
-KFSDP_EXPORT inline constexpr std::int32_t llmc_magic_uint16 = 20240520, llmc_version_uint16 = 1;
-KFSDP_EXPORT inline constexpr std::int32_t llmc_magic_uint32 = 20240801, llmc_version_uint32 = 7;
-KFSDP_EXPORT inline constexpr std::size_t llmc_header_bytes = 256 * 4;
+inline constexpr std::int32_t llmc_magic_uint16 = 20240520, llmc_version_uint16 = 1;
+inline constexpr std::int32_t llmc_magic_uint32 = 20240801, llmc_version_uint32 = 7;
+inline constexpr std::size_t llmc_header_bytes = 256 * 4;
 
 namespace detail {
 
