@@ -106,6 +106,16 @@ TEST_CASE("llm.c's uint16 shard: windows of seq + 1 tokens from the stream's sta
   CHECK_THROWS_AS(data.append(3, in, out), std::out_of_range);
 }
 
+TEST_CASE("the header's worked example: 3 tokens 50256 11 198 in 1030 bytes") {
+  const std::string shard = llmc({50256, 11, 198});
+  CHECK(shard.size() == 1030);
+  CHECK(shard.substr(0, 12) == std::string("\xc8\xd2\x34\x01\x01\x00\x00\x00\x03\x00\x00\x00", 12));
+  CHECK(shard.substr(1024) == std::string("\x50\xc4\x0b\x00\xc6\x00", 6));
+  scratch tmp;
+  write(tmp / "a.bin", shard);
+  CHECK(window(token_windows::open((tmp / "a.bin").string(), 2, 50257), 0) == std::vector<int>{50256, 11});
+}
+
 TEST_CASE("llm.c's uint32 variant (magic 20240801, version 7): Llama 3's and Qwen2.5's vocabularies") {
   scratch tmp;
   write(tmp / "a.bin", llmc({128000, 9906, 151935, 0, 70000}, 20240801, 7));
