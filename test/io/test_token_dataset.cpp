@@ -276,6 +276,8 @@ TEST_CASE("bad shards are refused, naming the file, the value seen and the value
         "kfsdp::token_windows: seq is 0, expected at least 1");
   CHECK(what([&] { token_windows::open((tmp / "few.bin").string(), 2, 0); }) ==
         "kfsdp::token_windows: vocab is 0, expected at least 1");
+  CHECK(what([&] { token_windows({tmp.dir}, 2, 256); }) ==
+        "kfsdp::token_windows: the data file '" + tmp.dir.string() + "' is not a regular file (a directory?), expected a token shard");
   CHECK(what([&] { token_windows({tmp / "missing.bin"}, 2, 256); })
             .starts_with("kfsdp::token_windows: cannot open the token shard '" + (tmp / "missing.bin").string() + "': "));
 }

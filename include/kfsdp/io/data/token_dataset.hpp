@@ -72,7 +72,8 @@ class mapped_file {
     struct stat info {};
     if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
       ::close(fd);
-      throw std::invalid_argument(fmt::format("kfsdp::token_windows: the token shard '{}' is not a regular file", path));
+      throw std::invalid_argument(
+          fmt::format("kfsdp::token_windows: the data file '{}' is not a regular file (a directory?), expected a token shard", path));
     }
     size_ = std::size_t(info.st_size);
     if (size_ > 0) {
