@@ -109,7 +109,7 @@ TEST_CASE("llm.c's uint16 shard: windows of seq + 1 tokens from the stream's sta
 TEST_CASE("the header's worked example: 3 tokens 50256 11 198 in 1030 bytes") {
   const std::string shard = llmc({50256, 11, 198});
   CHECK(shard.size() == 1030);
-  CHECK(shard.substr(0, 12) == std::string("\xc8\xd2\x34\x01\x01\x00\x00\x00\x03\x00\x00\x00", 12));
+  CHECK(shard.substr(0, 12) == std::string("\x88\xd8\x34\x01\x01\x00\x00\x00\x03\x00\x00\x00", 12));
   CHECK(shard.substr(1024) == std::string("\x50\xc4\x0b\x00\xc6\x00", 6));
   scratch tmp;
   write(tmp / "a.bin", shard);

@@ -11,7 +11,7 @@
 //   llm.c      256 little-endian int32 (1024 bytes): magic, version, token count, 0 ... | tokens
 //              magic 20240520 version 1: uint16 tokens (GPT-2's format in llm.c's data_common.py)
 //              magic 20240801 version 7: uint32 tokens (its "llama-3" format, for vocabularies > 65,536)
-//              e.g. 3 tokens 50256 11 198: c8 d2 34 01 | 01 00 00 00 | 03 00 00 00 | 1012 zero bytes |
+//              e.g. 3 tokens 50256 11 198: 88 d8 34 01 | 01 00 00 00 | 03 00 00 00 | 1012 zero bytes |
 //                   50 c4 0b 00 c6 00   (1030 bytes)
 //   raw uint16 nanoGPT's train.bin: little-endian uint16 tokens, no header
 //   .npy       a 1-D array of uint16 or uint32 (numpy.save), read with io's one .npy header parser
