@@ -149,11 +149,13 @@ class cli {
 
 // The example GPT's flags, shared by train_gpt and the benches: data, model sizes, batch, dtype, seed.
 inline cli& add_gpt_flags(cli& c) {
-  return c.flag("data", "data/kjv-genesis-exodus.txt", "training text (bytes)")
+  return c.flag("data", "data/kjv-genesis-exodus.txt",
+                "training data: token shards (.bin: llm.c's or nanoGPT's raw uint16; 1-D .npy; a quoted glob of them) or text (bytes)")
+      .flag("vocab", "256", "vocabulary; every token id must be below it (256: text as bytes)")
       .flag("layers", "4", "transformer blocks")
       .flag("dim", "128", "embedding width")
       .flag("heads", "4", "attention heads")
-      .flag("seq", "64", "context length T (a window is T+1 bytes)")
+      .flag("seq", "64", "context length T (a window is T+1 tokens)")
       .flag("batch", "16", "global batch in windows, split evenly over the ranks")
       .flag("dtype", "f32", "f32 | f64")
       .flag("seed", "1337", "initialisation and sampling seed")
@@ -163,7 +165,7 @@ inline cli& add_gpt_flags(cli& c) {
 // The sizes those flags give (the heads must split the width evenly).
 inline kfsdp::gpt_config gpt_config_of(const cli& c) {
   const kfsdp::gpt_config config{.layers = c.positive("layers"), .dim = c.positive("dim"), .heads = c.positive("heads"),
-                                 .seq = c.positive("seq"), .tie_weights = c.choice("tie-weights", {"on", "off"}) == "on"};
+                                 .seq = c.positive("seq"), .vocab = c.positive("vocab"), .tie_weights = c.choice("tie-weights", {"on", "off"}) == "on"};
   if (config.dim % config.heads != 0)
     throw std::invalid_argument(
         fmt::format("{}: --heads is {}, expected a divisor of --dim {}", c.program(), config.heads, config.dim));

@@ -1,6 +1,7 @@
 // train_gpt — the main job: trains the example GPT (nanoGPT layout, byte vocabulary) with FSDP.
 //
 //   mpirun -np 2 build/examples/train_gpt --data data/kjv-genesis-exodus.txt
+//   mpirun -np 2 build/examples/train_gpt --data 'corpus_train_*.bin' --val-data corpus_val_000000.bin --vocab 50257
 //
 // Every rank holds 1/N of the parameters, gradients and optimizer state; each step all-gathers
 // the buckets it needs unit by unit (each block; the rest is the root) and reduce-scatters the
@@ -52,7 +53,7 @@ struct settings {
 
 cli make_cli() {
   cli c("train_gpt", "train the example GPT with FSDP (run under mpirun)");
-  kfsdp::examples::add_text_training_flags(kfsdp::examples::add_gpt_flags(c))
+  kfsdp::examples::add_token_data_flags(kfsdp::examples::add_text_training_flags(kfsdp::examples::add_gpt_flags(c)))
       .flag("hybrid-shard", "0", "HSDP: shard within groups of this many consecutive ranks, or within each node (node), "
                                  "replicate across groups (0: flat FSDP)")
       .flag("save", "", "write weights + optimizer state here (safetensors) at the end")
@@ -60,7 +61,8 @@ cli make_cli() {
       .flag("resume", "", "continue the run saved in this checkpoint (weights, optimizer, step)")
       .flag("load", "", "start from these weights (safetensors)")
       .flag("eval", "0", "with --load: print eval_loss over the first W windows and exit")
-      .flag("sample", "200", "bytes of generated text printed at the end, one forward pass each (0: none; at most 65536)");
+      .flag("sample", "200", "bytes of generated text printed at the end, one forward pass each (0: none; at most 65536; "
+                             "text data with --vocab 256 only)");
   kfsdp::examples::add_step_log_flags(c)
       .flag("trace", "", "write a Chrome/Perfetto timeline of the steps here (one file per rank: FILE.rank<r>.json)")
       .flag("backend", "mpi", "mpi | nccl (one GPU per rank; needs a CUDA build of Kokkos)");
@@ -96,7 +98,7 @@ std::string sizing_flags(const settings& s) {
 }
 
 template <class Scalar>
-int run(const settings& s, kfsdp::session& job) {
+int run(const settings& s, const cli& c, kfsdp::session& job) {
   kfsdp::comm::mpi& world = job.world();
   job.set_hybrid_shard(s.hybrid_shard);  // HSDP: shard within groups, replicate across them
   const std::size_t ws = std::size_t(world.size());
@@ -109,7 +111,9 @@ int run(const settings& s, kfsdp::session& job) {
        .checkpointing = s.flags.checkpointing, .fsdp = s.flags.fsdp},
       job.host_memory_per_rank());
   job.require_memory(need, sizing_flags(s));
-  const auto data = kfsdp::io::text_windows::from_file(s.data, s.model.seq);
+  // Memory-mapped: each rank reads only its windows, checked against the model's vocabulary.
+  const kfsdp::examples::window_data windows = kfsdp::examples::open_window_data(c, s.model.seq, s.model.vocab);
+  const kfsdp::io::token_windows& data = windows.train;
   // A checkpoint records the model's configuration; one saved for another is refused, naming the field.
   const auto config = kfsdp::gpt_metadata(s.model);
   for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--resume", s.resume}, {"--load", s.load}}) {
@@ -181,16 +185,20 @@ int run(const settings& s, kfsdp::session& job) {
 
   if (root)
     fmt::print("train_gpt: {} ranks, {} ({} parameters, {} per rank), {} / {} bucketing ({} buckets), {}, "
-               "batch {} x {} windows of {} bytes, {} windows in {}\n",
+               "batch {} x {} windows of {} tokens, {} windows in {} (vocabulary {})\n",
                ws, s.dtype, engine.plan().full_numel, engine.plan().shard_numel, kfsdp::to_string(s.flags.fsdp.sharding()),
                kfsdp::to_string(s.flags.fsdp.bucketing()), engine.plan().buckets.size(), s.training.optimizer.kind,
-               s.training.grad_accum, s.batch, s.model.seq + 1, data.count(), s.data);
+               s.training.grad_accum, s.batch, s.model.seq + 1, data.count(), s.data, s.model.vocab);
   if (root && need.activations > 0) fmt::print("train_gpt: estimated memory per rank {}\n", kfsdp::describe(need));
   kfsdp::step_log log(world, {.program = "train_gpt", .metrics = s.training.metrics, .unit = "tokens",
                               .steps = s.training.steps, .log_every = s.training.log_every});
   const std::size_t steps_done = kfsdp::examples::train_on_windows(
       trainer, optimizer, data, s.training, s.batch, s.seed, first_step, world, log, "train_gpt",
                                     [&](std::size_t steps_done) {
+                                      if (windows.eval_every > 0 && steps_done % windows.eval_every == 0 &&
+                                          steps_done < s.training.steps)
+                                        kfsdp::examples::print_validation(trainer, windows, steps_done, s.training.steps,
+                                                                          world, "train_gpt");
                                       if (s.save_every > 0 && steps_done % s.save_every == 0 && steps_done < s.training.steps) {
                                         save(steps_done);
                                         if (root) fmt::print("saved {} at step {}\n", s.save, steps_done);  // one line per save
@@ -207,12 +215,14 @@ int run(const settings& s, kfsdp::session& job) {
     return 0;
   }
   log.print_loss_change();
+  kfsdp::examples::print_validation(trainer, windows, steps_done, s.training.steps, world, "train_gpt");
+  kfsdp::examples::print_data_reads(data, world, "train_gpt");
   if (!s.save.empty()) {
     save(steps_done);
     kfsdp::mark_finished(s.save, root);
     if (root) fmt::print("saved {}\n", s.save);
   }
-  if (s.sample_bytes > 0) {
+  if (s.sample_bytes > 0 && data.tokens_are_bytes() && s.model.vocab == 256) {  // a sample of text: bytes in, bytes out
     const std::string text = kfsdp::generate(trainer, s.model, "And God said", s.sample_bytes,
                                              {.temperature = 0.8, .seed = s.seed, .printable = true});
     if (root) fmt::print("sample:\n{}\n", text);
@@ -228,6 +238,6 @@ int main(int argc, char** argv) {
     cli c = make_cli();
     if (!c.parse(argc, argv)) return 0;
     const settings s = read(c, job.size());
-    return s.dtype == "f32" ? run<float>(s, job) : run<double>(s, job);
+    return s.dtype == "f32" ? run<float>(s, c, job) : run<double>(s, c, job);
   });
 }

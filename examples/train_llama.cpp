@@ -1,8 +1,9 @@
 // train_llama — trains a Llama-family model (transformers' LlamaForCausalLM layout: RMSNorm, RoPE,
-// grouped-query attention, SwiGLU; byte vocabulary) with FSDP, or evaluates / fine-tunes a Hugging
-// Face checkpoint directory.
+// grouped-query attention, SwiGLU) with FSDP on token shards or on text as bytes, or evaluates /
+// fine-tunes a Hugging Face checkpoint directory.
 //
 //   mpirun -np 2 build/examples/train_llama --data data/kjv-genesis-exodus.txt
+//   mpirun -np 2 build/examples/train_llama --data 'corpus_train_*.bin' --val-data corpus_val_000000.bin --vocab 512
 //   mpirun -np 2 build/examples/train_llama --load HF_DIR --eval 4          # prints eval_loss
 //   mpirun -np 2 build/examples/train_llama --load HF_DIR --steps 50 --save TUNED_DIR
 //
@@ -10,6 +11,8 @@
 // trains it. With --load the sizes come from HF_DIR/config.json; --save writes config.json and
 // model.safetensors, which transformers' from_pretrained reads. The flags train_gpt has for a run
 // over text windows (optimizer, clipping, sampling, accumulation, logging, sharding) are the same.
+// The vocabulary is the model's (--vocab, or config.json's vocab_size with --load); a token id at or
+// above it is refused, naming the shard and the place.
 
 #include <filesystem>
 #include <string>
@@ -49,19 +52,21 @@ struct settings {
 
 cli make_cli() {
   cli c("train_llama", "train a Llama-family model with FSDP, or evaluate a Hugging Face checkpoint (run under mpirun)");
-  c.flag("data", "data/kjv-genesis-exodus.txt", "training text (bytes)")
+  c.flag("data", "data/kjv-genesis-exodus.txt",
+         "training data: token shards (.bin: llm.c's or nanoGPT's raw uint16; 1-D .npy; a quoted glob of them) or text (bytes)")
+      .flag("vocab", "256", "vocabulary (vocab_size; with --load config.json's); every token id must be below it")
       .flag("layers", "4", "decoder layers (num_hidden_layers)")
       .flag("dim", "128", "hidden_size")
       .flag("hidden", "352", "the MLP's width (intermediate_size)")
       .flag("heads", "4", "query heads (num_attention_heads)")
       .flag("kv-heads", "2", "key/value heads, a divisor of --heads (num_key_value_heads)")
       .flag("rope-theta", "10000", "RoPE's base (rope_theta)")
-      .flag("seq", "64", "context length T (a window is T+1 bytes); with --load at most max_position_embeddings")
+      .flag("seq", "64", "context length T (a window is T+1 tokens); with --load at most max_position_embeddings")
       .flag("tie-weights", "off", "on: lm_head.weight is model.embed_tokens.weight (tie_word_embeddings) | off")
       .flag("batch", "16", "global batch in windows, split evenly over the ranks")
       .flag("dtype", "f32", "f32 | f64")
       .flag("seed", "1337", "initialisation and sampling seed");
-  kfsdp::examples::add_text_training_flags(c)
+  kfsdp::examples::add_token_data_flags(kfsdp::examples::add_text_training_flags(c))
       .flag("load", "",
             "start from this Hugging Face directory (config.json + safetensors; its sizes replace the size "
             "flags)")
@@ -77,7 +82,7 @@ cli make_cli() {
 settings read(const cli& c, int world_size) {
   settings s{.data = c.str("data"), .load = c.str("load"), .save = c.str("save"), .dtype = c.choice("dtype", {"f32", "f64"}),
              .batch = c.size("batch"), .window = c.positive("seq"), .eval_windows = c.size("eval"), .seed = c.size("seed"),
-             .model = {.dim = c.positive("dim"), .hidden = c.positive("hidden"), .layers = c.positive("layers"),
+             .model = {.vocab = c.positive("vocab"), .dim = c.positive("dim"), .hidden = c.positive("hidden"), .layers = c.positive("layers"),
                        .heads = c.positive("heads"), .kv_heads = c.positive("kv-heads"), .seq = c.positive("seq"),
                        .rope_theta = c.real("rope-theta"), .tie_weights = c.choice("tie-weights", {"on", "off"}) == "on"},
              .training = kfsdp::examples::text_training_of(c), .flags = kfsdp::examples::fsdp_flags_of(c)};
@@ -97,7 +102,7 @@ settings read(const cli& c, int world_size) {
 }
 
 template <class Scalar>
-int run(const settings& s, kfsdp::session& job) {
+int run(const settings& s, const cli& c, kfsdp::session& job) {
   kfsdp::comm::mpi& world = job.world();
   const bool root = job.is_root();
   const kfsdp::llama_config config = s.load.empty() ? s.model : kfsdp::io::read_llama_config(s.load);
@@ -109,7 +114,9 @@ int run(const settings& s, kfsdp::session& job) {
                                     : fmt::format("{}'s config.json (num_hidden_layers {}, hidden_size {}, intermediate_size "
                                                   "{}, vocab_size {})", s.load, config.layers, config.dim, config.hidden,
                                                   config.vocab));
-  const auto data = kfsdp::io::text_windows::from_file(s.data, s.window);
+  // Memory-mapped: each rank reads only its windows, checked against the model's vocabulary.
+  const kfsdp::examples::window_data windows = kfsdp::examples::open_window_data(c, s.window, config.vocab);
+  const kfsdp::io::token_windows& data = windows.train;
   // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
   kfsdp::comm::threaded overlapped(job.shard_group());
   const kfsdp::comm::any_communicator engine_comm = s.flags.overlap ? kfsdp::comm::any_communicator(overlapped)
@@ -132,17 +139,22 @@ int run(const settings& s, kfsdp::session& job) {
   kfsdp::optim::any_optimizer<Scalar> optimizer(trainer, s.training.optimizer);  // 2-D weights decay, 1-D not
   if (root)
     fmt::print("train_llama: {} ranks, {} ({} parameters, {} per rank; {} layers, dim {}, {} heads, {} kv heads), "
-               "{} / {} bucketing ({} buckets), {}, batch {} x {} windows of {} bytes, {} windows in {}\n",
+               "{} / {} bucketing ({} buckets), {}, batch {} x {} windows of {} tokens, {} windows in {} (vocabulary {})\n",
                world.size(), s.dtype, engine.plan().full_numel, engine.plan().shard_numel, config.layers, config.dim,
                config.heads, config.kv_heads, kfsdp::to_string(s.flags.fsdp.sharding()),
                kfsdp::to_string(s.flags.fsdp.bucketing()), engine.plan().buckets.size(),
-               s.training.optimizer.kind, s.training.grad_accum, s.batch, s.window + 1, data.count(), s.data);
+               s.training.optimizer.kind, s.training.grad_accum, s.batch, s.window + 1, data.count(), s.data, config.vocab);
   kfsdp::step_log log(world, {.program = "train_llama", .metrics = s.training.metrics, .unit = "tokens",
                               .steps = s.training.steps, .log_every = s.training.log_every});
   const std::size_t steps_done = kfsdp::examples::train_on_windows(
-      trainer, optimizer, data, s.training, s.batch, s.seed, 0, world, log, "train_llama", [](std::size_t) {});
+      trainer, optimizer, data, s.training, s.batch, s.seed, 0, world, log, "train_llama", [&](std::size_t done) {
+        if (windows.eval_every > 0 && done % windows.eval_every == 0 && done < s.training.steps)
+          kfsdp::examples::print_validation(trainer, windows, done, s.training.steps, world, "train_llama");
+      });
   const bool stopped = steps_done < s.training.steps;  // SIGTERM / SIGUSR1: the weights so far, marked
   if (!stopped) log.print_loss_change();
+  kfsdp::examples::print_validation(trainer, windows, steps_done, s.training.steps, world, "train_llama");
+  kfsdp::examples::print_data_reads(data, world, "train_llama");
   if (!s.save.empty()) {
     kfsdp::io::save_pretrained(s.save, engine, kfsdp::io::llama_config_json(config, kfsdp::io::dtype_of<Scalar>),
                                kfsdp::io::dtype_of<Scalar>);
@@ -161,6 +173,6 @@ int main(int argc, char** argv) {
     cli c = make_cli();
     if (!c.parse(argc, argv)) return 0;
     const settings s = read(c, job.size());
-    return s.dtype == "f32" ? run<float>(s, job) : run<double>(s, job);
+    return s.dtype == "f32" ? run<float>(s, c, job) : run<double>(s, c, job);
   });
 }

@@ -65,6 +65,7 @@ module;
 #include <kfsdp/io/data/distributed_sampler.hpp>
 #include <kfsdp/io/data/numpy.hpp>
 #include <kfsdp/io/data/text_dataset.hpp>
+#include <kfsdp/io/data/token_dataset.hpp>
 #include <kfsdp/kfsdp.hpp>
 #include <kfsdp/meta/checked.hpp>
 #include <kfsdp/meta/enum_names.hpp>
@@ -279,6 +280,11 @@ export namespace kfsdp::io {
 using kfsdp::io::parse_sampling;
 using kfsdp::io::text_windows;
 using kfsdp::io::window_sampling;
+}
+// <kfsdp/io/data/token_dataset.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::token_format;
+using kfsdp::io::token_windows;
 }
 // <kfsdp/meta/fixed_string.hpp>
 export namespace kfsdp {

@@ -225,6 +225,19 @@ with tempfile.TemporaryDirectory() as tmp:
     check(f'resumed {f("stopped.st")} at step {at}' in out and len(losses(out)) == 2 and
           not os.path.exists(f('stopped.st.stopped')), 'resumed after the stop, finished, the marker removed')
 
+    # Token shards (test/io/tokens): --data a glob later given as well (the last --data wins), --vocab, validation.
+    tokens = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'io', 'tokens')
+    shards = ['--data', os.path.join(tokens, 'kjv_train_*.bin'), '--val-data', os.path.join(tokens, 'kjv_val_000000.bin'),
+              '--vocab', '512', '--steps', '4', '--eval-every', '2']
+    one, three = run(1, *shards, '--metrics', f('tokens1.jsonl')), run(3, *shards, '--metrics', f('tokens3.jsonl'))
+    step_losses = [[json.loads(line)['loss'] for line in open(f(name))] for name in ('tokens1.jsonl', 'tokens3.jsonl')]
+    validation = [re.findall(r'validation after step \d+/4 \| loss (\S+) \| perplexity (\S+)', o) for o in (one, three)]
+    check(len(step_losses[0]) == 4 and close(step_losses[1], step_losses[0], 1e-10) and len(validation[0]) == 2
+          and validation[0] == validation[1] and 'vocabulary 512' in one,
+          f'token shards: 1 and 3 ranks train alike ({step_losses[0][-1]}), validation (loss, perplexity) {validation[0]}')
+    out = run(1, *shards[:4], '--vocab', '500', '--steps', '1', expect=2)
+    check("expected less than the vocabulary 500" in out, 'a token id past --vocab 500 is refused')
+
     # --help prints the program's flags alone (Kokkos' own help is --kokkos-help), and Kokkos' flags
     # still reach Kokkos rather than the program's parser.
     out = run(1, '--help')

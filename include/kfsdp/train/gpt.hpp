@@ -91,13 +91,13 @@ KFSDP_EXPORT inline nn::index_vector device_ids(const std::vector<int>& ids) {
   return out;
 }
 
-// The mean per-byte loss over the first `windows` windows of `data` (fewer if it holds fewer):
-// rank r of `ranks` computes windows r, r + N, ... on the full model, gathered once since ranks hold
-// different counts, and the sums are added over `ranks` (every rank of the job, whatever groups the
-// trainer shards over). Collective over both.
-KFSDP_EXPORT template <class Trainer, class Communicator>
-double evaluate_windows(Trainer& trainer, const io::text_windows& data, std::size_t windows, Communicator& ranks) {
-  double totals[2] = {0, 0};  // the sum of per-byte losses, the bytes
+// The mean per-token loss over the first `windows` windows of `data` (io::text_windows or
+// io::token_windows; fewer if it holds fewer): rank r of `ranks` computes windows r, r + N, ... on
+// the full model, gathered once since ranks hold different counts, and the sums are added over
+// `ranks` (every rank of the job, whatever groups the trainer shards over). Collective over both.
+KFSDP_EXPORT template <class Trainer, class Windows, class Communicator>
+double evaluate_windows(Trainer& trainer, const Windows& data, std::size_t windows, Communicator& ranks) {
+  double totals[2] = {0, 0};  // the sum of per-token losses, the tokens
   trainer.with_full_model([&] {
     for (std::size_t w = std::size_t(ranks.rank()); w < std::min(windows, data.count()); w += std::size_t(ranks.size())) {
       std::vector<int> tokens, targets;

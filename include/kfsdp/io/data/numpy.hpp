@@ -89,8 +89,20 @@ inline double numpy_value(const unsigned char* p, char kind, std::size_t bytes, 
   }
 }
 
-// Parses one .npy image (a whole file, or an .npz member's bytes); `file` names it in errors.
-inline numpy_array parse_npy(std::span<const unsigned char> image, const std::string& file) {
+// What a .npy header says: the shape, numpy's dtype, how its values are stored and where they start.
+struct npy_header {
+  std::vector<std::size_t> shape{};
+  std::string dtype{};      // numpy's descr: "<f4", "<u2", ...
+  char kind = '?';          // 'f', 'i', 'u' or 'b'
+  std::size_t bytes = 0;    // per value
+  bool big_endian = false, fortran = false;
+  std::size_t data_offset = 0, count = 0;  // the values: count of them from data_offset, checked to fit the image
+};
+
+// Parses one .npy image's header (the image is the whole file, or an .npz member's bytes: the
+// values are checked to fit it but not read, so a memory-mapped file is touched only in its header);
+// `file` names it in errors.
+inline npy_header parse_npy_header(std::span<const unsigned char> image, const std::string& file) {
   constexpr std::string_view magic = "\x93NUMPY";
   if (image.size() < 10 || std::memcmp(image.data(), magic.data(), magic.size()) != 0)
     numpy_refuse(file, "not a .npy file (no \\x93NUMPY magic), expected one written by numpy.save or numpy.savez");
@@ -106,7 +118,7 @@ inline numpy_array parse_npy(std::span<const unsigned char> image, const std::st
     numpy_refuse(file, fmt::format("the .npy header is {} bytes, and the file holds {}", header_length, image.size()));
   const std::string_view header(reinterpret_cast<const char*>(image.data()) + 8 + length_bytes, header_length);
 
-  numpy_array array;
+  npy_header array;
   const std::string_view descr = header_value(header, "descr", file);
   array.dtype = std::string(descr.size() >= 2 ? descr.substr(1, descr.size() - 2) : std::string_view());
   const std::string_view dtype = array.dtype;
@@ -152,6 +164,23 @@ inline numpy_array parse_npy(std::span<const unsigned char> image, const std::st
   if (image.size() - data_offset < count * bytes)
     numpy_refuse(file, fmt::format("shape ({}) of '{}' needs {} bytes of data, the file holds {} (cut short?)",
                                    fmt::join(array.shape, ", "), dtype, count * bytes, image.size() - data_offset));
+  array.kind = kind;
+  array.bytes = bytes;
+  array.big_endian = big_endian;
+  array.fortran = fortran;
+  array.data_offset = data_offset;
+  array.count = count;
+  return array;
+}
+
+// Parses one .npy image (a whole file, or an .npz member's bytes); `file` names it in errors.
+inline numpy_array parse_npy(std::span<const unsigned char> image, const std::string& file) {
+  const npy_header header = parse_npy_header(image, file);
+  const std::size_t count = header.count, bytes = header.bytes;
+  const bool fortran = header.fortran, big_endian = header.big_endian;
+  const char kind = header.kind;
+  numpy_array array{.shape = header.shape, .dtype = header.dtype};
+  const std::size_t data_offset = header.data_offset;
   // The values as doubles: up to 8 times the file's bytes (one-byte types).
   require_host_memory(double(count) * sizeof(double), fmt::format("{}'s values (shape ({}))", file, fmt::join(array.shape, ", ")));
   array.values.resize(count);

@@ -29,6 +29,27 @@ KFSDP_EXPORT inline window_sampling parse_sampling(const std::string& text) {
   throw std::invalid_argument("kfsdp: sampling '" + text + "' is not one of random, sequential");
 }
 
+/// The windows (of `count`) of global micro-batch `micro` (step · grad_accum + k) of `batch`
+/// windows: the same on every rank, at any world size (text_windows and token_windows draw them so).
+inline std::vector<std::size_t> window_micro_batch(std::size_t count, window_sampling sampling, std::uint64_t seed,
+                                                    std::size_t micro, std::size_t batch) {
+  const auto mix = [](std::uint64_t z) {  // splitmix64's finaliser
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  std::vector<std::size_t> windows(batch);
+  for (std::size_t i = 0; i < batch; ++i) {
+    if (sampling == window_sampling::sequential) {
+      windows[i] = (micro * batch + i) % count;
+    } else {  // counter-based, so a restart at any step draws the same windows
+      windows[i] = mix(seed ^ mix(micro * 0x9e3779b97f4a7c15ull + i)) % count;
+    }
+  }
+  return windows;
+}
+
 KFSDP_EXPORT class text_windows {
  public:
   text_windows(std::vector<std::uint8_t> bytes, std::size_t seq, std::string origin = "text")
@@ -64,15 +85,7 @@ KFSDP_EXPORT class text_windows {
   // The windows of global micro-batch `micro` (step · grad_accum + k) of `batch` windows.
   [[nodiscard]] std::vector<std::size_t> micro_batch(window_sampling sampling, std::uint64_t seed,
                                                      std::size_t micro, std::size_t batch) const {
-    std::vector<std::size_t> windows(batch);
-    for (std::size_t i = 0; i < batch; ++i) {
-      if (sampling == window_sampling::sequential) {
-        windows[i] = (micro * batch + i) % count();
-      } else {  // counter-based, so a restart at any step draws the same windows
-        windows[i] = mix(seed ^ mix(micro * 0x9e3779b97f4a7c15ull + i)) % count();
-      }
-    }
-    return windows;
+    return window_micro_batch(count(), sampling, seed, micro, batch);
   }
 
   // Rank `rank`'s slice (batch / world_size windows) of a micro-batch, as tokens and targets.
@@ -88,12 +101,6 @@ KFSDP_EXPORT class text_windows {
   }
 
  private:
-  static std::uint64_t mix(std::uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
   std::vector<std::uint8_t> bytes_;
   std::size_t seq_;
   std::string origin_;
