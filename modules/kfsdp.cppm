@@ -83,6 +83,7 @@ module;
 #include <kfsdp/model/llama_config.hpp>
 #include <kfsdp/model/model_graph.hpp>
 #include <kfsdp/model/param_table.hpp>
+#include <kfsdp/model/rope_scaling.hpp>
 #include <kfsdp/model/rowwise.hpp>
 #include <kfsdp/model/unit_assignment.hpp>
 #include <kfsdp/nn/attention.hpp>
@@ -327,6 +328,7 @@ using kfsdp::gelu_tanh;
 using kfsdp::layer_norm;
 using kfsdp::linear;
 using kfsdp::mse;
+using kfsdp::optional_bias;
 using kfsdp::positional_embedding;
 using kfsdp::relu;
 using kfsdp::rotary_embedding;
@@ -343,6 +345,7 @@ using kfsdp::make_llama;
 // <kfsdp/model/llama_config.hpp>
 export namespace kfsdp {
 using kfsdp::llama_config;
+using kfsdp::llama_family;
 }
 // <kfsdp/model/model_graph.hpp>
 export namespace kfsdp {
@@ -352,6 +355,11 @@ using kfsdp::make_model_graph;
 export namespace kfsdp {
 using kfsdp::make_param_table;
 using kfsdp::param_table;
+}
+// <kfsdp/model/rope_scaling.hpp>
+export namespace kfsdp {
+using kfsdp::rope_scaling;
+using kfsdp::rope_type;
 }
 // <kfsdp/model/rowwise.hpp>
 export namespace kfsdp {
