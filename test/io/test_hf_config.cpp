@@ -101,6 +101,9 @@ TEST_CASE("the families' configs: llama3 and linear RoPE scaling, head_dim, atte
   CHECK(kfsdp::io::parse_llama_config(config_with(R"("rope_parameters": {"factor": 32.0, "high_freq_factor": 4.0,
       "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_theta": 500000.0, "rope_type": "llama3"})"))
             .rope == llama3.rope);
+  // A rope_parameters without a type gives theta alone; the scaling stays as rope_scaling said.
+  CHECK(kfsdp::io::parse_llama_config(llama32.substr(0, llama32.size() - 1) + R"(, "rope_parameters": {"rope_theta": 7.0}})")
+            .rope == llama3.rope);
   const llama_config linear = kfsdp::io::parse_llama_config(config_with(R"("rope_scaling": {"type": "linear", "factor": 2.0})"));
   CHECK(linear.rope == kfsdp::rope_scaling{.type = kfsdp::rope_type::linear, .factor = 2});
   CHECK(kfsdp::io::parse_llama_config(config_with(R"("rope_parameters": {"rope_type": "default", "rope_theta": 7.0})")).rope ==

@@ -104,6 +104,7 @@ void check_partial_rotary(const config_keys& keys) {
 void read_rope(const config_keys& keys, llama_config& config) {
   check_partial_rotary(keys);
   const std::string_view type_key = keys.find("rope_type", json_kind::string) != nullptr ? "rope_type" : "type";
+  if (keys.find(type_key, json_kind::string) == nullptr) return;  // no type: theta alone, the scaling as it was
   const std::string type = keys.text(type_key, "default");
   const auto positive = [&](std::string_view key) {
     if (keys.find(key, json_kind::number) == nullptr)
