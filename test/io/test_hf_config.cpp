@@ -133,6 +133,8 @@ TEST_CASE("the families' configs: llama3 and linear RoPE scaling, head_dim, atte
   CHECK_FALSE((mistral.qkv_bias || mistral.o_bias));
   CHECK(kfsdp::io::parse_llama_config(R"({"model_type": "mistral", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 4,
       "num_hidden_layers": 1, "num_attention_heads": 2, "sliding_window": null})").sliding_window == 0);
+  CHECK(kfsdp::io::parse_llama_config(R"({"model_type": "mistral", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 4,
+      "num_hidden_layers": 1, "num_attention_heads": 2})").sliding_window == 4096);  // absent: MistralConfig's default
 }
 
 TEST_CASE("llama_config_json writes the scaling, head_dim, biases and model_type back as read") {

@@ -3,7 +3,7 @@
 // RoPE's frequencies under transformers' rope_type "default", "linear" (positions divided by factor)
 // and "llama3" (Llama 3.1 / 3.2 / 3.3: long wavelengths divided by factor, short ones kept, the
 // band between blended), each computed in Scalar with transformers' operations in transformers'
-// order, so that float agrees with transformers' float to the rounding.
+// order, so that float's inv_freq is transformers' to the bit.
 //   llama3, factor 8, low 1, high 4, original 8192: a pair with wavelength 2π / inv_freq
 //     under 8192 / 4 = 2048 keeps inv_freq, over 8192 / 1 = 8192 takes inv_freq / 8, between blends.
 //
@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <numbers>
 #include <stdexcept>
 #include <string>
@@ -51,11 +52,12 @@ KFSDP_EXPORT struct rope_scaling {
       throw std::invalid_argument(std::string("kfsdp::rope_scaling: ") + name + " is " + std::to_string(value) +
                                   ", expected " + expected);
     };
+    const auto finite_positive = [](double value) { return value > 0.0 && value < std::numeric_limits<double>::infinity(); };
     if (type == rope_type::default_) return;
-    if (!(factor > 0.0) || factor > 1e300) fail("factor", factor, "a positive number");
+    if (!finite_positive(factor)) fail("factor", factor, "a finite positive number");
     if (type != rope_type::llama3) return;
-    if (!(low_freq_factor > 0.0) || low_freq_factor > 1e300) fail("low_freq_factor", low_freq_factor, "a positive number");
-    if (!(high_freq_factor > low_freq_factor) || high_freq_factor > 1e300)
+    if (!finite_positive(low_freq_factor)) fail("low_freq_factor", low_freq_factor, "a finite positive number");
+    if (!finite_positive(high_freq_factor) || !(high_freq_factor > low_freq_factor))
       fail("high_freq_factor", high_freq_factor, "a finite number above low_freq_factor");
     if (original_max_position_embeddings == 0) fail("original_max_position_embeddings", 0, "at least 1");
   }

@@ -192,7 +192,9 @@ llama_config parse_llama_config(std::string_view json, std::string_view origin) 
   // Llama's attention_bias biases q, k, v and o_proj; Qwen2 biases q, k and v always, with no key saying so.
   config.qkv_bias = config.family == llama_family::qwen2 || (config.family == llama_family::llama && keys.flag("attention_bias", false));
   config.o_bias = config.family == llama_family::llama && config.qkv_bias;
-  if (config.family == llama_family::mistral) config.sliding_window = keys.size("sliding_window", 0);
+  // Mistral's sliding_window: null is none, absent is MistralConfig's 4096.
+  if (config.family == llama_family::mistral && root.find("sliding_window") == nullptr) config.sliding_window = 4096;
+  else if (config.family == llama_family::mistral) config.sliding_window = keys.size("sliding_window", 0);
   if (keys.flag("use_sliding_window", false))  // Qwen2's switch; off, its sliding_window and max_window_layers do nothing
     keys.fail("use_sliding_window", "true, expected false (kfsdp's attention has no sliding window)");
   if (const json_value* layer_types = keys.find("layer_types", json_kind::array))

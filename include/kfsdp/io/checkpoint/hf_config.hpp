@@ -21,7 +21,7 @@
 //      "original_max_position_embeddings": 8192}  ->  .rope (model/rope_scaling.hpp; also "linear")
 //   "model_type": "llama" | "qwen2" | "mistral"  ->  .family
 //   "attention_bias": true (llama)           ->    .qkv_bias = .o_bias = true; qwen2: .qkv_bias alone
-//   "sliding_window": 4096 (mistral)         ->    .sliding_window = 4096 (null: 0; make_llama checks it)
+//   "sliding_window": 4096 (mistral)         ->    .sliding_window = 4096 (null: 0; absent: 4096; make_llama checks it)
 // Refused, naming the key, the value and what was expected, because the model would compute
 // something else: another "model_type", "hidden_act" other than "silu", "mlp_bias" true, another
 // "rope_type", "partial_rotary_factor" below 1, "use_sliding_window" true, "layer_types" other
