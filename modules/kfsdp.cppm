@@ -84,6 +84,7 @@ module;
 #include <kfsdp/model/llama_config.hpp>
 #include <kfsdp/model/model_graph.hpp>
 #include <kfsdp/model/param_table.hpp>
+#include <kfsdp/model/rope_scaling.hpp>
 #include <kfsdp/model/rowwise.hpp>
 #include <kfsdp/model/unit_assignment.hpp>
 #include <kfsdp/nn/attention.hpp>
@@ -92,6 +93,7 @@ module;
 #include <kfsdp/nn/detail/gemm.hpp>
 #include <kfsdp/nn/embedding.hpp>
 #include <kfsdp/nn/linear.hpp>
+#include <kfsdp/nn/lora.hpp>
 #include <kfsdp/nn/rotary.hpp>
 #include <kfsdp/nn/views.hpp>
 #include <kfsdp/optim/adamw.hpp>
@@ -332,7 +334,9 @@ using kfsdp::gelu;
 using kfsdp::gelu_tanh;
 using kfsdp::layer_norm;
 using kfsdp::linear;
+using kfsdp::lora_linear;
 using kfsdp::mse;
+using kfsdp::optional_bias;
 using kfsdp::positional_embedding;
 using kfsdp::relu;
 using kfsdp::rotary_embedding;
@@ -349,6 +353,7 @@ using kfsdp::make_llama;
 // <kfsdp/model/llama_config.hpp>
 export namespace kfsdp {
 using kfsdp::llama_config;
+using kfsdp::llama_family;
 }
 // <kfsdp/model/model_graph.hpp>
 export namespace kfsdp {
@@ -358,6 +363,11 @@ using kfsdp::make_model_graph;
 export namespace kfsdp {
 using kfsdp::make_param_table;
 using kfsdp::param_table;
+}
+// <kfsdp/model/rope_scaling.hpp>
+export namespace kfsdp {
+using kfsdp::rope_scaling;
+using kfsdp::rope_type;
 }
 // <kfsdp/model/rowwise.hpp>
 export namespace kfsdp {

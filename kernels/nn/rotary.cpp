@@ -12,7 +12,7 @@ namespace kfsdp::nn {
 
 template <class Scalar>
 rotary_embedding<Scalar>::rotary_embedding(std::size_t heads, std::size_t kv_heads, std::size_t head_dim,
-                                           std::size_t seq_len, double theta)
+                                           std::size_t seq_len, double theta, rope_scaling scaling)
     : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), seq_len_(seq_len) {
   const char* where = "rotary_embedding";
   for (auto [value, name] : {std::pair{heads, "heads"}, std::pair{kv_heads, "kv_heads"},
@@ -23,6 +23,7 @@ rotary_embedding<Scalar>::rotary_embedding(std::size_t heads, std::size_t kv_hea
                                 ", expected an even number (RoPE turns pairs)");
   if (!(theta > 0.0))
     throw std::invalid_argument(std::string(where) + ": theta is " + std::to_string(theta) + ", expected a positive number");
+  scaling.validate();
   const auto what = [] { return "rotary_embedding: in_features ((heads + 2 · kv_heads) · head_dim)"; };
   detail::check_int_extent(where, "x", "columns",
                            checked_mul(checked_add(heads, checked_mul(2, kv_heads, what), what), head_dim, what));
@@ -34,8 +35,8 @@ rotary_embedding<Scalar>::rotary_embedding(std::size_t heads, std::size_t kv_hea
   auto cos_host = Kokkos::create_mirror_view(cos_);
   auto sin_host = Kokkos::create_mirror_view(sin_);
   for (std::size_t i = 0; i < half; ++i) {
-    // transformers: 1.0 / (base ** (arange(0, hd, 2).float() / hd)), then t · inv_freq, all in the scalar type.
-    const Scalar inv_freq = Scalar(1) / std::pow(Scalar(theta), Scalar(2 * i) / Scalar(head_dim));
+    // transformers: 1.0 / (base ** (arange(0, hd, 2).float() / hd)), scaled, then t · inv_freq, all in the scalar type.
+    const Scalar inv_freq = scaling.inverse_frequency<Scalar>(i, head_dim, theta);
     for (std::size_t t = 0; t < seq_len; ++t) {
       const Scalar angle = Scalar(t) * inv_freq;
       cos_host(t, i) = std::cos(angle);

@@ -21,7 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (again.vocab != config.vocab || again.dim != config.dim || again.hidden != config.hidden ||
       again.layers != config.layers || again.heads != config.heads || again.kv_heads != config.kv_heads ||
       again.seq != config.seq || again.rope_theta != config.rope_theta || again.rms_norm_eps != config.rms_norm_eps ||
-      again.tie_weights != config.tie_weights)
+      again.tie_weights != config.tie_weights || again.rope != config.rope || again.head_dim() != config.head_dim() ||
+      again.qkv_bias != config.qkv_bias || again.o_bias != config.o_bias || again.family != config.family ||
+      again.sliding_window != config.sliding_window)
     __builtin_trap();
   return 0;
 }

@@ -1,6 +1,7 @@
 // Tests for include/kfsdp/io/checkpoint/hf_config.hpp: transformers' config.json (the fixture's, written by
-// transformers 5) read into llama_config, kfsdp's config.json read back the same, and every setting
-// kfsdp's Llama cannot compute refused with the key named.
+// transformers 5; Llama 3.2's, Qwen2.5's and Mistral's keys as published) read into llama_config,
+// kfsdp's config.json read back the same, and every setting kfsdp's Llama cannot compute refused
+// with the key named.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include <kfsdp/io/checkpoint/hf_config.hpp>
+#include <kfsdp/model/llama.hpp>
 
 using kfsdp::llama_config;
 using kfsdp::io::format_error;
@@ -83,15 +85,125 @@ TEST_CASE("llama_config_json reads back as the same config") {
   CHECK_THROWS_AS((void)kfsdp::io::llama_config_json(c, kfsdp::io::dtype::I32), std::invalid_argument);
 }
 
-TEST_CASE("settings kfsdp's Llama cannot compute are refused, naming the key") {
-  CHECK(refusal(config_with(R"("rope_scaling": {"type": "linear", "factor": 2.0})")).find("key 'rope_scaling'") != std::string::npos);
+// Llama 3.2 1B's config.json as published (transformers 4), its sizes scaled down.
+const std::string llama32 = config_with(R"("rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "rope_theta": 500000.0, "tie_word_embeddings": true,
+    "max_position_embeddings": 131072, "head_dim": 16, "attention_bias": false, "mlp_bias": false)");
+
+TEST_CASE("the families' configs: llama3 and linear RoPE scaling, head_dim, attention_bias, qwen2, mistral") {
+  const llama_config llama3 = kfsdp::io::parse_llama_config(llama32);
+  CHECK(llama3.rope == kfsdp::rope_scaling{.type = kfsdp::rope_type::llama3, .factor = 32, .low_freq_factor = 1,
+                                           .high_freq_factor = 4, .original_max_position_embeddings = 8192});
+  CHECK(llama3.rope_theta == 500000.0);
+  CHECK(llama3.tie_weights);
+  CHECK(llama3.family == kfsdp::llama_family::llama);
+  // transformers 5 writes the same in rope_parameters; transformers 4.3x wrote "type" for "rope_type".
+  CHECK(kfsdp::io::parse_llama_config(config_with(R"("rope_parameters": {"factor": 32.0, "high_freq_factor": 4.0,
+      "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_theta": 500000.0, "rope_type": "llama3"})"))
+            .rope == llama3.rope);
+  // A rope_parameters without a type gives theta alone; the scaling stays as rope_scaling said.
+  CHECK(kfsdp::io::parse_llama_config(llama32.substr(0, llama32.size() - 1) + R"(, "rope_parameters": {"rope_theta": 7.0}})")
+            .rope == llama3.rope);
+  const llama_config linear = kfsdp::io::parse_llama_config(config_with(R"("rope_scaling": {"type": "linear", "factor": 2.0})"));
+  CHECK(linear.rope == kfsdp::rope_scaling{.type = kfsdp::rope_type::linear, .factor = 2});
+  CHECK(kfsdp::io::parse_llama_config(config_with(R"("rope_parameters": {"rope_type": "default", "rope_theta": 7.0})")).rope ==
+        kfsdp::rope_scaling{});
+
+  const llama_config biased = kfsdp::io::parse_llama_config(config_with(R"("attention_bias": true)"));
+  CHECK((biased.qkv_bias && biased.o_bias));
+  const llama_config wide = kfsdp::io::parse_llama_config(config_with(R"("head_dim": 32)"));
+  CHECK(wide.head_dim() == 32);
+  CHECK(wide.head_width == 32);
+
+  // Qwen2.5 0.5B's keys as published: biases on q, k and v with no key saying so, the sliding window off.
+  const llama_config qwen = kfsdp::io::parse_llama_config(R"({"model_type": "qwen2", "vocab_size": 256, "hidden_size": 64,
+      "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "max_window_layers": 21, "sliding_window": 32768, "use_sliding_window": false, "rope_theta": 1000000.0,
+      "layer_types": ["full_attention", "full_attention"], "tie_word_embeddings": true})");
+  CHECK(qwen.family == kfsdp::llama_family::qwen2);
+  CHECK((qwen.qkv_bias && !qwen.o_bias));
+  CHECK(qwen.sliding_window == 0);
+
+  const llama_config mistral = kfsdp::io::parse_llama_config(R"({"model_type": "mistral", "vocab_size": 256, "hidden_size": 64,
+      "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 32, "sliding_window": 4096, "max_position_embeddings": 32768})");
+  CHECK(mistral.family == kfsdp::llama_family::mistral);
+  CHECK(mistral.head_dim() == 32);
+  CHECK(mistral.sliding_window == 4096);
+  CHECK_FALSE((mistral.qkv_bias || mistral.o_bias));
+  CHECK(kfsdp::io::parse_llama_config(R"({"model_type": "mistral", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 4,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "sliding_window": null})").sliding_window == 0);
+  CHECK(kfsdp::io::parse_llama_config(R"({"model_type": "mistral", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 4,
+      "num_hidden_layers": 1, "num_attention_heads": 2})").sliding_window == 4096);  // absent: MistralConfig's default
+}
+
+TEST_CASE("llama_config_json writes the scaling, head_dim, biases and model_type back as read") {
+  for (const std::string& json :
+       {llama32, config_with(R"("rope_scaling": {"type": "linear", "factor": 2.5}, "attention_bias": true, "head_dim": 32)"),
+        std::string(R"({"model_type": "qwen2", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 176,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "use_sliding_window": false, "sliding_window": 131072})"),
+        std::string(R"({"model_type": "mistral", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 176,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8, "sliding_window": 4096})")}) {
+    const llama_config c = kfsdp::io::parse_llama_config(json);
+    const std::string written = kfsdp::io::llama_config_json(c);
+    const llama_config back = kfsdp::io::parse_llama_config(written, "written");
+    INFO(written);
+    CHECK(back.rope == c.rope);
+    CHECK(back.head_dim() == c.head_dim());
+    CHECK(back.qkv_bias == c.qkv_bias);
+    CHECK(back.o_bias == c.o_bias);
+    CHECK(back.family == c.family);
+    CHECK(back.sliding_window == c.sliding_window);
+  }
+  const std::string written = kfsdp::io::llama_config_json(kfsdp::io::parse_llama_config(llama32));
+  CHECK(written.find(R"("rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, )"
+                     R"("original_max_position_embeddings": 8192, "rope_type": "llama3"})") != std::string::npos);
+  const std::string qwen = kfsdp::io::llama_config_json(
+      {.vocab = 8, .dim = 8, .hidden = 4, .layers = 1, .heads = 2, .kv_heads = 1, .qkv_bias = true, .family = kfsdp::llama_family::qwen2});
+  CHECK(qwen.find(R"("architectures": ["Qwen2ForCausalLM"])") != std::string::npos);
+  CHECK(qwen.find(R"("use_sliding_window": false)") != std::string::npos);
+  CHECK(qwen.find("attention_bias") == std::string::npos);  // Qwen2's biases are its architecture's, not a key's
+  // Biases a family's config cannot say are refused, naming both flags.
+  CHECK_THROWS_WITH_AS((void)kfsdp::io::llama_config_json({.vocab = 8, .dim = 8, .hidden = 4, .layers = 1, .heads = 2,
+                                                           .kv_heads = 1, .qkv_bias = true}),
+                       doctest::Contains("qkv_bias true and o_bias false, expected both equal (attention_bias)"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("settings kfsdp's Llama cannot compute are refused, naming the key, the value and what was expected") {
   CHECK(refusal(config_with(R"("rope_scaling": null)")) == "(accepted)");
-  CHECK(refusal(config_with(R"("rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5})")).find("key 'rope_type'") != std::string::npos);
+  CHECK(refusal(config_with(R"("rope_scaling": {"type": "dynamic", "factor": 2.0})"))
+            .find("(rope_scaling): key 'type': 'dynamic', expected \"default\", \"linear\" or \"llama3\"") != std::string::npos);
+  CHECK(refusal(config_with(R"("rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 5e5})"))
+            .find("(rope_parameters): key 'rope_type': 'yarn', expected \"default\", \"linear\" or \"llama3\"") != std::string::npos);
+  CHECK(refusal(config_with(R"("rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5})"))
+            .find("key 'factor': missing, expected a positive number (rope_type 'llama3' reads it)") != std::string::npos);
+  CHECK(refusal(config_with(R"("rope_scaling": {"rope_type": "linear", "factor": -2.0})"))
+            .find("key 'factor': -2, expected a positive number") != std::string::npos);
+  CHECK(refusal(config_with(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+      "high_freq_factor": 1.0, "original_max_position_embeddings": 8192})"))
+            .find("high_freq_factor is 1.000000, expected a finite number above low_freq_factor") != std::string::npos);
+  CHECK(refusal(config_with(R"("partial_rotary_factor": 0.5)"))
+            .find("key 'partial_rotary_factor': 0.5, expected 1.0") != std::string::npos);
   CHECK(refusal(config_with(R"("hidden_act": "gelu")")).find("key 'hidden_act': 'gelu', expected \"silu\"") != std::string::npos);
-  CHECK(refusal(config_with(R"("attention_bias": true)")).find("key 'attention_bias'") != std::string::npos);
-  CHECK(refusal(config_with(R"("mlp_bias": true)")).find("key 'mlp_bias'") != std::string::npos);
-  CHECK(refusal(config_with(R"("head_dim": 32)")).find("key 'head_dim': 32, expected hidden_size / num_attention_heads = 16") != std::string::npos);
-  CHECK(refusal(R"({"model_type": "mistral"})").find("key 'model_type': 'mistral'") != std::string::npos);
+  CHECK(refusal(config_with(R"("mlp_bias": true)")).find("key 'mlp_bias': true, expected false") != std::string::npos);
+  CHECK(refusal(R"({"model_type": "gemma"})").find("key 'model_type': 'gemma', expected \"llama\", \"qwen2\" or \"mistral\"") !=
+        std::string::npos);
+  CHECK(refusal(R"({"model_type": "qwen2", "use_sliding_window": true})")
+            .find("key 'use_sliding_window': true, expected false") != std::string::npos);
+  CHECK(refusal(config_with(R"("layer_types": ["full_attention", "sliding_attention"])"))
+            .find("key 'layer_types': item 1 is 'sliding_attention', expected \"full_attention\"") != std::string::npos);
+}
+
+TEST_CASE("a Mistral sliding_window narrower than the window is refused by make_llama, naming it") {
+  const llama_config mistral = kfsdp::io::parse_llama_config(R"({"model_type": "mistral", "vocab_size": 256,
+      "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "sliding_window": 32,
+      "max_position_embeddings": 64})");
+  CHECK_THROWS_WITH_AS((void)kfsdp::make_llama(mistral),
+                       "kfsdp::make_llama: sliding_window is 32, expected null or at least the window 64 (kfsdp's "
+                       "attention sees the whole window)",
+                       std::invalid_argument);
+  CHECK_NOTHROW((void)kfsdp::make_llama(mistral, 32));  // the mask of a window of 32 slides nothing away
 }
 
 TEST_CASE("a missing, mistyped or invalid size is refused, naming the file and the key") {

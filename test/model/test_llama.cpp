@@ -70,6 +70,42 @@ TEST_CASE("tied embeddings: lm_head.weight is model.embed_tokens.weight, declare
   CHECK(tied.back().name.view() == "model.norm.weight");
 }
 
+TEST_CASE("the families' attention: q/k/v and o biases under transformers' names, a head_dim of its own, scaled RoPE") {
+  llama_config qwen = small;  // Qwen2: q, k, v biased, o_proj not
+  qwen.qkv_bias = true;
+  const auto biased = make_param_table(make_llama(qwen));
+  REQUIRE(biased.size() == t.size() + 2 * 3);
+  CHECK(biased[3].name.view() == "model.layers.0.self_attn.q_proj.bias");
+  CHECK(biased[3].shape[0] == 64);
+  CHECK(biased[7].name.view() == "model.layers.0.self_attn.v_proj.bias");
+  CHECK(biased[7].shape[0] == 32);
+  CHECK(biased[8].name.view() == "model.layers.0.self_attn.o_proj.weight");
+  llama_config llama = qwen;  // Llama's attention_bias: o_proj's too
+  llama.o_bias = true;
+  CHECK(make_param_table(make_llama(llama))[9].name.view() == "model.layers.0.self_attn.o_proj.bias");
+  const auto counted = [](const llama_config& c) {  // the count before building is the table's
+    double count = 0;
+    for (const auto& p : make_param_table(make_llama(c))) count += double(p.numel);
+    return count == c.parameters();
+  };
+  CHECK(counted(llama));
+
+  llama_config mistral = small;  // head_dim 32 with 4 heads of a 64-wide model: the attention is 128 wide
+  mistral.head_width = 32;
+  mistral.rope = {.type = rope_type::llama3, .factor = 8, .original_max_position_embeddings = 16};
+  const auto wide = make_param_table(make_llama(mistral));
+  CHECK(wide[2].shape[0] == 128);  // q_proj [heads · head_dim, dim]
+  CHECK(wide[3].shape[0] == 64);   // k_proj [kv_heads · head_dim, dim]
+  CHECK(wide[5].shape[0] == 64);   // o_proj [dim, heads · head_dim]
+  CHECK(wide[5].shape[1] == 128);
+  const auto m = make_llama(mistral);
+  const auto& attention = std::get<1>(std::get<0>(std::get<1>(std::get<0>(m.children).children).element.children).children);
+  CHECK(std::get<1>(attention.children).head_dim == 32);
+  CHECK(std::get<1>(attention.children).scaling == mistral.rope);
+  CHECK(std::get<2>(attention.children).expected_in_features() == 128 + 2 * 64);
+  CHECK(counted(mistral));
+}
+
 TEST_CASE("a configuration the model cannot take is refused, naming the size") {
   llama_config c = small;
   c.kv_heads = 3;

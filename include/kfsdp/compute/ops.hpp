@@ -70,7 +70,12 @@ struct linear_op {
   nn::linear<S> kernel;
   typename nn::linear<S>::cache cache;
   template <class D>
-  explicit linear_op(const D& d) : kernel(d.in_features, d.out_features, D::has_bias) {}
+  explicit linear_op(const D& d) : kernel(d.in_features, d.out_features, has_bias(d)) {}
+  template <class D>
+  static constexpr bool has_bias(const D& d) {
+    if constexpr (requires { d.bias; }) return d.bias;  // optional_bias: chosen at run time
+    else return D::has_bias;
+  }
   nn::linear_tensors<const S> tensors(const layer_params<const S>& p) const {
     return kernel.has_bias() ? nn::linear_tensors<const S>(p.matrix(0), p.vector(1)) : nn::linear_tensors<const S>(p.matrix(0));
   }
@@ -179,7 +184,7 @@ template <class S>
 struct rotary_op {
   nn::rotary_embedding<S> kernel;
   template <class D>
-  explicit rotary_op(const D& d) : kernel(d.heads, d.kv_heads, d.head_dim, d.seq, d.theta) {}
+  explicit rotary_op(const D& d) : kernel(d.heads, d.kv_heads, d.head_dim, d.seq, d.theta, d.scaling) {}
   void forward(const layer_params<const S>&, nn::const_matrix<S> x, nn::matrix<S> y) { kernel.forward(x, y); }
   void backward(const layer_params<const S>&, const layer_params<S>&, nn::const_matrix<S> dy, nn::matrix<S> dx) {
     if (dx.data() != nullptr) kernel.backward(dy, dx);

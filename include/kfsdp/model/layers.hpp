@@ -24,6 +24,7 @@
 #include <utility>
 
 #include <kfsdp/model/descriptor.hpp>
+#include <kfsdp/model/rope_scaling.hpp>
 #include <kfsdp/model/rowwise.hpp>
 
 namespace kfsdp {
@@ -195,6 +196,25 @@ struct tied : Layer {
   constexpr auto all_params() const { return Layer::params(); }
 };
 
+// A layer whose bias is a run-time choice (transformers' attention_bias; Qwen2's q/k/v): Layer's
+// parameters, its "bias" left out unless `bias` is true.
+//   optional_bias<linear<"q_proj", 64, 64>>({}, true)   -> weight [64, 64], bias [64]
+//   optional_bias<linear<"q_proj", 64, 64>>({}, false)  -> weight [64, 64]
+KFSDP_EXPORT template <class Layer>
+struct optional_bias : Layer {
+  bool bias = false;
+
+  constexpr optional_bias() requires std::is_default_constructible_v<Layer> = default;
+  constexpr optional_bias(Layer layer, bool with_bias) : Layer(std::move(layer)), bias(with_bias) {}
+
+  constexpr auto params() const {
+    param_list<std::tuple_size_v<decltype(std::declval<const Layer&>().params())>> own;
+    for (const param_decl& d : Layer::params())
+      if (bias || d.name != "bias") own.push_back(d);
+    return own;
+  }
+};
+
 // Elementwise activations (no parameters; the width is the input's).
 enum class activation_fn { gelu, gelu_tanh, relu, silu, tanh };
 
@@ -278,14 +298,17 @@ struct rotary_embedding {
   std::size_t head_dim = HeadDim;
   std::size_t seq = Seq;
   double theta = 10000.0;  // transformers' rope_theta
+  rope_scaling scaling{};  // transformers' rope_type and its factors (model/rope_scaling.hpp)
 
   constexpr rotary_embedding() requires(Heads != dyn && KVHeads != dyn && HeadDim != dyn && Seq != dyn) = default;
-  constexpr rotary_embedding(std::size_t h, std::size_t kv, std::size_t hd, std::size_t s, double base = 10000.0)
+  constexpr rotary_embedding(std::size_t h, std::size_t kv, std::size_t hd, std::size_t s, double base = 10000.0,
+                             rope_scaling scaled = {})
       : heads(checked_extent<Heads>("rotary_embedding", Name.view(), "heads", h)),
         kv_heads(checked_extent<KVHeads>("rotary_embedding", Name.view(), "kv_heads", kv)),
         head_dim(checked_extent<HeadDim>("rotary_embedding", Name.view(), "head_dim", hd)),
         seq(checked_extent<Seq>("rotary_embedding", Name.view(), "seq", s)),
-        theta(base) {
+        theta(base),
+        scaling(scaled) {
     if (head_dim % 2 != 0)
       throw std::invalid_argument("kfsdp: rotary_embedding '" + std::string(Name.view()) + "': head_dim is " +
                                   std::to_string(head_dim) + ", expected an even number (RoPE turns pairs)");

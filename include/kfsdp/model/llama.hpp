@@ -1,8 +1,9 @@
 #pragma once
 #include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
-// Llama-family models (LlamaForCausalLM) under transformers' parameter names: token embedding,
-// decoder layers of RMSNorm → grouped-query attention with RoPE → RMSNorm → SwiGLU MLP (linears
-// without bias), a final RMSNorm and an lm_head, tied to the embedding or not. Each decoder layer
+// Llama-family models (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM) under transformers'
+// parameter names: token embedding, decoder layers of RMSNorm → grouped-query attention with RoPE
+// → RMSNorm → SwiGLU MLP (linears without bias; the attention's q/k/v and o biases as the config
+// asks), a final RMSNorm and an lm_head, tied to the embedding or not. Each decoder layer
 // is a block: one FSDP unit. For dim 64, hidden 176, heads 4, kv_heads 2 (head_dim 16), vocab 256:
 //   model.embed_tokens.weight [256, 64]
 //   model.layers.N.input_layernorm.weight [64]
@@ -10,6 +11,8 @@
 //   model.layers.N.post_attention_layernorm.weight [64]
 //   model.layers.N.mlp.{gate_proj [176, 64], up_proj [176, 64], down_proj [64, 176]}.weight
 //   model.norm.weight [64], lm_head.weight [256, 64] (absent when tied) — 2 + 9·L + 1 parameters.
+// With qkv_bias, model.layers.N.self_attn.{q_proj [64], k_proj [32], v_proj [32]}.bias; with o_bias,
+// o_proj.bias [64]. With head_width 32: q_proj [128, 64], k_proj, v_proj [64, 64], o_proj [64, 128].
 // The q/k/v and gate/up projections are one concat each (one input, outputs side by side), so the
 // attention sees [q | k | v] and swiglu [gate | up] as the fused forms do, under the separate names.
 //
@@ -36,13 +39,15 @@ constexpr std::size_t head_width(std::size_t dim, std::size_t heads) { return di
 }  // namespace detail
 
 // self_attn: [q | k | v] = concat(q_proj, k_proj, v_proj)(x), RoPE on q and k, causal attention, o_proj.
+// Each projection's bias is a run-time choice (attention_bias, Qwen2): optional_bias, absent unless asked for.
 template <std::size_t Dim = dyn, std::size_t Heads = dyn, std::size_t KVHeads = dyn, std::size_t Seq = dyn>
 using llama_attention =
     sequential<"self_attn",
-               concat<"", linear<"q_proj", Dim, Dim, false>, linear<"k_proj", Dim, detail::kv_width(Dim, Heads, KVHeads), false>,
-                      linear<"v_proj", Dim, detail::kv_width(Dim, Heads, KVHeads), false>>,
+               concat<"", optional_bias<linear<"q_proj", Dim, Dim>>,
+                      optional_bias<linear<"k_proj", Dim, detail::kv_width(Dim, Heads, KVHeads)>>,
+                      optional_bias<linear<"v_proj", Dim, detail::kv_width(Dim, Heads, KVHeads)>>>,
                rotary_embedding<"", Heads, KVHeads, detail::head_width(Dim, Heads), Seq>,
-               causal_self_attention<"", Dim, Heads, Seq, KVHeads>, linear<"o_proj", Dim, Dim, false>>;
+               causal_self_attention<"", Dim, Heads, Seq, KVHeads>, optional_bias<linear<"o_proj", Dim, Dim>>>;
 
 // mlp: down_proj(silu(gate_proj(x)) · up_proj(x)).
 template <std::size_t Dim = dyn, std::size_t Hidden = dyn>
@@ -73,25 +78,36 @@ KFSDP_EXPORT using llama_descriptor = llama<dyn, dyn, dyn, dyn, dyn, dyn, dyn>;
 
 // The Llama descriptor for a configuration (validated: a bad size throws naming it). `window` is the
 // number of tokens per training window (RoPE's positions and the causal mask count within it);
-// 0 takes c.seq (max_position_embeddings); more than c.seq throws.
+// 0 takes c.seq (max_position_embeddings); more than c.seq, or than a sliding_window, throws.
+// The attention is heads · head_dim wide (dim unless head_width says otherwise; o_proj maps it back).
 KFSDP_EXPORT inline llama_descriptor make_llama(const llama_config& c, std::size_t window = 0) {
   c.validate();
   const std::size_t seq = window == 0 ? c.seq : window;
   if (seq > c.seq)
     throw std::invalid_argument("kfsdp::make_llama: window is " + std::to_string(seq) +
                                 ", expected at most seq (max_position_embeddings) = " + std::to_string(c.seq));
-  const std::size_t d = c.dim, hd = c.head_dim(), kv = c.kv_heads * hd;
+  // A window no wider than sliding_window is one the sliding mask never narrows.
+  if (c.sliding_window != 0 && c.sliding_window < seq)
+    throw std::invalid_argument("kfsdp::make_llama: sliding_window is " + std::to_string(c.sliding_window) +
+                                ", expected null or at least the window " + std::to_string(seq) +
+                                " (kfsdp's attention sees the whole window)");
+  const std::size_t d = c.dim, hd = c.head_dim(), q = c.heads * hd, kv = c.kv_heads * hd;
   using attention_t = llama_attention<>;
   using mlp_t = llama_mlp<>;
-  using qkv_t = concat<"", linear<"q_proj", dyn, dyn, false>, linear<"k_proj", dyn, dyn, false>, linear<"v_proj", dyn, dyn, false>>;
+  using q_t = optional_bias<linear<"q_proj">>;
+  using k_t = optional_bias<linear<"k_proj">>;
+  using v_t = optional_bias<linear<"v_proj">>;
+  using o_t = optional_bias<linear<"o_proj">>;
+  using qkv_t = concat<"", q_t, k_t, v_t>;
   using gate_up_t = concat<"", linear<"gate_proj", dyn, dyn, false>, linear<"up_proj", dyn, dyn, false>>;
   using norm_1_t = rms_norm<"input_layernorm">;
   using norm_2_t = rms_norm<"post_attention_layernorm">;
   const attention_t attention(
-      qkv_t(linear<"q_proj", dyn, dyn, false>(d, d), linear<"k_proj", dyn, dyn, false>(d, kv),
-            linear<"v_proj", dyn, dyn, false>(d, kv)),
-      rotary_embedding<"">(c.heads, c.kv_heads, hd, seq, c.rope_theta),
-      causal_self_attention<"", dyn, dyn, dyn, dyn>(d, c.heads, seq, c.kv_heads), linear<"o_proj", dyn, dyn, false>(d, d));
+      qkv_t(q_t(linear<"q_proj">(d, q), c.qkv_bias), k_t(linear<"k_proj">(d, kv), c.qkv_bias),
+            v_t(linear<"v_proj">(d, kv), c.qkv_bias)),
+      rotary_embedding<"">(c.heads, c.kv_heads, hd, seq, c.rope_theta, c.rope),
+      causal_self_attention<"", dyn, dyn, dyn, dyn>(q, c.heads, seq, c.kv_heads),
+      o_t(linear<"o_proj">(q, d), c.o_bias));
   const mlp_t mlp(gate_up_t(linear<"gate_proj", dyn, dyn, false>(d, c.hidden), linear<"up_proj", dyn, dyn, false>(d, c.hidden)),
                   swiglu<"">{}, linear<"down_proj", dyn, dyn, false>(c.hidden, d));
   using block_t = llama_block<>;

@@ -5,14 +5,16 @@
 // q and k head, pair (i, i + hd/2) turns by the angle t · theta^(−2i/hd):
 //   y_i = x_i cos − x_{i+hd/2} sin,   y_{i+hd/2} = x_{i+hd/2} cos + x_i sin.
 // Worked example, hd = 4, theta = 10000, t = 1: pair (0, 2) turns by 1 rad, pair (1, 3) by 0.01 rad.
-// The angles are computed in Scalar, as transformers does for float: inv_freq = 1 / theta^(2i/hd),
-// angle = t · inv_freq, then cos and sin (a table [seq_len, hd/2] made once).
+// The angles are computed in Scalar, as transformers does for float: inv_freq = 1 / theta^(2i/hd)
+// (scaled as rope_scaling says: model/rope_scaling.hpp), angle = t · inv_freq, then cos and sin (a
+// table [seq_len, hd/2] made once).
 //
 //   kfsdp::nn::rotary_embedding<float> rope(/*heads=*/4, /*kv_heads=*/2, /*head_dim=*/16, /*seq_len=*/32);
 //   rope.forward(qkv, y);    // both [rows, 128]
 //   rope.backward(dy, dx);   // the inverse rotation; no parameters, nothing cached
 // Conventions: see views.hpp.
 
+#include <kfsdp/model/rope_scaling.hpp>
 #include <kfsdp/nn/views.hpp>
 
 #include <cstddef>
@@ -26,7 +28,7 @@ class rotary_embedding {
 
   // Throws std::invalid_argument for a zero size, an odd head_dim or theta <= 0.
   rotary_embedding(std::size_t heads, std::size_t kv_heads, std::size_t head_dim, std::size_t seq_len,
-                   double theta = 10000.0);
+                   double theta = 10000.0, rope_scaling scaling = {});
 
   [[nodiscard]] std::size_t in_features() const noexcept { return (heads_ + 2 * kv_heads_) * head_dim_; }
   [[nodiscard]] std::size_t seq_len() const noexcept { return seq_len_; }

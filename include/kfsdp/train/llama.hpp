@@ -19,11 +19,12 @@ namespace kfsdp {
 extern template class network<llama_descriptor, float>;
 extern template class network<llama_descriptor, double>;
 
-// LlamaPreTrainedModel._init_weights: N(0, initializer_range²) for every linear and the embedding,
-// RMSNorm weights one (initializer_range is 0.02 in transformers' LlamaConfig).
+// LlamaPreTrainedModel._init_weights: N(0, initializer_range²) for every linear's weight and the
+// embedding, biases zero, RMSNorm weights one (initializer_range is 0.02 in transformers' LlamaConfig).
 KFSDP_EXPORT inline std::function<param_init(const param_info&)> llama_init(double initializer_range = 0.02) {
   return [initializer_range](const param_info& p) -> param_init {
     if (p.name.view().ends_with("norm.weight")) return {param_init::ones, 0.0};
+    if (p.name.view().ends_with(".bias")) return {param_init::zeros, 0.0};
     return {param_init::normal, initializer_range};
   };
 }

@@ -93,6 +93,77 @@ std::string_view torch_dtype_name(dtype stored) {
                                           dtype_name(stored)));
 }
 
+// transformers' partial_rotary_factor (top level or in the RoPE object): RoPE on a part of each head.
+void check_partial_rotary(const config_keys& keys) {
+  if (const double partial = keys.real("partial_rotary_factor", 1.0); partial != 1.0)
+    keys.fail("partial_rotary_factor", fmt::format("{}, expected 1.0 (kfsdp's RoPE turns the whole head)", partial));
+}
+
+// The RoPE scaling of a rope_scaling or rope_parameters object: its type under "rope_type" (or
+// "type", as transformers 4.3x wrote it) and the factors that type reads.
+void read_rope(const config_keys& keys, llama_config& config) {
+  check_partial_rotary(keys);
+  const std::string_view type_key = keys.find("rope_type", json_kind::string) != nullptr ? "rope_type" : "type";
+  if (keys.find(type_key, json_kind::string) == nullptr) return;  // no type: theta alone, the scaling as it was
+  const std::string type = keys.text(type_key, "default");
+  const auto positive = [&](std::string_view key) {
+    if (keys.find(key, json_kind::number) == nullptr)
+      keys.fail(key, fmt::format("missing, expected a positive number (rope_type '{}' reads it)", type));
+    const double value = keys.real(key, 0.0);
+    if (!(value > 0.0)) keys.fail(key, fmt::format("{}, expected a positive number", value));
+    return value;
+  };
+  if (type == "default") {
+    config.rope = {};
+  } else if (type == "linear") {
+    config.rope = {.type = rope_type::linear, .factor = positive("factor")};
+  } else if (type == "llama3") {
+    config.rope = {.type = rope_type::llama3, .factor = positive("factor"), .low_freq_factor = positive("low_freq_factor"),
+                   .high_freq_factor = positive("high_freq_factor"),
+                   .original_max_position_embeddings = keys.size("original_max_position_embeddings")};
+  } else {
+    keys.fail(type_key, fmt::format("'{}', expected \"default\", \"linear\" or \"llama3\" (the RoPE scalings kfsdp "
+                                    "computes)", type));
+  }
+}
+
+std::string_view family_name(llama_family family) {
+  switch (family) {
+    case llama_family::qwen2: return "qwen2";
+    case llama_family::mistral: return "mistral";
+    default: return "llama";
+  }
+}
+
+std::string_view architecture(llama_family family) {
+  switch (family) {
+    case llama_family::qwen2: return "Qwen2ForCausalLM";
+    case llama_family::mistral: return "MistralForCausalLM";
+    default: return "LlamaForCausalLM";
+  }
+}
+
+// A factor as JSON's float ("32.0", not "32"): transformers checks the llama3 factors are floats.
+std::string json_float(double value) {
+  std::string text = fmt::format("{}", value);
+  if (text.find_first_of(".e") == std::string::npos) text += ".0";
+  return text;
+}
+
+// rope_scaling as Llama 3.1 / 3.2 publish it, or null.
+std::string rope_scaling_json(const rope_scaling& rope) {
+  switch (rope.type) {
+    case rope_type::linear: return fmt::format("{{\"factor\": {}, \"rope_type\": \"linear\"}}", json_float(rope.factor));
+    case rope_type::llama3:
+      return fmt::format(
+          "{{\"factor\": {}, \"high_freq_factor\": {}, \"low_freq_factor\": {}, \"original_max_position_embeddings\": {}, "
+          "\"rope_type\": \"llama3\"}}",
+          json_float(rope.factor), json_float(rope.high_freq_factor), json_float(rope.low_freq_factor),
+          rope.original_max_position_embeddings);
+    default: return "null";
+  }
+}
+
 }  // namespace
 
 llama_config parse_llama_config(std::string_view json, std::string_view origin) {
@@ -110,16 +181,28 @@ llama_config parse_llama_config(std::string_view json, std::string_view origin) 
                     json_detail::kind_name(root.kind)));
   const config_keys keys(root, where);
 
-  if (const std::string type = keys.text("model_type", ""); type != "llama")
-    keys.fail("model_type", fmt::format("'{}', expected \"llama\"", type));
+  llama_config config;
+  const std::string type = keys.text("model_type", "");
+  if (type == "qwen2") config.family = llama_family::qwen2;
+  else if (type == "mistral") config.family = llama_family::mistral;
+  else if (type != "llama") keys.fail("model_type", fmt::format("'{}', expected \"llama\", \"qwen2\" or \"mistral\"", type));
   if (const std::string act = keys.text("hidden_act", "silu"); act != "silu")
     keys.fail("hidden_act", fmt::format("'{}', expected \"silu\" (kfsdp's Llama MLP is SwiGLU)", act));
-  for (const std::string_view bias : {"attention_bias", "mlp_bias"})
-    if (keys.flag(bias, false)) keys.fail(bias, "true, expected false (kfsdp's Llama linears have no bias)");
-  if (keys.find("rope_scaling", json_kind::object) != nullptr)
-    keys.fail("rope_scaling", "set, expected null or absent (kfsdp's RoPE has no scaling)");
+  if (keys.flag("mlp_bias", false)) keys.fail("mlp_bias", "true, expected false (kfsdp's Llama MLP has no bias)");
+  // Llama's attention_bias biases q, k, v and o_proj; Qwen2 biases q, k and v always, with no key saying so.
+  config.qkv_bias = config.family == llama_family::qwen2 || (config.family == llama_family::llama && keys.flag("attention_bias", false));
+  config.o_bias = config.family == llama_family::llama && config.qkv_bias;
+  // Mistral's sliding_window: null is none, absent is MistralConfig's 4096.
+  if (config.family == llama_family::mistral && root.find("sliding_window") == nullptr) config.sliding_window = 4096;
+  else if (config.family == llama_family::mistral) config.sliding_window = keys.size("sliding_window", 0);
+  if (keys.flag("use_sliding_window", false))  // Qwen2's switch; off, its sliding_window and max_window_layers do nothing
+    keys.fail("use_sliding_window", "true, expected false (kfsdp's attention has no sliding window)");
+  if (const json_value* layer_types = keys.find("layer_types", json_kind::array))
+    for (std::size_t i = 0; i < layer_types->values.size(); ++i)
+      if (const json_value& layer = layer_types->values[i]; layer.kind != json_kind::string || layer.text != "full_attention")
+        keys.fail("layer_types", fmt::format("item {} is '{}', expected \"full_attention\" (kfsdp's attention has no "
+                                             "sliding window)", i, layer.text));
 
-  llama_config config;
   config.vocab = keys.size("vocab_size");
   config.dim = keys.size("hidden_size");
   config.hidden = keys.size("intermediate_size");
@@ -128,19 +211,21 @@ llama_config parse_llama_config(std::string_view json, std::string_view origin) 
   config.kv_heads = keys.size("num_key_value_heads", config.heads);
   config.seq = keys.size("max_position_embeddings", 2048);
   config.rope_theta = keys.real("rope_theta", 10000.0);
-  // transformers 5 writes RoPE's settings in one object instead.
+  check_partial_rotary(keys);
+  // transformers 4 writes the scaling as rope_scaling; transformers 5 writes RoPE's settings in rope_parameters.
+  if (const json_value* rope = keys.find("rope_scaling", json_kind::object))
+    read_rope(config_keys(*rope, where + " (rope_scaling)"), config);
   if (const json_value* rope = keys.find("rope_parameters", json_kind::object)) {
     const config_keys inner(*rope, where + " (rope_parameters)");
-    if (const std::string type = inner.text("rope_type", "default"); type != "default")
-      inner.fail("rope_type", fmt::format("'{}', expected \"default\" (kfsdp's RoPE has no scaling)", type));
     config.rope_theta = inner.real("rope_theta", config.rope_theta);
+    read_rope(inner, config);
   }
   config.rms_norm_eps = keys.real("rms_norm_eps", 1e-6);
   config.tie_weights = keys.flag("tie_word_embeddings", false);
-  if (config.heads != 0 && config.dim % config.heads == 0)
-    if (const std::size_t head_dim = keys.size("head_dim", config.dim / config.heads); head_dim != config.dim / config.heads)
-      keys.fail("head_dim", fmt::format("{}, expected hidden_size / num_attention_heads = {}", head_dim,
-                                        config.dim / config.heads));
+  // transformers' head_dim defaults to hidden_size // num_attention_heads; another value is the heads' own width.
+  if (const std::size_t head_dim = keys.size("head_dim", config.dim / config.heads);
+      head_dim != config.dim / config.heads || config.dim % config.heads != 0)
+    config.head_width = head_dim;
   try {
     config.validate();
   } catch (const std::invalid_argument& error) {
@@ -177,33 +262,49 @@ llama_config read_llama_config(const std::filesystem::path& path) {
 }
 
 std::string llama_config_json(const llama_config& config, dtype stored) {
+  constexpr std::string_view function = "kfsdp::io::llama_config_json";
   config.validate();
   const std::string_view torch_dtype = torch_dtype_name(stored);
+  const llama_family family = config.family;
+  // Each family's config says its biases its own way (Llama: attention_bias for all four; Qwen2: none).
+  const bool biases_fit = family == llama_family::llama    ? config.qkv_bias == config.o_bias
+                          : family == llama_family::qwen2 ? config.qkv_bias && !config.o_bias
+                                                          : !config.qkv_bias && !config.o_bias;
+  if (!biases_fit)
+    throw std::invalid_argument(fmt::format(
+        "{}: qkv_bias {} and o_bias {}, expected {} for model_type \"{}\"", function, config.qkv_bias, config.o_bias,
+        family == llama_family::llama ? "both equal (attention_bias)"
+                                      : family == llama_family::qwen2 ? "true and false" : "both false",
+        family_name(family)));
+  if (family != llama_family::mistral && config.sliding_window != 0)
+    throw std::invalid_argument(fmt::format("{}: sliding_window {}, expected 0 for model_type \"{}\" (Mistral's key)",
+                                            function, config.sliding_window, family_name(family)));
+  // Keys in alphabetical order, as transformers writes them; a Llama without the new settings gives the text it always did.
+  std::string json = fmt::format("{{\n  \"architectures\": [\"{}\"],\n  \"model_type\": \"{}\",\n",
+                                 architecture(family), family_name(family));
+  const auto line = [&json](std::string_view key, const auto& value) { json += fmt::format("  \"{}\": {},\n", key, value); };
+  if (family == llama_family::llama) line("attention_bias", config.qkv_bias);
+  line("attention_dropout", "0.0");
+  line("head_dim", config.head_dim());
+  line("hidden_act", "\"silu\"");
+  line("hidden_size", config.dim);
+  line("intermediate_size", config.hidden);
+  line("max_position_embeddings", config.seq);
+  if (family == llama_family::llama) line("mlp_bias", false);
+  line("num_attention_heads", config.heads);
+  line("num_hidden_layers", config.layers);
+  line("num_key_value_heads", config.kv_heads);
   // Reals as the shortest text that reads back to the same double ("1e-06", "10000").
-  return fmt::format(
-      "{{\n"
-      "  \"architectures\": [\"LlamaForCausalLM\"],\n"
-      "  \"model_type\": \"llama\",\n"
-      "  \"attention_bias\": false,\n"
-      "  \"attention_dropout\": 0.0,\n"
-      "  \"head_dim\": {},\n"
-      "  \"hidden_act\": \"silu\",\n"
-      "  \"hidden_size\": {},\n"
-      "  \"intermediate_size\": {},\n"
-      "  \"max_position_embeddings\": {},\n"
-      "  \"mlp_bias\": false,\n"
-      "  \"num_attention_heads\": {},\n"
-      "  \"num_hidden_layers\": {},\n"
-      "  \"num_key_value_heads\": {},\n"
-      "  \"rms_norm_eps\": {},\n"
-      "  \"rope_scaling\": null,\n"
-      "  \"rope_theta\": {},\n"
-      "  \"tie_word_embeddings\": {},\n"
-      "  \"torch_dtype\": \"{}\",\n"
-      "  \"vocab_size\": {}\n"
-      "}}\n",
-      config.head_dim(), config.dim, config.hidden, config.seq, config.heads, config.layers, config.kv_heads,
-      config.rms_norm_eps, config.rope_theta, config.tie_weights ? "true" : "false", torch_dtype, config.vocab);
+  line("rms_norm_eps", config.rms_norm_eps);
+  line("rope_scaling", rope_scaling_json(config.rope));
+  line("rope_theta", config.rope_theta);
+  if (family == llama_family::mistral) line("sliding_window", config.sliding_window == 0 ? "null" : std::to_string(config.sliding_window));
+  if (family == llama_family::qwen2) line("sliding_window", "null");
+  line("tie_word_embeddings", config.tie_weights);
+  line("torch_dtype", fmt::format("\"{}\"", torch_dtype));
+  if (family == llama_family::qwen2) line("use_sliding_window", false);
+  json += fmt::format("  \"vocab_size\": {}\n}}\n", config.vocab);
+  return json;
 }
 
 }  // namespace kfsdp::io

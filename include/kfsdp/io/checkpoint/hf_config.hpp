@@ -15,9 +15,17 @@
 //   "rope_parameters": {"rope_theta": 5000}  ->    .rope_theta = 5000   (absent: 10000)
 //   "rms_norm_eps": 1e-6                     ->    .rms_norm_eps = 1e-6 (absent: 1e-6)
 //   "tie_word_embeddings": false             ->    .tie_weights = false (absent: false)
-// Refused, naming the key, because the model would compute something else: "model_type" other
-// than "llama", "hidden_act" other than "silu", "attention_bias" or "mlp_bias" true, "rope_scaling"
-// set or a "rope_type" other than "default", "head_dim" other than hidden_size / heads.
+//   "head_dim": 16 (Mistral's, not 64 / 4)   ->    .head_width = 16     (absent or 64 / 4: 0)
+//   "rope_scaling" or "rope_parameters":
+//     {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+//      "original_max_position_embeddings": 8192}  ->  .rope (model/rope_scaling.hpp; also "linear")
+//   "model_type": "llama" | "qwen2" | "mistral"  ->  .family
+//   "attention_bias": true (llama)           ->    .qkv_bias = .o_bias = true; qwen2: .qkv_bias alone
+//   "sliding_window": 4096 (mistral)         ->    .sliding_window = 4096 (null: 0; absent: 4096; make_llama checks it)
+// Refused, naming the key, the value and what was expected, because the model would compute
+// something else: another "model_type", "hidden_act" other than "silu", "mlp_bias" true, another
+// "rope_type", "partial_rotary_factor" below 1, "use_sliding_window" true, "layer_types" other
+// than "full_attention".
 //
 //   kfsdp::llama_config config = kfsdp::io::read_llama_config("tiny-llama");   // tiny-llama/config.json
 //   std::string json = kfsdp::io::llama_config_json(config, kfsdp::dtype::F32);
@@ -40,10 +48,12 @@ namespace kfsdp::io {
 /// parse_llama_config, std::runtime_error naming the file when it cannot be read.
 KFSDP_EXPORT [[nodiscard]] llama_config read_llama_config(const std::filesystem::path& path);
 
-/// config.json for `config` that transformers' from_pretrained reads as a LlamaForCausalLM:
-/// model_type "llama", architectures, torch_dtype (F32 -> "float32", F64 "float64", BF16
-/// "bfloat16", F16 "float16": the dtype of the weights beside it), the sizes above. Throws
-/// std::invalid_argument for a config that validate refuses or another dtype.
+/// config.json for `config` that transformers' from_pretrained reads as a LlamaForCausalLM,
+/// Qwen2ForCausalLM or MistralForCausalLM (by config.family): model_type, architectures,
+/// torch_dtype (F32 -> "float32", F64 "float64", BF16 "bfloat16", F16 "float16": the dtype of the
+/// weights beside it), the sizes and settings above as read. Throws std::invalid_argument for a
+/// config that validate refuses, biases its family cannot say (Llama: both or none; Qwen2: q/k/v
+/// alone; Mistral: none), a sliding_window outside Mistral, or another dtype.
 KFSDP_EXPORT [[nodiscard]] std::string llama_config_json(const llama_config& config, dtype stored = dtype::F32);
 
 }  // namespace kfsdp::io
