@@ -37,6 +37,11 @@ TEST_CASE("sequential sampling wraps modulo the window count; ranks take contigu
   CHECK(as_text(tokens) == "de");
   CHECK_THROWS_WITH_AS(w.rank_slice({0, 1, 2}, 0, 2, tokens, targets),
                        "kfsdp: the batch of 3 windows does not split evenly over 2 ranks", std::invalid_argument);
+  // A rank past the world read past the batch, a world of 0 divided by zero: both refused.
+  CHECK_THROWS_WITH_AS(w.rank_slice({0, 1}, 2, 2, tokens, targets), "kfsdp: rank is 2, expected less than world_size = 2",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(w.rank_slice({0, 1}, 0, 0, tokens, targets),
+                       "kfsdp: the batch of 2 windows does not split evenly over 0 ranks", std::invalid_argument);
 }
 
 TEST_CASE("random sampling depends only on (seed, micro-batch): a restart draws the same windows") {

@@ -198,6 +198,9 @@ TEST_CASE("the ranks' slices at any world size make up the same global batch") {
     }
     CHECK(joined == whole);
   }
+  std::vector<int> in, out;  // a rank outside the world is refused, not read past the batch
+  CHECK_THROWS_WITH_AS(data.rank_slice(windows, 3, 3, in, out), "kfsdp: rank is 3, expected less than world_size = 3",
+                       std::invalid_argument);
 }
 
 TEST_CASE("the byte counter is windows × (seq + 1) × token bytes, per object (per rank)") {

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -27,6 +28,20 @@ KFSDP_EXPORT inline window_sampling parse_sampling(const std::string& text) {
   if (text == "sequential") return window_sampling::sequential;
   if (text == "random") return window_sampling::random;
   throw std::invalid_argument("kfsdp: sampling '" + text + "' is not one of random, sequential");
+}
+
+/// Rank `rank`'s share of a micro-batch's windows: batch / world_size of them, contiguous
+/// (text_windows and token_windows slice alike). Throws std::invalid_argument for a world size
+/// of 0, a batch it does not divide, or a rank outside it.
+inline std::span<const std::size_t> rank_windows(const std::vector<std::size_t>& windows, std::size_t rank,
+                                                 std::size_t world_size) {
+  if (world_size == 0 || windows.size() % world_size != 0)
+    throw std::invalid_argument(fmt::format("kfsdp: the batch of {} windows does not split evenly over {} ranks",
+                                            windows.size(), world_size));
+  if (rank >= world_size)
+    throw std::invalid_argument(fmt::format("kfsdp: rank is {}, expected less than world_size = {}", rank, world_size));
+  const std::size_t local = windows.size() / world_size;
+  return {windows.data() + rank * local, local};
 }
 
 /// The windows (of `count`) of global micro-batch `micro` (step · grad_accum + k) of `batch`
@@ -91,13 +106,9 @@ KFSDP_EXPORT class text_windows {
   // Rank `rank`'s slice (batch / world_size windows) of a micro-batch, as tokens and targets.
   void rank_slice(const std::vector<std::size_t>& windows, std::size_t rank, std::size_t world_size,
                   std::vector<int>& tokens, std::vector<int>& targets) const {
-    if (windows.size() % world_size != 0)
-      throw std::invalid_argument(fmt::format("kfsdp: the batch of {} windows does not split evenly over {} ranks",
-                                              windows.size(), world_size));
-    const std::size_t local = windows.size() / world_size;
     tokens.clear();
     targets.clear();
-    for (std::size_t i = rank * local; i < (rank + 1) * local; ++i) append(windows[i], tokens, targets);
+    for (const std::size_t window : rank_windows(windows, rank, world_size)) append(window, tokens, targets);
   }
 
  private:

@@ -49,7 +49,7 @@
 #include <fmt/format.h>
 
 #include <kfsdp/io/data/numpy.hpp>  // parse_npy_header: the one .npy header parser
-#include <kfsdp/io/data/text_dataset.hpp>  // window_sampling, window_micro_batch
+#include <kfsdp/io/data/text_dataset.hpp>  // window_sampling, window_micro_batch, rank_windows
 
 namespace kfsdp::io {
 
@@ -291,13 +291,9 @@ KFSDP_EXPORT class token_windows {
   /// Rank `rank`'s slice (batch / world_size windows) of a micro-batch, as tokens and targets.
   void rank_slice(const std::vector<std::size_t>& windows, std::size_t rank, std::size_t world_size,
                   std::vector<int>& tokens, std::vector<int>& targets) const {
-    if (world_size == 0 || windows.size() % world_size != 0)
-      throw std::invalid_argument(fmt::format("kfsdp: the batch of {} windows does not split evenly over {} ranks",
-                                              windows.size(), world_size));
-    const std::size_t local = windows.size() / world_size;
     tokens.clear();
     targets.clear();
-    for (std::size_t i = rank * local; i < (rank + 1) * local; ++i) append(windows[i], tokens, targets);
+    for (const std::size_t window : rank_windows(windows, rank, world_size)) append(window, tokens, targets);
   }
 
  private:
