@@ -248,5 +248,5 @@ TEST_CASE("a config.json that is a directory or not JSON is refused as config.js
   fs::remove_all(model);
   CAPTURE(message);
   CHECK(message == "kfsdp::io::read_llama_config: config.json '" + (model / "config.json").string() +
-                       "' is a directory, expected a regular file (the model's config)");
+                       "' is a directory, expected a regular file");
 }

@@ -42,18 +42,25 @@ double max_abs_difference(std::span<const Scalar> got, std::span<const Scalar> w
   return worst;
 }
 
-// `t` holds the fixture's weights; `suffix` picks the reference's f32 or f64 entries.
+// The model's logits on the fixture's window 0 (every rank gets them whole).
 template <class Scalar, class Trainer>
-void check_logits_and_loss(Trainer& t, comm::mpi& world, const std::string& suffix, const std::string& label,
-                           double logits_tolerance, double loss_tolerance) {
-  const auto data = llama_fixture_text();
+std::vector<Scalar> window0_logits(Trainer& t) {
   std::vector<int> tokens, targets;
-  data.append(0, tokens, targets);
+  llama_fixture_text().append(0, tokens, targets);
   std::vector<Scalar> logits;
   t.with_full_model([&] {
     const auto view = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.predict(device_ids(tokens)));
     logits.assign(view.data(), view.data() + view.span());
   });
+  return logits;
+}
+
+// `t` holds the fixture's weights; `suffix` picks the reference's f32 or f64 entries.
+template <class Scalar, class Trainer>
+void check_logits_and_loss(Trainer& t, comm::mpi& world, const std::string& suffix, const std::string& label,
+                           double logits_tolerance, double loss_tolerance) {
+  const auto data = llama_fixture_text();
+  const std::vector<Scalar> logits = window0_logits<Scalar>(t);
   const double logits_error =
       max_abs_difference<Scalar>(logits, llama_reference().at("logits." + suffix).template values<Scalar>());
   const double want = double(llama_reference().at("loss." + suffix).template values<Scalar>()[0]);

@@ -19,6 +19,8 @@
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/trainer.hpp>
 
+#include "../support/host_values.hpp"
+
 namespace {
 
 using mlp = kfsdp::sequential<"", kfsdp::linear<"fc1", 4, 8>, kfsdp::gelu<>, kfsdp::linear<"fc2", 8, 8>, kfsdp::gelu<>,
@@ -50,14 +52,10 @@ trainer_type::batch batch_of(kfsdp::comm::mpi& world, std::size_t step) {
   return {x, y};
 }
 
-template <class View>
-std::vector<double> host(const View& v) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  return std::vector<double>(h.data(), h.data() + h.extent(0));
-}
+using kfsdp::test::host_values;
 
 std::vector<double> chunk(trainer_type& t, const kfsdp::sharded_storage<double>& storage, const char* name) {
-  return host(storage.chunk(t.engine().param_index(name)));
+  return host_values(storage.chunk(t.engine().param_index(name)));
 }
 
 const char* const all_params[] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "out.weight", "out.bias"};
@@ -153,9 +151,9 @@ TEST_CASE("a frozen optimizer's state round-trips through a checkpoint, with no 
     kfsdp::io::checkpoint_state<double> state;
     adam.add_state(state);
     kfsdp::io::save_checkpoint(path, t.engine(), state);
-    exp_avg = host(adam.exp_avg());
-    exp_avg_sq = host(adam.exp_avg_sq());
-    weights = host(t.engine().shards().flat());
+    exp_avg = host_values(adam.exp_avg());
+    exp_avg_sq = host_values(adam.exp_avg_sq());
+    weights = host_values(t.engine().shards().flat());
   }
   trainer_type resumed(mlp{}, world, zero3_layer);
   kfsdp::optim::adamw<double> adam(resumed, adam_options, frozen_fc2);
@@ -164,9 +162,9 @@ TEST_CASE("a frozen optimizer's state round-trips through a checkpoint, with no 
   kfsdp::io::load_checkpoint(path, resumed.engine(), state);
   adam.restore_state(state.metadata);
   CHECK(adam.step_count() == 3);
-  CHECK(host(adam.exp_avg()) == exp_avg);
-  CHECK(host(adam.exp_avg_sq()) == exp_avg_sq);
-  CHECK(host(resumed.engine().shards().flat()) == weights);
+  CHECK(host_values(adam.exp_avg()) == exp_avg);
+  CHECK(host_values(adam.exp_avg_sq()) == exp_avg_sq);
+  CHECK(host_values(resumed.engine().shards().flat()) == weights);
 
   // An unfrozen optimizer needs fc2's moments, which the file does not hold: refused, naming the tensor.
   trainer_type other(mlp{}, world, zero3_layer);
@@ -258,7 +256,7 @@ TEST_CASE("sgd with momentum and weight decay: the frozen group is unchanged, th
     kfsdp::io::checkpoint_state<double> state;
     sgd.add_state(state);
     kfsdp::io::save_checkpoint(path, t.engine(), state);
-    momentum = host(sgd.momentum_buffer());
+    momentum = host_values(sgd.momentum_buffer());
   }
   trainer_type resumed(mlp{}, world, zero3_layer);
   kfsdp::optim::sgd<double> sgd(resumed, options, frozen_fc2);
@@ -266,7 +264,7 @@ TEST_CASE("sgd with momentum and weight decay: the frozen group is unchanged, th
   sgd.add_state(state);
   kfsdp::io::load_checkpoint(path, resumed.engine(), state);
   sgd.restore_state(state.metadata);
-  CHECK(host(sgd.momentum_buffer()) == momentum);
+  CHECK(host_values(sgd.momentum_buffer()) == momentum);
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove(path);
 }

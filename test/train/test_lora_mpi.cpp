@@ -14,6 +14,8 @@
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/train/trainer.hpp>
 
+#include "../support/host_values.hpp"
+
 namespace {
 
 // A pretrained MLP's shape with adapters of rank 4 (alpha 8) on both of its layers.
@@ -36,11 +38,7 @@ kfsdp::io::array_dataset samples() {
 
 bool is_base(std::string_view name) { return name.find("lora_") == std::string_view::npos; }
 
-template <class View>
-std::vector<double> host(const View& v) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  return std::vector<double>(h.data(), h.data() + h.extent(0));
-}
+using kfsdp::test::host_values;
 
 }  // namespace
 
@@ -52,7 +50,7 @@ TEST_CASE("a LoRA fine-tune: the base bit for bit unchanged after 20 steps, the 
   auto& e = t.engine();
   CHECK(e.params().size() == 8);  // weight, bias, lora_A.weight, lora_B.weight, twice
   CHECK(e.param_index("fc1.lora_A.weight") < e.params().size());
-  CHECK(host(e.shards().chunk(e.param_index("fc2.lora_B.weight"))) == std::vector<double>(e.mapping().chunk(e.param_index("fc2.lora_B.weight")).count, 0.0));
+  CHECK(host_values(e.shards().chunk(e.param_index("fc2.lora_B.weight"))) == std::vector<double>(e.mapping().chunk(e.param_index("fc2.lora_B.weight")).count, 0.0));
   // The base frozen by name: its four tensors.
   std::vector<kfsdp::optim::param_group> groups;
   for (const char* name : {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}) groups.push_back({.name_contains = name, .frozen = true});
@@ -64,7 +62,7 @@ TEST_CASE("a LoRA fine-tune: the base bit for bit unchanged after 20 steps, the 
     if (is_base(e.params()[p].name.view())) {
       CHECK(e.is_frozen(p));
       base_padded += e.mapping().padded(p).count;
-      base_before.push_back(host(e.shards().chunk(p)));
+      base_before.push_back(host_values(e.shards().chunk(p)));
     } else {
       CHECK_FALSE(e.is_frozen(p));
       adapter_chunks += e.mapping().chunk(p).count;
@@ -94,8 +92,8 @@ TEST_CASE("a LoRA fine-tune: the base bit for bit unchanged after 20 steps, the 
   CHECK(losses.back() < 0.8 * losses.front());  // the adapters learn
   std::size_t b = 0;
   for (std::size_t p = 0; p < e.params().size(); ++p)
-    if (is_base(e.params()[p].name.view())) CHECK(host(e.shards().chunk(p)) == base_before[b++]);
+    if (is_base(e.params()[p].name.view())) CHECK(host_values(e.shards().chunk(p)) == base_before[b++]);
   // B [32, 4] has rows on every rank (up to 3): each rank's moved off zero.
   const std::size_t b1 = e.param_index("fc1.lora_B.weight");
-  CHECK(host(e.shards().chunk(b1)) != std::vector<double>(e.mapping().chunk(b1).count, 0.0));
+  CHECK(host_values(e.shards().chunk(b1)) != std::vector<double>(e.mapping().chunk(b1).count, 0.0));
 }

@@ -59,6 +59,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <variant>
 
 namespace kfsdp {
 
@@ -96,7 +97,8 @@ struct lora_op {
   typename nn::lora<S>::cache cache;
   std::size_t first_adapter;  // A's index in params(): after the weight and the bias
   template <class D>
-  explicit lora_op(const D& d) : kernel(d.in_features, d.out_features, d.rank, d.alpha, D::has_bias), first_adapter(D::has_bias ? 2 : 1) {}
+  explicit lora_op(const D& d)
+      : kernel(d.in_features, d.out_features, d.rank, d.alpha, linear_op<S>::has_bias(d)), first_adapter(linear_op<S>::has_bias(d) ? 2 : 1) {}
   template <class E>
   nn::lora_tensors<E> tensors(const layer_params<E>& p) const {
     return {p.matrix(0), first_adapter == 2 ? p.vector(1) : nn::vector_of<E>(), p.matrix(first_adapter), p.matrix(first_adapter + 1)};
@@ -106,6 +108,21 @@ struct lora_op {
   }
   void backward(const layer_params<const S>& p, const layer_params<S>& g, nn::const_matrix<S> dy, nn::matrix<S> dx) {
     kernel.backward(tensors(p), tensors(g), cache, dy, dx);
+  }
+};
+
+// optional_lora: linear_op while its rank is 0 (the same kernel, so the same results bit for bit), lora_op otherwise.
+template <class S>
+struct optional_lora_op {
+  static constexpr bool skips_frozen_gradients = true;
+  std::variant<linear_op<S>, lora_op<S>> op;
+  template <class D>
+  explicit optional_lora_op(const D& d) : op(d.rank == 0 ? decltype(op)(linear_op<S>(d)) : decltype(op)(lora_op<S>(d))) {}
+  void forward(const layer_params<const S>& p, nn::const_matrix<S> x, nn::matrix<S> y) {
+    std::visit([&](auto& o) { o.forward(p, x, y); }, op);
+  }
+  void backward(const layer_params<const S>& p, const layer_params<S>& g, nn::const_matrix<S> dy, nn::matrix<S> dx) {
+    std::visit([&](auto& o) { o.backward(p, g, dy, dx); }, op);
   }
 };
 
@@ -254,6 +271,11 @@ struct compute_of<linear<"", I, O, B>, S> {
 template <std::size_t I, std::size_t O, bool B, class S>
 struct compute_of<lora_linear<"", I, O, B>, S> {
   using type = lora_op<S>;
+};
+template <class L, class S>
+  requires std::is_same_v<typename L::anonymous, L>
+struct compute_of<optional_lora<L>, S> {
+  using type = optional_lora_op<S>;
 };
 template <std::size_t D, class S>
 struct compute_of<layer_norm<"", D>, S> {

@@ -33,6 +33,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include <kfsdp/meta/checked.hpp>
 #include <kfsdp/meta/fixed_string.hpp>
@@ -97,6 +98,16 @@ struct param_list {
   [[nodiscard]] constexpr const param_decl* end() const { return items.data() + count; }
   [[nodiscard]] constexpr std::size_t size() const { return count; }
 };
+
+namespace detail {
+// How many parameters a params() result can hold: a std::array's size, a param_list's capacity.
+template <class List>
+struct param_capacity;
+template <std::size_t N>
+struct param_capacity<std::array<param_decl, N>> : std::integral_constant<std::size_t, N> {};
+template <std::size_t N>
+struct param_capacity<param_list<N>> : std::integral_constant<std::size_t, N> {};
+}  // namespace detail
 
 template <class D>
 concept named_descriptor = requires {

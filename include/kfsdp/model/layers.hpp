@@ -59,6 +59,15 @@ struct linear {
   }
 };
 
+namespace detail {
+// A LoRA adapter's A [rank, in] and B [out, rank], as peft starts them: A ~ kaiming_uniform(a=√5) =
+// U(±1/√in), B zeros (so a fresh adapter leaves the layer's output unchanged).
+constexpr std::array<param_decl, 2> lora_adapter(std::size_t in, std::size_t out, std::size_t rank) {
+  return {param_decl{"lora_A.weight", {rank, in}, init_rule{init_rule::uniform, 0.0, in}},
+          param_decl{"lora_B.weight", {out, rank}}};
+}
+}  // namespace detail
+
 // A linear layer with a LoRA adapter: y = x W^T + b + (alpha / rank) · (x A^T) B^T (nn/lora.hpp),
 // under peft's names, so that its adapter saves as peft's. B starts at zero: a fresh adapter leaves
 // the base's output unchanged. Freeze the base (optim::param_group{.frozen = true}) to train the
@@ -89,8 +98,8 @@ struct lora_linear {
   [[nodiscard]] constexpr std::size_t expected_in_features() const { return in_features; }
 
   constexpr auto params() const {
-    const init_rule bound{init_rule::uniform, 0.0, in_features};  // peft's A: kaiming_uniform(a=√5) = U(±1/√In)
-    const param_decl a{"lora_A.weight", {rank, in_features}, bound}, b{"lora_B.weight", {out_features, rank}};
+    const init_rule bound{init_rule::uniform, 0.0, in_features};
+    const auto [a, b] = detail::lora_adapter(in_features, out_features, rank);
     if constexpr (Bias)
       return std::array{param_decl{"weight", {out_features, in_features}, bound}, param_decl{"bias", {out_features}, bound}, a, b};
     else
@@ -187,7 +196,7 @@ struct tied : Layer {
 
   // What the layer owns (for the parameter table): every parameter but the tied one.
   constexpr auto params() const {
-    param_list<std::tuple_size_v<decltype(std::declval<const Layer&>().params())>> own;
+    param_list<detail::param_capacity<decltype(std::declval<const Layer&>().params())>::value> own;
     for (const param_decl& d : Layer::params())
       if (!enabled || d.name != Param.view()) own.push_back(d);
     return own;
@@ -208,10 +217,34 @@ struct optional_bias : Layer {
   constexpr optional_bias(Layer layer, bool with_bias) : Layer(std::move(layer)), bias(with_bias) {}
 
   constexpr auto params() const {
-    param_list<std::tuple_size_v<decltype(std::declval<const Layer&>().params())>> own;
+    param_list<detail::param_capacity<decltype(std::declval<const Layer&>().params())>::value> own;
     for (const param_decl& d : Layer::params())
       if (bias || d.name != "bias") own.push_back(d);
     return own;
+  }
+};
+
+// A linear layer whose LoRA adapter is a run-time choice (peft's target_modules, lora_config):
+// rank 0 leaves Layer as it was, parameters and results bit for bit; rank r adds lora_A.weight and
+// lora_B.weight after Layer's own, and computes as lora_linear does (scale alpha / r).
+//   optional_lora<linear<"q_proj", 64, 64, false>>({}, 8, 16.0) -> weight [64, 64], lora_A.weight [8, 64], lora_B.weight [64, 8]
+//   optional_lora<optional_bias<linear<"q_proj">>>(q, 0, 8.0)     -> q's parameters alone
+KFSDP_EXPORT template <class Layer>
+struct optional_lora : Layer {
+  using anonymous = optional_lora<typename Layer::anonymous>;  // its compute: linear's, or lora's
+  std::size_t rank = 0;
+  double alpha = 8;
+
+  constexpr optional_lora() requires std::is_default_constructible_v<Layer> = default;
+  constexpr optional_lora(Layer layer, std::size_t rank_, double alpha_) : Layer(std::move(layer)), rank(rank_), alpha(alpha_) {}
+
+  constexpr auto params() const {
+    const auto own = Layer::params();
+    param_list<detail::param_capacity<std::remove_const_t<decltype(own)>>::value + 2> all;
+    for (const param_decl& d : own) all.push_back(d);
+    if (rank != 0)
+      for (const param_decl& d : detail::lora_adapter(this->in_features, this->out_features, rank)) all.push_back(d);
+    return all;
   }
 };
 

@@ -1,4 +1,5 @@
 #pragma once
+#include <kfsdp/export.hpp>  // KFSDP_EXPORT: what the module exports
 // kfsdp::optim parameter groups — which elements of a rank's flat shard get which lr scale and
 // weight decay, from the shard plan (each parameter's local chunk is one contiguous range of the
 // shard, at the same offset on every rank).
@@ -16,12 +17,17 @@
 //
 //   kfsdp::optim::adamw<float> adam(trainer, {.lr = 1e-4}, {{.name_contains = "transformer.h.0.", .frozen = true}});
 //
+// A LoRA fine-tune freezes everything but the adapters (model/lora_config.hpp):
+//
+//   kfsdp::optim::adamw<float> adam(trainer, {.lr = 1e-4}, {kfsdp::optim::lora_frozen_base()});
+//
 // Each distinct (lr scale, weight decay) pair is one group id; the shard holds one byte per element
 // saying which, so the fused kernel reads a byte more per element and launches once.
 
 #include <Kokkos_Core.hpp>
 #include <fmt/format.h>
 
+#include <kfsdp/model/lora_config.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/plan/shard_plan.hpp>
 
@@ -54,6 +60,11 @@ struct param_group {
   std::optional<double> weight_decay{};            // unset: the default rule (2-D and up decay, 1-D not)
   bool frozen = false;                             // never updated, no optimizer state, no gradient reduction
 };
+
+/// The group of a LoRA fine-tune: every parameter but the adapters (is_lora_adapter), frozen.
+KFSDP_EXPORT inline param_group lora_frozen_base() {
+  return {.select = [](const param_info& p) { return !is_lora_adapter(p.name.view()); }, .frozen = true};
+}
 
 /// A run of a rank's flat shard whose parameters are not frozen, and where it sits in the
 /// optimizer's state (which holds these runs back to back).

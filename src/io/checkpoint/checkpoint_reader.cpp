@@ -101,10 +101,10 @@ metadata_map read_sharded_file(std::string_view function, const std::filesystem:
     tensors = std::move(present);
     const auto count = table.metadata.find(parameters_key);
     if (lenient == nullptr && count != table.metadata.end() &&
-        count->second != std::to_string(engine.params.size()))
+        count->second != std::to_string(engine.selected().size()))
       throw format_error(fmt::format("{}: file {}: holds {} weight tensors ('{}'), expected {} for the model",
                                      function, quoted(path), count->second, parameters_key,
-                                     engine.params.size()));
+                                     engine.selected().size()));
     verify_header_checksum(table, function);
   });
   // The pieces were pushed in the order of `tensors`; the file view needs them in file order.

@@ -255,15 +255,16 @@ std::vector<sharded_tensor<Scalar>> sharded_tensors(const sharded_view<Scalar>& 
   std::vector<sharded_tensor<Scalar>> tensors;
   std::uint64_t staging = 0;
   const auto rank = static_cast<std::size_t>(engine.rank);
+  const std::vector<std::size_t> selected = engine.selected();
   for (const group& g : groups)
-    for (std::size_t p = 0; p < engine.params.size(); ++p) {
+    for (const std::size_t p : selected) {
       if (std::find(g.absent.begin(), g.absent.end(), p) != g.absent.end()) continue;
       // The chunk's offset less the absent chunks stored before it.
       std::size_t flat_first = engine.mapping.chunk(p).first;
       for (std::size_t q : g.absent)
         if (engine.mapping.chunk(q).first < engine.mapping.chunk(p).first) flat_first -= engine.mapping.chunk(q).count;
       const std::uint64_t bytes = engine.mapping.elements(p, rank).count * sizeof(Scalar);
-      std::string name(engine.params[p].name.view());
+      std::string name = engine.file_prefix + std::string(engine.params[p].name.view());
       tensors.push_back({g.prefix.empty() ? name : g.prefix + "." + name, p, g.flat, staging, bytes, flat_first});
       staging += bytes;
     }

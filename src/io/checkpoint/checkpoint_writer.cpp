@@ -69,12 +69,13 @@ void write_sharded_file(std::string_view function, const std::filesystem::path& 
   together(comm, [&] {
     std::vector<tensor_entry> entries;
     std::uint64_t weight_numel = 0;
+    const std::size_t weights = engine.selected().size();
     for (std::size_t t = 0; t < tensors.size(); ++t) {
       const param_info& param = engine.params[tensors[t].param];
       entries.push_back({tensors[t].name, stored, shape_of(param)});
-      if (t < engine.params.size()) weight_numel += param.numel;  // the weights come first
+      if (t < weights) weight_numel += param.numel;  // the weights come first
     }
-    layout = checkpoint_layout(entries, checksums, metadata, engine.params.size(), weight_numel, dtype_name(stored));
+    layout = checkpoint_layout(entries, checksums, metadata, weights, weight_numel, dtype_name(stored));
     for (std::size_t t = 0; t < tensors.size(); ++t)
       if (tensors[t].local_bytes > 0)
         pieces.push_back({first_row_offset(layout.tensors[t], engine.mapping, tensors[t].param,

@@ -11,6 +11,7 @@
 #include <kfsdp/meta/half.hpp>
 
 #include "checkpoint_transfer.hpp"
+#include "hf_directory.hpp"
 #include "json_reader.hpp"
 
 namespace kfsdp::io {
@@ -19,8 +20,6 @@ using namespace checkpoint_detail;
 
 namespace {
 
-constexpr std::string_view single_file = "model.safetensors";
-constexpr std::string_view index_file = "model.safetensors.index.json";
 
 // Every tensor's file, from the index's "weight_map" (tensor name -> file name in the directory).
 std::map<std::string, std::string, std::less<>> read_weight_map(std::string_view text, const std::filesystem::path& index,
@@ -97,9 +96,9 @@ struct file_share {
 }  // namespace
 
 template <class Scalar>
-void load_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine,
-                     const std::vector<std::string>& ignore) {
-  constexpr std::string_view function = "kfsdp::io::load_pretrained";
+void load_hf_weights(const std::filesystem::path& directory, const hf_files& files, const sharded_view<Scalar>& engine,
+                     const std::vector<std::string>& ignore, std::string_view function) {
+  const std::string_view single_file = files.weights, index_file = files.index;
   comm::mpi& comm = mpi_of(engine, function);
   const int rank = comm.rank();
   std::vector<sharded_tensor<Scalar>> tensors;
@@ -113,7 +112,7 @@ void load_pretrained(const std::filesystem::path& directory, const sharded_view<
   together(comm, [&] {
     if (rank != 0) return;
     const std::filesystem::path index = directory / index_file;
-    if (std::filesystem::exists(index)) {
+    if (!index_file.empty() && std::filesystem::exists(index)) {
       if (!std::filesystem::is_regular_file(index))
         throw format_error(
             fmt::format("{}: index '{}' is not a regular file, expected the JSON of a sharded save", function,
@@ -123,9 +122,11 @@ void load_pretrained(const std::filesystem::path& directory, const sharded_view<
       if (!in.good() && !in.eof()) throw_errno(function, "read of", index);
       if (index_text.empty()) throw format_error(fmt::format("{}: index '{}' is empty", function, index.string()));
     } else if (!std::filesystem::exists(directory / single_file)) {
-      throw format_error(fmt::format("{}: directory '{}' holds neither {} nor {}, expected a Hugging Face model "
-                                     "directory (save_pretrained's)",
-                                     function, directory.string(), single_file, index_file));
+      if (index_file.empty())
+        throw format_error(fmt::format("{}: directory '{}' holds no {}, expected {}", function, directory.string(),
+                                       single_file, files.what));
+      throw format_error(fmt::format("{}: directory '{}' holds neither {} nor {}, expected {}", function,
+                                     directory.string(), single_file, index_file, files.what));
     }
   });
   index_text = broadcast_string(comm.native(), index_text);
@@ -312,9 +313,9 @@ void set_stop_before_change(std::function<bool(const std::filesystem::path&)> ho
 }  // namespace testing
 
 template <class Scalar>
-void save_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine,
-                     std::string_view config_json, dtype stored) {
-  constexpr std::string_view function = "kfsdp::io::save_pretrained";
+void save_hf_weights(const std::filesystem::path& directory, const hf_files& files, const sharded_view<Scalar>& engine,
+                     std::string_view config_json, dtype stored, std::string_view function) {
+  const std::string_view single_file = files.weights, index_file = files.index;
   comm::mpi& comm = mpi_of(engine, function);
   namespace fs = std::filesystem;
   const int rank = comm.rank();
@@ -343,7 +344,7 @@ void save_pretrained(const std::filesystem::path& directory, const sharded_view<
   };
   together(comm, [&] {
     if (!writes) return;
-    config = save_target(target / "config.json", function);  // a folder there is refused: nothing written
+    config = save_target(target / files.config, function);  // a folder there is refused: nothing written
     remove_leftover_staging(target);
     std::error_code error;
     created = fs::create_directories(target, error);
@@ -376,6 +377,10 @@ void save_pretrained(const std::filesystem::path& directory, const sharded_view<
         killed = killed || (stop_before_change_hook() && stop_before_change_hook()(path));
         return killed;
       };
+      if (index_file.empty()) {  // a file of its own (an adapter's): nothing of an earlier save goes stale
+        if (!stop_before(config)) rename_over(config_temporary, config, function);
+        return;
+      }
       if (is_file_entry(index)) {
         if (stop_before(index)) return;
         if (::unlink(index.c_str()) != 0 && errno != ENOENT)
@@ -412,7 +417,31 @@ void save_pretrained(const std::filesystem::path& directory, const sharded_view<
   }
 }
 
+template <class Scalar>
+void load_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine,
+                     const std::vector<std::string>& ignore) {
+  // A model with LoRA adapters loads its base: the adapters are no part of a model directory.
+  load_hf_weights(directory, model_files, lora_part(engine, false), ignore, "kfsdp::io::load_pretrained");
+}
+
+template <class Scalar>
+void save_pretrained(const std::filesystem::path& directory, const sharded_view<Scalar>& engine,
+                     std::string_view config_json, dtype stored) {
+  constexpr std::string_view function = "kfsdp::io::save_pretrained";
+  for (const std::size_t p : engine.selected())
+    if (is_lora_adapter(engine.params[p].name.view()))
+      throw std::invalid_argument(fmt::format("{}: parameter '{}' is a LoRA adapter, which transformers' model directory "
+                                              "cannot hold; expected save_adapter (peft's files) or save_merged (the "
+                                              "adapters merged into the base)",
+                                              function, engine.params[p].name.view()));
+  save_hf_weights(directory, model_files, engine, config_json, stored, function);
+}
+
 #define KFSDP_HF_CHECKPOINT_INSTANTIATE(Scalar)                                                                  \
+  template void load_hf_weights<Scalar>(const std::filesystem::path&, const hf_files&, const sharded_view<Scalar>&, \
+                                        const std::vector<std::string>&, std::string_view);                     \
+  template void save_hf_weights<Scalar>(const std::filesystem::path&, const hf_files&, const sharded_view<Scalar>&, \
+                                        std::string_view, dtype, std::string_view);                             \
   template void load_pretrained<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&,                  \
                                         const std::vector<std::string>&);                                      \
   template void save_pretrained<Scalar>(const std::filesystem::path&, const sharded_view<Scalar>&,                  \

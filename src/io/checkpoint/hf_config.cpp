@@ -23,62 +23,9 @@ using json_detail::json_kind;
 using json_detail::json_value;
 
 // Reads the keys of one config.json object, each error naming the origin and the key.
-class config_keys {
- public:
-  config_keys(const json_value& object, std::string origin) : object_(object), origin_(std::move(origin)) {}
-
-  [[noreturn]] void fail(std::string_view key, const std::string& what) const {
-    throw format_error(fmt::format("kfsdp::io::read_llama_config: {}: key '{}': {}", origin_, key, what));
-  }
-
-  // A member of the given kind, or nullptr when absent or null.
-  const json_value* find(std::string_view key, json_kind kind) const {
-    const json_value* value = object_.find(key);
-    if (value == nullptr || value->kind == json_kind::null) return nullptr;
-    if (value->kind != kind)
-      fail(key, fmt::format("{} '{}', expected {}", json_detail::kind_name(value->kind), value->text,
-                            json_detail::kind_name(kind)));
-    return value;
-  }
-
-  std::size_t size(std::string_view key, std::optional<std::size_t> absent = std::nullopt) const {
-    const json_value* value = find(key, json_kind::number);
-    if (value == nullptr) {
-      if (absent) return *absent;
-      fail(key, "missing, expected a positive integer");
-    }
-    std::size_t parsed = 0;
-    const char* end = value->text.data() + value->text.size();
-    const auto [stop, error] = std::from_chars(value->text.data(), end, parsed);
-    if (error != std::errc() || stop != end || parsed == 0)
-      fail(key, fmt::format("{}, expected a positive integer", value->text));
-    return parsed;
-  }
-
-  double real(std::string_view key, double absent) const {
-    const json_value* value = find(key, json_kind::number);
-    if (value == nullptr) return absent;
-    errno = 0;
-    char* stop = nullptr;
-    const double parsed = std::strtod(value->text.c_str(), &stop);
-    if (errno != 0 || stop != value->text.c_str() + value->text.size() || !std::isfinite(parsed))
-      fail(key, fmt::format("{}, expected a finite number", value->text));
-    return parsed;
-  }
-
-  bool flag(std::string_view key, bool absent) const {
-    const json_value* value = find(key, json_kind::boolean);
-    return value == nullptr ? absent : value->text == "true";
-  }
-
-  std::string text(std::string_view key, std::string_view absent) const {
-    const json_value* value = find(key, json_kind::string);
-    return value == nullptr ? std::string(absent) : value->text;
-  }
-
- private:
-  const json_value& object_;
-  std::string origin_;
+struct config_keys : json_detail::object_keys {
+  config_keys(const json_value& object, std::string origin)
+      : object_keys(object, "kfsdp::io::read_llama_config", std::move(origin)) {}
 };
 
 std::string_view torch_dtype_name(dtype stored) {
@@ -235,30 +182,9 @@ llama_config parse_llama_config(std::string_view json, std::string_view origin) 
 }
 
 llama_config read_llama_config(const std::filesystem::path& path) {
-  namespace fs = std::filesystem;
-  constexpr std::string_view function = "kfsdp::io::read_llama_config";
   std::error_code ignored;
-  const fs::path file = fs::is_directory(path, ignored) ? path / "config.json" : path;
-  // A directory opens as a stream, then fails inside the read with no path: refused by name first.
-  if (const fs::file_status status = fs::status(file, ignored);
-      fs::exists(status) && !fs::is_regular_file(status))
-    throw std::runtime_error(
-        fmt::format("{}: config.json '{}' is {}, expected a regular file (the model's config)", function,
-                    file.string(), fs::is_directory(status) ? "a directory" : "not a regular file"));
-  std::ifstream in(file, std::ios::binary);
-  if (!in)
-    throw std::runtime_error(
-        fmt::format("{}: cannot open config.json '{}': {}", function, file.string(), std::strerror(errno)));
-  std::string text;
-  try {
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  } catch (const std::ios_base::failure& error) {
-    throw std::runtime_error(
-        fmt::format("{}: read of config.json '{}' failed: {}", function, file.string(), error.what()));
-  }
-  if (in.bad())
-    throw std::runtime_error(fmt::format("{}: read of config.json '{}' failed", function, file.string()));
-  return parse_llama_config(text, file.string());
+  const std::filesystem::path file = std::filesystem::is_directory(path, ignored) ? path / "config.json" : path;
+  return parse_llama_config(json_detail::read_text_file(file, "config.json", "kfsdp::io::read_llama_config"), file.string());
 }
 
 std::string llama_config_json(const llama_config& config, dtype stored) {

@@ -5,11 +5,22 @@
 #include <kfsdp/io/checkpoint/safetensors.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <cmath>
+#include <charconv>
+#include <cerrno>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <fmt/format.h>
 
 namespace kfsdp::io::json_detail {
 
@@ -409,6 +420,89 @@ inline json_value parse_json(std::string_view text, std::string_view file_name) 
   in.skip_whitespace();
   if (!in.at_end()) in.syntax_error("expected the end of the text after the value");
   return value;
+}
+
+// Reads the keys of one JSON object (a config.json, an adapter_config.json), each error naming the
+// function, the origin and the key:  "<function>: <origin>: key 'r': <what>".
+class object_keys {
+ public:
+  object_keys(const json_value& object, std::string_view function, std::string origin)
+      : object_(object), function_(function), origin_(std::move(origin)) {}
+
+  [[noreturn]] void fail(std::string_view key, const std::string& what) const {
+    throw format_error(fmt::format("{}: {}: key '{}': {}", function_, origin_, key, what));
+  }
+
+  // A member of the given kind, or nullptr when absent or null.
+  const json_value* find(std::string_view key, json_kind kind) const {
+    const json_value* value = object_.find(key);
+    if (value == nullptr || value->kind == json_kind::null) return nullptr;
+    if (value->kind != kind)
+      fail(key, fmt::format("{} '{}', expected {}", kind_name(value->kind), value->text, kind_name(kind)));
+    return value;
+  }
+
+  std::size_t size(std::string_view key, std::optional<std::size_t> absent = std::nullopt) const {
+    const json_value* value = find(key, json_kind::number);
+    if (value == nullptr) {
+      if (absent) return *absent;
+      fail(key, "missing, expected a positive integer");
+    }
+    std::size_t parsed = 0;
+    const char* end = value->text.data() + value->text.size();
+    const auto [stop, error] = std::from_chars(value->text.data(), end, parsed);
+    if (error != std::errc() || stop != end || parsed == 0)
+      fail(key, fmt::format("{}, expected a positive integer", value->text));
+    return parsed;
+  }
+
+  double real(std::string_view key, double absent) const {
+    const json_value* value = find(key, json_kind::number);
+    if (value == nullptr) return absent;
+    errno = 0;
+    char* stop = nullptr;
+    const double parsed = std::strtod(value->text.c_str(), &stop);
+    if (errno != 0 || stop != value->text.c_str() + value->text.size() || !std::isfinite(parsed))
+      fail(key, fmt::format("{}, expected a finite number", value->text));
+    return parsed;
+  }
+
+  bool flag(std::string_view key, bool absent) const {
+    const json_value* value = find(key, json_kind::boolean);
+    return value == nullptr ? absent : value->text == "true";
+  }
+
+  std::string text(std::string_view key, std::string_view absent) const {
+    const json_value* value = find(key, json_kind::string);
+    return value == nullptr ? std::string(absent) : value->text;
+  }
+
+ private:
+  const json_value& object_;
+  std::string_view function_;
+  std::string origin_;
+};
+
+
+// The whole text of a small file (a config), `what` naming it in messages ("config.json"). Throws
+// std::runtime_error naming the file for one that is a directory, cannot be opened or read.
+inline std::string read_text_file(const std::filesystem::path& file, std::string_view what, std::string_view function) {
+  namespace fs = std::filesystem;
+  std::error_code ignored;
+  // A directory opens as a stream, then fails inside the read with no path: refused by name first.
+  if (const fs::file_status status = fs::status(file, ignored); fs::exists(status) && !fs::is_regular_file(status))
+    throw std::runtime_error(fmt::format("{}: {} '{}' is {}, expected a regular file", function, what, file.string(),
+                                         fs::is_directory(status) ? "a directory" : "not a regular file"));
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("{}: cannot open {} '{}': {}", function, what, file.string(), std::strerror(errno)));
+  std::string text;
+  try {
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure& error) {
+    throw std::runtime_error(fmt::format("{}: read of {} '{}' failed: {}", function, what, file.string(), error.what()));
+  }
+  if (in.bad()) throw std::runtime_error(fmt::format("{}: read of {} '{}' failed", function, what, file.string()));
+  return text;
 }
 
 }  // namespace kfsdp::io::json_detail

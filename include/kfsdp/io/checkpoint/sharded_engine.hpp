@@ -11,6 +11,9 @@
 //   view.flat;                           // this rank's shard, read on save and written on load
 
 #include <concepts>
+#include <memory>
+#include <string>
+#include <vector>
 #include <optional>
 #include <span>
 
@@ -48,6 +51,18 @@ struct sharded_view {
   int world_size = 1;  // the ranks of the shard group
   comm::any_communicator* communicator = nullptr;  // the shard group's: the checkpoint's MPI ranks
   const comm::any_communicator* replica_group = nullptr;  // HSDP's replicas; null under flat FSDP
+  // A part of the model, saved or loaded alone (LoRA's adapters; the base without them): the
+  // parameters' indices, ascending; null: every parameter.
+  std::shared_ptr<const std::vector<std::size_t>> part = nullptr;
+  std::string file_prefix;  // before every parameter's name in the file (peft's "base_model.model.")
+
+  // The parameters saved or loaded, in order: the part's, or all of them.
+  [[nodiscard]] std::vector<std::size_t> selected() const {
+    if (part) return *part;
+    std::vector<std::size_t> all(params.size());
+    for (std::size_t p = 0; p < all.size(); ++p) all[p] = p;
+    return all;
+  }
 };
 
 /// The view of an engine: kfsdp::io::view_of(engine).params[0].name
