@@ -234,31 +234,76 @@ llama_config parse_llama_config(std::string_view json, std::string_view origin) 
   return config;
 }
 
-llama_config read_llama_config(const std::filesystem::path& path) {
+namespace {
+// The text of a JSON file of a model directory; errors name the function, the file and what it holds.
+std::string read_json_file(const std::filesystem::path& file, std::string_view function, std::string_view holds) {
   namespace fs = std::filesystem;
-  constexpr std::string_view function = "kfsdp::io::read_llama_config";
   std::error_code ignored;
-  const fs::path file = fs::is_directory(path, ignored) ? path / "config.json" : path;
   // A directory opens as a stream, then fails inside the read with no path: refused by name first.
   if (const fs::file_status status = fs::status(file, ignored);
       fs::exists(status) && !fs::is_regular_file(status))
     throw std::runtime_error(
-        fmt::format("{}: config.json '{}' is {}, expected a regular file (the model's config)", function,
-                    file.string(), fs::is_directory(status) ? "a directory" : "not a regular file"));
+        fmt::format("{}: {} '{}' is {}, expected a regular file ({})", function, file.filename().string(),
+                    file.string(), fs::is_directory(status) ? "a directory" : "not a regular file", holds));
   std::ifstream in(file, std::ios::binary);
   if (!in)
     throw std::runtime_error(
-        fmt::format("{}: cannot open config.json '{}': {}", function, file.string(), std::strerror(errno)));
+        fmt::format("{}: cannot open {} '{}': {}", function, file.filename().string(), file.string(), std::strerror(errno)));
   std::string text;
   try {
     text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   } catch (const std::ios_base::failure& error) {
     throw std::runtime_error(
-        fmt::format("{}: read of config.json '{}' failed: {}", function, file.string(), error.what()));
+        fmt::format("{}: read of {} '{}' failed: {}", function, file.filename().string(), file.string(), error.what()));
   }
   if (in.bad())
-    throw std::runtime_error(fmt::format("{}: read of config.json '{}' failed", function, file.string()));
-  return parse_llama_config(text, file.string());
+    throw std::runtime_error(fmt::format("{}: read of {} '{}' failed", function, file.filename().string(), file.string()));
+  return text;
+}
+}  // namespace
+
+llama_config read_llama_config(const std::filesystem::path& path) {
+  std::error_code ignored;
+  const std::filesystem::path file = std::filesystem::is_directory(path, ignored) ? path / "config.json" : path;
+  return parse_llama_config(read_json_file(file, "kfsdp::io::read_llama_config", "the model's config"), file.string());
+}
+
+std::vector<int> parse_eos_token_ids(std::string_view json, std::string_view origin) {
+  constexpr std::string_view function = "kfsdp::io::read_eos_token_ids";
+  json_value root;
+  try {
+    root = json_detail::parse_json(json, origin);
+  } catch (const format_error& error) {
+    throw format_error(fmt::format("{}: '{}' is not valid JSON: {}", function, origin, error.what()));
+  }
+  if (root.kind != json_kind::object)
+    throw format_error(fmt::format("{}: '{}' holds {}, expected a JSON object", function, origin, json_detail::kind_name(root.kind)));
+  const json_value* eos = root.find("eos_token_id");
+  if (eos == nullptr || eos->kind == json_kind::null) return {};
+  const auto id_of = [&](const json_value& value) {
+    int parsed = -1;
+    const char* end = value.text.data() + value.text.size();
+    const auto [stop, error] = std::from_chars(value.text.data(), end, parsed);
+    if (value.kind != json_kind::number || error != std::errc() || stop != end || parsed < 0)
+      throw format_error(fmt::format("{}: '{}': key 'eos_token_id': {} '{}', expected an integer in 0 .. {} (or a list of them)",
+                                     function, origin, json_detail::kind_name(value.kind), value.text,
+                                     std::numeric_limits<int>::max()));
+    return parsed;
+  };
+  std::vector<int> ids;
+  if (eos->kind == json_kind::array)
+    for (const json_value& item : eos->values) ids.push_back(id_of(item));
+  else
+    ids.push_back(id_of(*eos));
+  return ids;
+}
+
+std::vector<int> read_eos_token_ids(const std::filesystem::path& directory) {
+  const std::filesystem::path file = directory / "generation_config.json";
+  std::error_code missing;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(file, missing)))
+    return {};  // transformers without the file: no eos
+  return parse_eos_token_ids(read_json_file(file, "kfsdp::io::read_eos_token_ids", "the generation settings"), file.string());
 }
 
 std::string llama_config_json(const llama_config& config, dtype stored) {
