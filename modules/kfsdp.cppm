@@ -31,6 +31,7 @@ module;
 #include <kfsdp/comm/shared_memory.hpp>
 #include <kfsdp/comm/stream_order.hpp>
 #include <kfsdp/comm/threaded/threaded.hpp>
+#include <kfsdp/compute/kv_cache.hpp>
 #include <kfsdp/compute/layer_params.hpp>
 #include <kfsdp/compute/network.hpp>
 #include <kfsdp/compute/ops.hpp>
@@ -54,6 +55,7 @@ module;
 #include <kfsdp/fsdp/trace.hpp>
 #include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/infer/c_api.hpp>
+#include <kfsdp/infer/generate.hpp>
 #include <kfsdp/infer/predictor.hpp>
 #include <kfsdp/io/checkpoint/checksum.hpp>
 #include <kfsdp/io/checkpoint/hf_config.hpp>
@@ -88,6 +90,7 @@ module;
 #include <kfsdp/model/rowwise.hpp>
 #include <kfsdp/model/unit_assignment.hpp>
 #include <kfsdp/nn/attention.hpp>
+#include <kfsdp/nn/cached_attention.hpp>
 #include <kfsdp/nn/cross_entropy.hpp>
 #include <kfsdp/nn/detail/elementwise.hpp>
 #include <kfsdp/nn/detail/gemm.hpp>
@@ -185,6 +188,10 @@ using kfsdp::comm::shared_bytes;
 export namespace kfsdp::comm {
 using kfsdp::comm::threaded;
 }
+// <kfsdp/compute/kv_cache.hpp>
+export namespace kfsdp {
+using kfsdp::kv_cache;
+}
 // <kfsdp/compute/layer_params.hpp>
 export namespace kfsdp {
 using kfsdp::layer_params;
@@ -227,6 +234,11 @@ export namespace kfsdp {
 using kfsdp::make_units;
 using kfsdp::units_table;
 }
+// <kfsdp/infer/generate.hpp>
+export namespace kfsdp {
+using kfsdp::generate;
+using kfsdp::generation_options;
+}
 // <kfsdp/infer/predictor.hpp>
 export namespace kfsdp {
 using kfsdp::predictor;
@@ -254,6 +266,7 @@ using kfsdp::io::save_pretrained;
 // <kfsdp/io/checkpoint/hf_config.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::llama_config_json;
+using kfsdp::io::read_eos_token_ids;
 using kfsdp::io::read_llama_config;
 }
 // <kfsdp/io/checkpoint/safetensors_file.hpp>
@@ -467,7 +480,6 @@ export namespace kfsdp {
 using kfsdp::device_ids;
 using kfsdp::estimate_gpt_memory;
 using kfsdp::evaluate_windows;
-using kfsdp::generate;
 using kfsdp::gpt2_init;
 }
 // <kfsdp/train/gradient_check.hpp>
