@@ -16,12 +16,14 @@
 #include <kfsdp/infer/generate.hpp>
 #include <kfsdp/io/checkpoint/hf_config.hpp>
 #include <kfsdp/model/llama.hpp>
+#include <kfsdp/train/gpt.hpp>  // device_ids
 
 #include "../support/messages.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
+using kfsdp::device_ids;
 using kfsdp::test::error_message;
 
 const fs::path tiny = fs::path(KFSDP_SOURCE_ROOT) / "test" / "infer" / "generation" / "tiny-llama";
@@ -32,14 +34,6 @@ using llama_predictor = kfsdp::predictor<kfsdp::llama_descriptor, S>;
 template <class S>
 llama_predictor<S> load(const fs::path& directory, std::size_t window = 0) {
   return llama_predictor<S>(kfsdp::make_llama(kfsdp::io::read_llama_config(directory), window), directory / "model.safetensors");
-}
-
-kfsdp::nn::index_vector device_ids(const std::vector<int>& ids) {
-  kfsdp::nn::index_vector out("ids", ids.size());
-  const auto host = Kokkos::create_mirror_view(out);
-  for (std::size_t i = 0; i < ids.size(); ++i) host(i) = ids[i];
-  Kokkos::deep_copy(out, host);
-  return out;
 }
 
 template <class S>
