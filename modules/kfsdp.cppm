@@ -31,6 +31,7 @@ module;
 #include <kfsdp/comm/shared_memory.hpp>
 #include <kfsdp/comm/stream_order.hpp>
 #include <kfsdp/comm/threaded/threaded.hpp>
+#include <kfsdp/compute/kv_cache.hpp>
 #include <kfsdp/compute/layer_params.hpp>
 #include <kfsdp/compute/network.hpp>
 #include <kfsdp/compute/ops.hpp>
@@ -54,9 +55,11 @@ module;
 #include <kfsdp/fsdp/trace.hpp>
 #include <kfsdp/fsdp/units.hpp>
 #include <kfsdp/infer/c_api.hpp>
+#include <kfsdp/infer/generate.hpp>
 #include <kfsdp/infer/predictor.hpp>
 #include <kfsdp/io/checkpoint/checksum.hpp>
 #include <kfsdp/io/checkpoint/hf_config.hpp>
+#include <kfsdp/io/checkpoint/peft_adapter.hpp>
 #include <kfsdp/io/checkpoint/safetensors.hpp>
 #include <kfsdp/io/checkpoint/safetensors_file.hpp>
 #include <kfsdp/io/checkpoint/sharded_engine.hpp>
@@ -82,12 +85,14 @@ module;
 #include <kfsdp/model/layers.hpp>
 #include <kfsdp/model/llama.hpp>
 #include <kfsdp/model/llama_config.hpp>
+#include <kfsdp/model/lora_config.hpp>
 #include <kfsdp/model/model_graph.hpp>
 #include <kfsdp/model/param_table.hpp>
 #include <kfsdp/model/rope_scaling.hpp>
 #include <kfsdp/model/rowwise.hpp>
 #include <kfsdp/model/unit_assignment.hpp>
 #include <kfsdp/nn/attention.hpp>
+#include <kfsdp/nn/cached_attention.hpp>
 #include <kfsdp/nn/cross_entropy.hpp>
 #include <kfsdp/nn/detail/elementwise.hpp>
 #include <kfsdp/nn/detail/gemm.hpp>
@@ -185,6 +190,10 @@ using kfsdp::comm::shared_bytes;
 export namespace kfsdp::comm {
 using kfsdp::comm::threaded;
 }
+// <kfsdp/compute/kv_cache.hpp>
+export namespace kfsdp {
+using kfsdp::kv_cache;
+}
 // <kfsdp/compute/layer_params.hpp>
 export namespace kfsdp {
 using kfsdp::layer_params;
@@ -227,6 +236,11 @@ export namespace kfsdp {
 using kfsdp::make_units;
 using kfsdp::units_table;
 }
+// <kfsdp/infer/generate.hpp>
+export namespace kfsdp {
+using kfsdp::generate;
+using kfsdp::generation_options;
+}
 // <kfsdp/infer/predictor.hpp>
 export namespace kfsdp {
 using kfsdp::predictor;
@@ -254,7 +268,16 @@ using kfsdp::io::save_pretrained;
 // <kfsdp/io/checkpoint/hf_config.hpp>
 export namespace kfsdp::io {
 using kfsdp::io::llama_config_json;
+using kfsdp::io::read_eos_token_ids;
 using kfsdp::io::read_llama_config;
+}
+// <kfsdp/io/checkpoint/peft_adapter.hpp>
+export namespace kfsdp::io {
+using kfsdp::io::load_adapter;
+using kfsdp::io::lora_config_json;
+using kfsdp::io::read_lora_config;
+using kfsdp::io::save_adapter;
+using kfsdp::io::save_merged;
 }
 // <kfsdp/io/checkpoint/safetensors_file.hpp>
 export namespace kfsdp::io {
@@ -337,6 +360,7 @@ using kfsdp::linear;
 using kfsdp::lora_linear;
 using kfsdp::mse;
 using kfsdp::optional_bias;
+using kfsdp::optional_lora;
 using kfsdp::positional_embedding;
 using kfsdp::relu;
 using kfsdp::rotary_embedding;
@@ -348,12 +372,18 @@ using kfsdp::tied;
 export namespace kfsdp {
 using kfsdp::llama;
 using kfsdp::llama_descriptor;
+using kfsdp::llama_lora_modules;
 using kfsdp::make_llama;
 }
 // <kfsdp/model/llama_config.hpp>
 export namespace kfsdp {
 using kfsdp::llama_config;
 using kfsdp::llama_family;
+}
+// <kfsdp/model/lora_config.hpp>
+export namespace kfsdp {
+using kfsdp::is_lora_adapter;
+using kfsdp::lora_config;
 }
 // <kfsdp/model/model_graph.hpp>
 export namespace kfsdp {
@@ -394,6 +424,10 @@ using kfsdp::optim::adamw;
 export namespace kfsdp::optim {
 using kfsdp::optim::any_optimizer;
 using kfsdp::optim::optimizer_choice;
+}
+// <kfsdp/optim/param_groups.hpp>
+export namespace kfsdp::optim {
+using kfsdp::optim::lora_frozen_base;
 }
 // <kfsdp/optim/schedule.hpp>
 export namespace kfsdp::optim {
@@ -467,7 +501,6 @@ export namespace kfsdp {
 using kfsdp::device_ids;
 using kfsdp::estimate_gpt_memory;
 using kfsdp::evaluate_windows;
-using kfsdp::generate;
 using kfsdp::gpt2_init;
 }
 // <kfsdp/train/gradient_check.hpp>

@@ -61,4 +61,5 @@
 #include <kfsdp/io/checkpoint/safetensors_file.hpp>  // one process: save_state_dict_file, load_state_dict_file
 #include <kfsdp/tensor/state_dict.hpp>
 
+#include <kfsdp/infer/generate.hpp>
 #include <kfsdp/infer/predictor.hpp>

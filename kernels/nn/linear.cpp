@@ -52,6 +52,8 @@ void linear<Scalar>::forward(const params& p, const_matrix<Scalar> x, matrix<Sca
   }
   if (x.extent(0) > 0) detail::gemm<Scalar>("N", "T", Scalar(1), x, p.weight, beta, y);
   c.input = x;
+  detail::linear_forward_calls.fetch_add(1, std::memory_order_relaxed);
+  detail::linear_forward_rows.fetch_add(x.extent(0), std::memory_order_relaxed);
 }
 
 template <class Scalar>

@@ -52,20 +52,20 @@ namespace detail {
 // function, not in rotary_embedding::apply: nvcc takes no device lambda in a private member function.
 template <class Scalar>
 void rotary_turn(const_matrix<Scalar> in, matrix<Scalar> out, const_matrix<Scalar> cos_table,
-                 const_matrix<Scalar> sin_table, int rotated, int all_heads, int head_dim, int seq, Scalar sign) {
+                 const_matrix<Scalar> sin_table, int rotated, int all_heads, int head_dim, int seq, Scalar sign, int first = 0) {
   const int rows = int(in.extent(0)), half = head_dim / 2;
   Kokkos::parallel_for(
       "kfsdp::nn::rotary_embedding", Kokkos::RangePolicy<execution_space>(0, rows * all_heads), KOKKOS_LAMBDA(int index) {
-        const int row = index / all_heads, head = index % all_heads, t = row % seq, first = head * head_dim;
+        const int row = index / all_heads, head = index % all_heads, t = (first + row) % seq, column = head * head_dim;
         if (head >= rotated) {
-          for (int c = 0; c < head_dim; ++c) out(row, first + c) = in(row, first + c);
+          for (int c = 0; c < head_dim; ++c) out(row, column + c) = in(row, column + c);
           return;
         }
         for (int i = 0; i < half; ++i) {
           const Scalar c = cos_table(t, i), s = sign * sin_table(t, i);
-          const Scalar a = in(row, first + i), b = in(row, first + half + i);
-          out(row, first + i) = a * c - b * s;
-          out(row, first + half + i) = b * c + a * s;
+          const Scalar a = in(row, column + i), b = in(row, column + half + i);
+          out(row, column + i) = a * c - b * s;
+          out(row, column + half + i) = b * c + a * s;
         }
       });
 }
@@ -87,6 +87,20 @@ void rotary_embedding<Scalar>::apply(const char* where, const_matrix<Scalar> in,
 template <class Scalar>
 void rotary_embedding<Scalar>::forward(const_matrix<Scalar> x, matrix<Scalar> y) const {
   apply("rotary_embedding::forward", x, y, false);
+}
+
+template <class Scalar>
+void rotary_embedding<Scalar>::forward_at(const_matrix<Scalar> x, matrix<Scalar> y, std::size_t first) const {
+  const char* where = "rotary_embedding::forward_at";
+  const std::size_t rows = x.extent(0);
+  detail::check_matrix(where, "input", x, rows, in_features());
+  detail::check_matrix(where, "output", y, rows, in_features());
+  if (first > seq_len_ || rows > seq_len_ - first)
+    throw std::invalid_argument(std::string(where) + ": positions " + std::to_string(first) + " .. " + std::to_string(first + rows) +
+                                " (first + rows), expected at most seq_len = " + std::to_string(seq_len_) +
+                                " (the positions the table holds)");
+  detail::rotary_turn<Scalar>(x, y, cos_, sin_, int(heads_ + kv_heads_), int(heads_ + 2 * kv_heads_), int(head_dim_),
+                              int(seq_len_), Scalar(1), int(first));
 }
 
 template <class Scalar>

@@ -20,6 +20,7 @@
 #include <kfsdp/model/model_graph.hpp>
 #include <kfsdp/model/unit_assignment.hpp>
 #include <kfsdp/nn/detail/elementwise.hpp>
+#include <kfsdp/compute/kv_cache.hpp>
 #include <kfsdp/compute/ops.hpp>
 
 #include <algorithm>
@@ -114,6 +115,7 @@ class pass_context {
   nn::const_matrix<S> predictions;    // set by forward: the loss layer's input
   S grad_scale = S(1);                // d(loss)/d(the loss layer's output)
   bool checkpointing = false;         // units keep only their input; backward recomputes
+  kv_cache<S>* cache = nullptr;       // set: a cached step (compute/kv_cache.hpp), forward only
   bool recomputing = false;
   // Set while the trainer looks for where a loss went non-finite: each layer then reports, in
   // forward order, whether its output is finite (with the unit it ran in).
@@ -292,7 +294,13 @@ class leaf_node : public node_base<leaf_node<D, S>, S, input_t<D>, output_t<D>> 
         return op_.forward(x, ctx.target_values);
       }
     } else {
-      op_.forward(ctx.params(params_, indices()), x, detail::ensure(y_, "kfsdp::nn::activation", name_, rows_, out_));
+      const nn::matrix<S> y = detail::ensure(y_, "kfsdp::nn::activation", name_, rows_, out_);
+      if constexpr (requires { cached_forward<compute_t<D, S>>::forward; }) {
+        if (ctx.cache != nullptr) cached_forward<compute_t<D, S>>::forward(op_, ctx.params(params_, indices()), x, y, *ctx.cache);
+        else op_.forward(ctx.params(params_, indices()), x, y);
+      } else {
+        op_.forward(ctx.params(params_, indices()), x, y);
+      }
       if (ctx.checking_outputs) ctx.output_checked(name_, runs_in_, detail::all_finite(nn::const_matrix<S>(y_)));
       return y_;
     }

@@ -96,17 +96,34 @@ class predictor {
   nn::matrix<Scalar> predict(input_type inputs) {
     if constexpr (std::is_same_v<input_type, nn::const_matrix<Scalar>>)
       if (stats_) inputs = normalized(inputs);
-    nn::const_matrix<Scalar> out;
-    if constexpr (std::is_same_v<output_t<Model>, loss>) {  // the loss layer's input, without targets
-      (void)network_.forward(context_, inputs);
-      out = context_.predictions;
-    } else {
-      out = network_.forward(context_, inputs);
-    }
-    nn::matrix<Scalar> result(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::predictor::output"), out.extent(0),
-                              out.extent(1));
-    Kokkos::deep_copy(result, out);
+    nn::matrix<Scalar> result = copied(output(inputs));
     if (stats_) unnormalize(result);
+    return result;
+  }
+
+  /// A generation step with a key/value cache (compute/kv_cache.hpp): the logits [rows, vocab] of
+  /// `ids` as the tokens at positions cache.positions() onward, each attending to the cached
+  /// positions and to the rows before it; their keys and values join the cache. The prompt can come
+  /// whole (prefill), then one token a step: each layer then runs on that one row.
+  ///
+  ///   kfsdp::kv_cache<float> cache(config.seq);
+  ///   auto logits = model.predict_cached(prompt_ids, cache);   // [P, vocab]
+  ///   auto next = model.predict_cached(one_id, cache);         // [1, vocab], position P
+  ///
+  /// Throws std::invalid_argument when the step passes cache.max_positions() or the positions the
+  /// model's RoPE holds (make_llama's window), or for a model with learned positions; the cache's
+  /// positions are then unchanged.
+  nn::matrix<Scalar> predict_cached(nn::const_index_vector ids, kv_cache<Scalar>& cache)
+    requires std::is_same_v<input_type, nn::const_index_vector>
+  {
+    cache.begin_step(ids.extent(0));
+    struct step_end {  // the context leaves the cached step however the forward ends
+      forward_only& context;
+      ~step_end() { context.cache = nullptr; }
+    } uncached{context_};
+    context_.cache = &cache;
+    nn::matrix<Scalar> result = copied(output(ids));
+    cache.end_step();
     return result;
   }
 
@@ -153,6 +170,22 @@ class predictor {
     }
     predictor& owner;
   };
+
+  // The model's output (a loss layer's input, without targets) in the network's buffers.
+  nn::const_matrix<Scalar> output(input_type inputs) {
+    if constexpr (std::is_same_v<output_t<Model>, loss>) {
+      (void)network_.forward(context_, inputs);
+      return context_.predictions;
+    } else {
+      return network_.forward(context_, inputs);
+    }
+  }
+  static nn::matrix<Scalar> copied(nn::const_matrix<Scalar> out) {
+    nn::matrix<Scalar> result(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kfsdp::predictor::output"), out.extent(0),
+                              out.extent(1));
+    Kokkos::deep_copy(result, out);
+    return result;
+  }
 
   [[noreturn]] static void refuse(const std::filesystem::path& file, const std::string& what) {
     throw std::invalid_argument(fmt::format("kfsdp::predictor: {} {}", file.string(), what));

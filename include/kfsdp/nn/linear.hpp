@@ -20,6 +20,10 @@ namespace kfsdp::nn {
 namespace detail {
 // dW = dy^T x products run, counted for the test that a frozen weight costs none.
 inline std::atomic<std::size_t> weight_gradient_products{0};
+// linear::forward calls and the rows they took, counted for the test that a generation step runs
+// each linear on one row (the new token's), not on the whole sequence.
+inline std::atomic<std::size_t> linear_forward_calls{0};
+inline std::atomic<std::size_t> linear_forward_rows{0};
 }  // namespace detail
 
 // The tensors of a linear layer: linear_tensors<const S> are its parameters, linear_tensors<S>

@@ -12,6 +12,7 @@
 //   kfsdp::nn::rotary_embedding<float> rope(/*heads=*/4, /*kv_heads=*/2, /*head_dim=*/16, /*seq_len=*/32);
 //   rope.forward(qkv, y);    // both [rows, 128]
 //   rope.backward(dy, dx);   // the inverse rotation; no parameters, nothing cached
+//   rope.forward_at(next, y1, 20);   // one row at position 20 (generation)
 // Conventions: see views.hpp.
 
 #include <kfsdp/model/rope_scaling.hpp>
@@ -38,6 +39,9 @@ class rotary_embedding {
 
   // y [rows, in] = the rotated x; rows must be a multiple of seq_len.
   void forward(const_matrix<Scalar> x, matrix<Scalar> y) const;
+  // y [rows, in] = the rotated x with row r at position first + r (generation: the positions after
+  // those cached); throws std::invalid_argument when first + rows > seq_len.
+  void forward_at(const_matrix<Scalar> x, matrix<Scalar> y, std::size_t first) const;
   // dx [rows, in] = the inverse rotation of dy (the rotation is orthogonal).
   void backward(const_matrix<Scalar> dy, matrix<Scalar> dx) const;
 

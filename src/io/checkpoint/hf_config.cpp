@@ -187,6 +187,44 @@ llama_config read_llama_config(const std::filesystem::path& path) {
   return parse_llama_config(json_detail::read_text_file(file, "config.json", "kfsdp::io::read_llama_config"), file.string());
 }
 
+std::vector<int> parse_eos_token_ids(std::string_view json, std::string_view origin) {
+  constexpr std::string_view function = "kfsdp::io::read_eos_token_ids";
+  json_value root;
+  try {
+    root = json_detail::parse_json(json, origin);
+  } catch (const format_error& error) {
+    throw format_error(fmt::format("{}: '{}' is not valid JSON: {}", function, origin, error.what()));
+  }
+  if (root.kind != json_kind::object)
+    throw format_error(fmt::format("{}: '{}' holds {}, expected a JSON object", function, origin, json_detail::kind_name(root.kind)));
+  const json_value* eos = root.find("eos_token_id");
+  if (eos == nullptr || eos->kind == json_kind::null) return {};
+  const auto id_of = [&](const json_value& value) {
+    int parsed = -1;
+    const char* end = value.text.data() + value.text.size();
+    const auto [stop, error] = std::from_chars(value.text.data(), end, parsed);
+    if (value.kind != json_kind::number || error != std::errc() || stop != end || parsed < 0)
+      throw format_error(fmt::format("{}: '{}': key 'eos_token_id': {} '{}', expected an integer in 0 .. {} (or a list of them)",
+                                     function, origin, json_detail::kind_name(value.kind), value.text,
+                                     std::numeric_limits<int>::max()));
+    return parsed;
+  };
+  std::vector<int> ids;
+  if (eos->kind == json_kind::array)
+    for (const json_value& item : eos->values) ids.push_back(id_of(item));
+  else
+    ids.push_back(id_of(*eos));
+  return ids;
+}
+
+std::vector<int> read_eos_token_ids(const std::filesystem::path& directory) {
+  const std::filesystem::path file = directory / "generation_config.json";
+  std::error_code missing;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(file, missing)))
+    return {};  // transformers without the file: no eos
+  return parse_eos_token_ids(json_detail::read_text_file(file, "generation_config.json", "kfsdp::io::read_eos_token_ids"), file.string());
+}
+
 std::string llama_config_json(const llama_config& config, dtype stored) {
   constexpr std::string_view function = "kfsdp::io::llama_config_json";
   config.validate();

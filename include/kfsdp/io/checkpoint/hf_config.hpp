@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <kfsdp/io/checkpoint/safetensors.hpp>
 #include <kfsdp/model/llama_config.hpp>
@@ -55,5 +56,17 @@ KFSDP_EXPORT [[nodiscard]] llama_config read_llama_config(const std::filesystem:
 /// config that validate refuses, biases its family cannot say (Llama: both or none; Qwen2: q/k/v
 /// alone; Mistral: none), a sliding_window outside Mistral, or another dtype.
 KFSDP_EXPORT [[nodiscard]] std::string llama_config_json(const llama_config& config, dtype stored = dtype::F32);
+
+/// The token ids that end a generation: generation_config.json's "eos_token_id", an int or a list
+/// of ints as transformers writes it ({"eos_token_id": 2} or [128001, 128009]); null or absent: none.
+/// Throws format_error naming the origin and the key for text that is not JSON or an id that is not
+/// an integer in 0 .. 2^31 - 1.
+[[nodiscard]] std::vector<int> parse_eos_token_ids(std::string_view json, std::string_view origin = "generation_config.json");
+
+/// parse_eos_token_ids of `directory`/generation_config.json; a missing file means no eos (none).
+/// Throws std::runtime_error naming the file when it is there but cannot be read.
+///
+///   std::vector<int> eos = kfsdp::io::read_eos_token_ids("tiny-llama");   // {255, 254}
+KFSDP_EXPORT [[nodiscard]] std::vector<int> read_eos_token_ids(const std::filesystem::path& directory);
 
 }  // namespace kfsdp::io
