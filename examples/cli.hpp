@@ -61,9 +61,13 @@ class cli {
         value = argv[++i];
       }
       it->second.value = value;
+      it->second.given = true;
     }
     return true;
   }
+
+  // Whether the command line gave the flag (its default does not count).
+  [[nodiscard]] bool given(const std::string& name) const { return entry(name).given; }
 
   [[nodiscard]] std::string str(const std::string& name) const { return entry(name).value; }
 
@@ -136,6 +140,7 @@ class cli {
   struct entry_t {
     std::string value;
     std::string help;
+    bool given = false;
   };
   const entry_t& entry(const std::string& name) const {
     auto it = flags_.find(name);

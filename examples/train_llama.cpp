@@ -6,13 +6,17 @@
 //   mpirun -np 2 build/examples/train_llama --data 'corpus_train_*.bin' --val-data corpus_val_000000.bin --vocab 512
 //   mpirun -np 2 build/examples/train_llama --load HF_DIR --eval 4          # prints eval_loss
 //   mpirun -np 2 build/examples/train_llama --load HF_DIR --steps 50 --save TUNED_DIR
+//   mpirun -np 2 build/examples/train_llama --load HF_DIR --lora-rank 8 --lora-alpha 16 --lora-targets q_proj,v_proj \
+//       --steps 50 --save ADAPTER_DIR --save-merged MERGED_DIR           # LoRA: the base frozen, peft's files
 //
 // The model is one descriptor (kfsdp::make_llama), each decoder layer an FSDP unit; kfsdp::trainer
 // trains it. With --load the sizes come from HF_DIR/config.json; --save writes config.json and
 // model.safetensors, which transformers' from_pretrained reads. The flags train_gpt has for a run
 // over text windows (optimizer, clipping, sampling, accumulation, logging, sharding) are the same.
 // The vocabulary is the model's (--vocab, or config.json's vocab_size with --load); a token id at or
-// above it is refused, naming the shard and the place.
+// above it is refused, naming the shard and the place. With --lora-rank (or --load-adapter, a peft
+// adapter to continue) the base is frozen and only the adapters train; --save then writes peft's
+// adapter directory, --save-merged the model with the adapters merged in.
 
 #include <filesystem>
 #include <string>
@@ -26,6 +30,7 @@
 #include <kfsdp/comm/threaded/threaded.hpp>
 #include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 #include <kfsdp/io/checkpoint/hf_config.hpp>
+#include <kfsdp/io/checkpoint/peft_adapter.hpp>
 #include <kfsdp/io/data/text_dataset.hpp>
 #include <kfsdp/optim/any_optimizer.hpp>
 #include <kfsdp/session.hpp>
@@ -42,10 +47,11 @@ namespace {
 using kfsdp::examples::cli;
 
 struct settings {
-  std::string data, load, save, dtype;
+  std::string data, load, save, save_merged, load_adapter, dtype;
   std::size_t batch, window, eval_windows;
   std::uint64_t seed;
   kfsdp::llama_config model;
+  kfsdp::lora_config lora;  // rank 0: a full fine-tune
   kfsdp::examples::text_training training;
   kfsdp::examples::fsdp_flags flags;
 };
@@ -73,18 +79,27 @@ cli make_cli() {
       .flag("eval", "0", "with --load: print eval_loss over the first W windows and exit")
       .flag("save", "",
             "write the trained model here as a Hugging Face directory (config.json + model.safetensors; its "
-            "other files stay)");
+            "other files stay); with LoRA, peft's adapter directory (adapter_config.json + adapter_model.safetensors)")
+      .flag("lora-rank", "0", "LoRA: adapters of this rank on --lora-targets, the base frozen (0: train every parameter)")
+      .flag("lora-alpha", "8", "LoRA: the adapters' output is scaled by alpha / rank (peft's lora_alpha)")
+      .flag("lora-targets", "q_proj,v_proj",
+            "LoRA: the projections adapted, comma-separated (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, "
+            "or all-linear)")
+      .flag("load-adapter", "", "LoRA: continue this peft adapter directory (its adapter_config.json gives rank, alpha, targets)")
+      .flag("save-merged", "", "LoRA: also write the model with the adapters merged in, as a Hugging Face directory");
   kfsdp::examples::add_step_log_flags(c);
   kfsdp::examples::add_fsdp_flags(c, "zero2", "block");
   return c;
 }
 
 settings read(const cli& c, int world_size) {
-  settings s{.data = c.str("data"), .load = c.str("load"), .save = c.str("save"), .dtype = c.choice("dtype", {"f32", "f64"}),
+  settings s{.data = c.str("data"), .load = c.str("load"), .save = c.str("save"), .save_merged = c.str("save-merged"),
+             .load_adapter = c.str("load-adapter"), .dtype = c.choice("dtype", {"f32", "f64"}),
              .batch = c.size("batch"), .window = c.positive("seq"), .eval_windows = c.size("eval"), .seed = c.size("seed"),
              .model = {.vocab = c.positive("vocab"), .dim = c.positive("dim"), .hidden = c.positive("hidden"), .layers = c.positive("layers"),
                        .heads = c.positive("heads"), .kv_heads = c.positive("kv-heads"), .seq = c.positive("seq"),
                        .rope_theta = c.real("rope-theta"), .tie_weights = c.choice("tie-weights", {"on", "off"}) == "on"},
+             .lora = {.rank = c.size("lora-rank")},
              .training = kfsdp::examples::text_training_of(c), .flags = kfsdp::examples::fsdp_flags_of(c)};
   auto fail = [](const std::string& m) { throw std::invalid_argument("train_llama: " + m); };
   if (s.load.empty()) {
@@ -97,6 +112,20 @@ settings read(const cli& c, int world_size) {
   if (s.eval_windows == 0 && (s.batch == 0 || s.batch % std::size_t(world_size) != 0))
     fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
   if (s.eval_windows > 0 && s.load.empty()) fail("--eval needs --load HF_DIR (the model to evaluate)");
+  if (!s.load_adapter.empty()) {  // the adapter says what it is; flags that say otherwise are refused
+    s.lora = kfsdp::io::read_lora_config(s.load_adapter);
+    for (const char* flag : {"lora-rank", "lora-alpha", "lora-targets"})
+      if (c.given(flag)) fail(fmt::format("--{} and --load-adapter both given: the adapter's adapter_config.json says it", flag));
+  } else if (s.lora.rank > 0) {
+    s.lora.alpha = c.real("lora-alpha");
+    for (std::size_t from = 0; from <= c.str("lora-targets").size();) {
+      const std::size_t comma = std::min(c.str("lora-targets").find(',', from), c.str("lora-targets").size());
+      if (comma > from) s.lora.targets.push_back(c.str("lora-targets").substr(from, comma - from));
+      from = comma + 1;
+    }
+  }
+  if (s.lora.rank > 0 && s.load.empty()) fail("--lora-rank or --load-adapter needs --load HF_DIR (the base the adapters adapt)");
+  if (!s.save_merged.empty() && s.lora.rank == 0) fail("--save-merged needs --lora-rank or --load-adapter (adapters to merge)");
   if (s.eval_windows > 0 && !s.training.metrics.empty()) fail("--metrics and --eval both given: --eval trains no steps");
   return s;
 }
@@ -122,13 +151,18 @@ int run(const settings& s, const cli& c, kfsdp::session& job) {
   const kfsdp::comm::any_communicator engine_comm = s.flags.overlap ? kfsdp::comm::any_communicator(overlapped)
                                                                     : kfsdp::comm::any_communicator(job.shard_group());
   const kfsdp::trainer_options training{.checkpointing = s.flags.checkpointing};
-  kfsdp::trainer<kfsdp::llama_descriptor, Scalar> trainer( kfsdp::make_llama(config, s.window), engine_comm, job.fsdp(s.flags.fsdp), training);
+  kfsdp::trainer<kfsdp::llama_descriptor, Scalar> trainer(kfsdp::make_llama(config, s.window, s.lora), engine_comm,
+                                                          job.fsdp(s.flags.fsdp), training);
   auto& engine = trainer.engine();
   if (s.load.empty())
     trainer.initialize(s.seed, kfsdp::llama_init());
-  else  // a tied model's directory may still hold lm_head.weight (some writers keep it)
+  else {
+    if (s.lora.rank > 0) trainer.initialize(s.seed);  // the adapters' start: A uniform, B zero (peft's)
+    // The base; a tied model's directory may still hold lm_head.weight (some writers keep it).
     kfsdp::io::load_pretrained(s.load, engine,
                                config.tie_weights ? std::vector<std::string>{"lm_head.weight"} : std::vector<std::string>{});
+    if (!s.load_adapter.empty()) kfsdp::io::load_adapter(s.load_adapter, engine);
+  }
 
   if (s.eval_windows > 0) {  // evaluation only
     const double loss = kfsdp::evaluate_windows(trainer, data, s.eval_windows, world);
@@ -136,7 +170,10 @@ int run(const settings& s, const cli& c, kfsdp::session& job) {
     return 0;
   }
 
-  kfsdp::optim::any_optimizer<Scalar> optimizer(trainer, s.training.optimizer);  // 2-D weights decay, 1-D not
+  // 2-D weights decay, 1-D not; with LoRA everything but the adapters is frozen (no gradient, no state).
+  kfsdp::optim::any_optimizer<Scalar> optimizer(
+      trainer, s.training.optimizer,
+      s.lora.rank > 0 ? std::vector<kfsdp::optim::param_group>{kfsdp::optim::lora_frozen_base()} : std::vector<kfsdp::optim::param_group>{});
   if (root)
     fmt::print("train_llama: {} ranks, {} ({} parameters, {} per rank; {} layers, dim {}, {} heads, {} kv heads), "
                "{} / {} bucketing ({} buckets), {}, batch {} x {} windows of {} tokens, {} windows in {} (vocabulary {})\n",
@@ -155,9 +192,16 @@ int run(const settings& s, const cli& c, kfsdp::session& job) {
   if (!stopped) log.print_loss_change();
   kfsdp::examples::print_validation(trainer, windows, steps_done, s.training.steps, world, "train_llama");
   kfsdp::examples::print_data_reads(data, world, "train_llama");
+  if (!s.save_merged.empty()) {
+    kfsdp::io::save_merged(s.save_merged, engine, s.lora, kfsdp::io::llama_config_json(config, kfsdp::io::dtype_of<Scalar>));
+    if (root) fmt::print("saved {} (the adapters merged)\n", s.save_merged);
+  }
   if (!s.save.empty()) {
-    kfsdp::io::save_pretrained(s.save, engine, kfsdp::io::llama_config_json(config, kfsdp::io::dtype_of<Scalar>),
-                               kfsdp::io::dtype_of<Scalar>);
+    if (s.lora.rank > 0)
+      kfsdp::io::save_adapter(s.save, engine, s.lora, s.load, kfsdp::io::dtype_of<Scalar>);
+    else
+      kfsdp::io::save_pretrained(s.save, engine, kfsdp::io::llama_config_json(config, kfsdp::io::dtype_of<Scalar>),
+                                 kfsdp::io::dtype_of<Scalar>);
     if (!stopped) kfsdp::mark_finished(s.save, root);
     if (root && !stopped) fmt::print("saved {}\n", s.save);
   }

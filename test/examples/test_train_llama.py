@@ -78,6 +78,34 @@ with tempfile.TemporaryDirectory() as tmp:
     again = [eval_loss(run(n, '--data', data, '--load', tuned, '--eval', '4', '--dtype', 'f64')) for n in (1, 2)]
     check(close(again, [again[0]] * 2, 1e-12), f'the saved directory evaluates alike at 1 and 2 ranks: {again}')
 
+    # LoRA from the fixture at 2 ranks: peft's adapter directory and the merge, which evaluate alike; the
+    # adapter continues with --load-adapter; the base is never written.
+    base = os.path.join(fixture, 'tiny-f32')
+    adapter, merged = os.path.join(tmp, 'adapter'), os.path.join(tmp, 'merged')
+    lora = ['--data', data, '--load', base, '--dtype', 'f64', '--batch', '4', '--lr', '0.01']
+    out = run(2, *lora, '--steps', '4', '--lora-rank', '4', '--lora-alpha', '8', '--lora-targets', 'q_proj,v_proj,down_proj',
+              '--save', adapter, '--save-merged', merged)
+    check(losses(out)[-1] < losses(out)[0], f'LoRA: the loss falls: {losses(out)}')
+    adapter_config = json.load(open(os.path.join(adapter, 'adapter_config.json')))
+    check(adapter_config['r'] == 4 and adapter_config['lora_alpha'] == 8 and
+          sorted(adapter_config['target_modules']) == ['down_proj', 'q_proj', 'v_proj'] and
+          adapter_config['peft_type'] == 'LORA', f'--save writes peft\'s adapter_config.json: {adapter_config}')
+    tensors = json.loads(open(os.path.join(adapter, 'adapter_model.safetensors'), 'rb').read()[8:][:struct.unpack(
+        '<Q', open(os.path.join(adapter, 'adapter_model.safetensors'), 'rb').read(8))[0]])
+    check(sorted(k for k in tensors if k != '__metadata__')[:2] == ['base_model.model.model.layers.0.mlp.down_proj.lora_A.weight',
+                                                                     'base_model.model.model.layers.0.mlp.down_proj.lora_B.weight']
+          and len(tensors) - 1 == 12, 'the adapter holds peft\'s names, 2 per adapted projection')
+    with_adapter = eval_loss(run(2, '--data', data, '--load', base, '--load-adapter', adapter, '--eval', '4', '--dtype', 'f64'))
+    from_merged = eval_loss(run(1, '--data', data, '--load', merged, '--eval', '4', '--dtype', 'f64'))
+    check(abs(with_adapter - from_merged) <= 1e-10 * from_merged and with_adapter < want,
+          f'--load-adapter and the merged directory evaluate alike: {with_adapter}, {from_merged} (base {want})')
+    out = run(2, *lora, '--steps', '2', '--load-adapter', adapter)
+    check(len(losses(out)) == 2 and abs(losses(out)[0] - with_adapter) < 0.5, f'--load-adapter continues training: {losses(out)}')
+    out = run(1, *lora, '--steps', '1', '--load-adapter', adapter, '--lora-rank', '8', expect=1)
+    check('--lora-rank and --load-adapter both given' in out, 'a --lora-rank beside --load-adapter is refused')
+    out = run(1, *lora, '--steps', '1', '--lora-rank', '4', '--lora-targets', 'qproj', expect=1)
+    check("target 'qproj' is not a module of the model" in out, 'an unknown --lora-targets is refused, naming it')
+
     # Refusals name the flag and the value.
     out = run(1, *small, '--kv-heads', '3', '--steps', '1', expect=1)
     check('kv_heads is 3' in out, 'a --kv-heads that does not divide --heads is refused, naming it')

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <kfsdp/comm/mpi/mpi.hpp>
+#include <kfsdp/io/checkpoint/checkpoint.hpp>
 #include <kfsdp/io/checkpoint/hf_checkpoint.hpp>
 #include <kfsdp/io/checkpoint/peft_adapter.hpp>
 #include <kfsdp/io/checkpoint/safetensors_file.hpp>
@@ -181,6 +182,42 @@ TEST_CASE("a rank-0 LoRA config leaves the Llama as it was; bad configs are name
                        doctest::Contains("key 'peft_type': 'IA3', expected \"LORA\""), io::format_error);
 }
 
+namespace {
+// LoRA steps [first, last) on the fixture's text: step s takes windows 6s .. 6s + 5 (mod 60), each rank its share.
+template <class Trainer, class Optimizer>
+std::vector<double> lora_steps(Trainer& t, Optimizer& optimizer, comm::mpi& world, std::size_t first, std::size_t last) {
+  const auto data = test::llama_fixture_text();
+  std::vector<double> losses;
+  for (std::size_t step = first; step < last; ++step) {
+    std::vector<int> tokens, targets;
+    std::vector<std::size_t> windows;
+    for (std::size_t w = 0; w < 6; ++w) windows.push_back((6 * step + w) % 60);
+    data.rank_slice(windows, std::size_t(world.rank()), std::size_t(world.size()), tokens, targets);
+    losses.push_back(t.step({{device_ids(tokens), device_ids(targets)}}, optimizer).loss);
+  }
+  return losses;
+}
+}  // namespace
+
+TEST_CASE("a LoRA run resumed from its checkpoint: adapters and optimizer state restored, the same steps after") {
+  comm::mpi world;
+  test::scratch_directory scratch(world, "lora-resume");
+  const lora_config lora{.rank = 2, .alpha = 4, .targets = {"k_proj", "o_proj", "up_proj"}};
+  adapted<double> straight(world, lora);
+  optim::adamw<double> adam(straight, {.lr = 1e-2}, {optim::lora_frozen_base()});
+  const std::vector<double> first = lora_steps(straight, adam, world, 0, 5);
+  io::save_training_state(scratch.path / "run.safetensors", straight.engine(), {{"step", "5"}}, adam);
+  const std::vector<double> then = lora_steps(straight, adam, world, 5, 10);
+
+  adapted<double> resumed(world, lora);  // the adapters at their start, the base from the directory
+  optim::adamw<double> resumed_adam(resumed, {.lr = 1e-2}, {optim::lora_frozen_base()});
+  CHECK(io::metadata_count(io::load_training_state(scratch.path / "run.safetensors", resumed.engine(), resumed_adam), "step") == 5);
+  CHECK(lora_steps(resumed, resumed_adam, world, 5, 10) == then);  // bit for bit
+  CHECK(test::host_values(resumed.engine().shards().flat()) == test::host_values(straight.engine().shards().flat()));
+  CHECK(test::host_values(resumed_adam.exp_avg()) == test::host_values(adam.exp_avg()));
+  MESSAGE("LoRA resumed at ", world.size(), " ranks: losses ", first.front(), " -> ", then.back(), ", the same after step 5");
+}
+
 TEST_CASE("20 LoRA steps: the base bit for bit as it was, the adapters alone stateful, no weight-gradient product for the base") {
   comm::mpi world;
   const lora_config lora{.rank = 4, .alpha = 8, .targets = {"q_proj", "v_proj", "down_proj"}};
@@ -197,19 +234,10 @@ TEST_CASE("20 LoRA steps: the base bit for bit as it was, the adapters alone sta
   }
   CHECK(adam.state_size() == adapter_numel);  // the only optimizer state: the adapters'
 
-  const auto data = test::llama_fixture_text();
-  const std::size_t ws = std::size_t(world.size()), rank = std::size_t(world.rank());
-  std::vector<double> losses;
-  for (std::size_t step = 0; step < 20; ++step) {
-    std::vector<int> tokens, targets;
-    const std::vector<std::size_t> windows{(6 * step) % 60, (6 * step + 1) % 60, (6 * step + 2) % 60,
-                                           (6 * step + 3) % 60, (6 * step + 4) % 60, (6 * step + 5) % 60};
-    data.rank_slice(windows, rank, ws, tokens, targets);
-    const std::size_t products = nn::detail::weight_gradient_products;
-    losses.push_back(t.step({{device_ids(tokens), device_ids(targets)}}, adam).loss);
-    CHECK(nn::detail::weight_gradient_products == products);  // no dW = dy^T x for any frozen weight, lm_head included
-  }
-  MESSAGE("Llama LoRA at ", ws, " ranks: loss ", losses.front(), " -> ", losses.back(), " over 20 steps");
+  const std::size_t products = nn::detail::weight_gradient_products;
+  const std::vector<double> losses = lora_steps(t, adam, world, 0, 20);
+  CHECK(nn::detail::weight_gradient_products == products);  // no dW = dy^T x for any frozen weight, lm_head included
+  MESSAGE("Llama LoRA at ", world.size(), " ranks: loss ", losses.front(), " -> ", losses.back(), " over 20 steps");
   CHECK(losses.back() < losses.front());
   std::size_t b = 0;
   for (std::size_t p = 0; p < e.params().size(); ++p)
