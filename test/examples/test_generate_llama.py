@@ -6,21 +6,16 @@ refused, naming them.
 usage: test_generate_llama.py GENERATE_LLAMA SOURCE_ROOT"""
 import json, os, shutil, subprocess, sys, tempfile
 
+import e2e
+from e2e import check, finish
+
 generate, root = sys.argv[1], sys.argv[2]
 fixture = json.load(open(os.path.join(root, 'test', 'infer', 'generation', 'greedy.json')))
 prompt = ','.join(map(str, fixture['prompt']))
-failures = []
 
 def run(model_dir, *flags, expect=0):
-    cmd = [generate, '--model', model_dir] + list(flags)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if (p.returncode == 0) != (expect == 0):
-        sys.exit(f'{" ".join(cmd)} exited {p.returncode}, expected {expect}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}')
-    return [int(t) for t in p.stdout.split()] if expect == 0 else p.stderr
-
-def check(condition, what):
-    print(('ok   ' if condition else 'FAIL ') + what)
-    if not condition: failures.append(what)
+    out = e2e.run([generate, '--model', model_dir] + list(flags), expect, timeout=300)
+    return [int(t) for t in out.split()] if expect == 0 else out
 
 for name, model in fixture['models'].items():
     model_dir = os.path.join(root, model['dir'])
@@ -59,5 +54,4 @@ for flags, expected in [(['--prompt', '1,256'], 'prompt token 1 is 256, expected
     err = run(tiny, *flags, expect=2)
     check(expected in err, f'{" ".join(flags)}: "{expected}" in {err.strip()!r}')
 
-if failures:
-    sys.exit(f'{len(failures)} checks failed')
+finish()

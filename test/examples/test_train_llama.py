@@ -4,17 +4,15 @@ test/model/llama (transformers' LlamaForCausalLM; no torch needed here).
 usage: test_train_llama.py TRAIN_LLAMA DATA_FILE FIXTURE_DIR MPIRUN [MPIRUN_ARGS...]"""
 import json, os, struct, subprocess, sys, tempfile
 
+import e2e
+from e2e import check, finish
+
 train_llama, data, fixture, mpirun = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 small = ['--data', data, '--layers', '2', '--dim', '32', '--hidden', '48', '--heads', '4', '--kv-heads', '2',
          '--seq', '16', '--dtype', 'f64']
-failures = []
 
 def run(ranks, *flags, expect=0):
-    cmd = mpirun + ['-np', str(ranks), train_llama] + list(flags)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if (p.returncode == 0) != (expect == 0):
-        sys.exit(f'{" ".join(cmd)} exited {p.returncode}, expected {expect}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}')
-    return p.stdout + p.stderr
+    return e2e.run(mpirun + ['-np', str(ranks), train_llama] + list(flags), expect)
 
 def losses(out):
     return [float(line.split('|')[1].split()[1]) for line in out.splitlines() if line.startswith('step ')]
@@ -22,9 +20,6 @@ def losses(out):
 def eval_loss(out):
     return float(out.split('eval_loss ')[1].split()[0])
 
-def check(condition, what):
-    print(('ok   ' if condition else 'FAIL ') + what)
-    if not condition: failures.append(what)
 
 def close(a, b, tol):
     return len(a) == len(b) and all(abs(x - y) <= tol * abs(y) for x, y in zip(a, b))
@@ -122,4 +117,4 @@ with tempfile.TemporaryDirectory() as tmp:
     out = run(2, '--data', data, '--layers', '1000000000', '--steps', '1', expect=2)
     check('the model does not fit: it needs' in out and 'set by --layers 1000000000 ' in out, '--layers 1e9 is refused')
 
-sys.exit(1 if failures else 0)
+finish()

@@ -7,25 +7,20 @@ counter is windows × (seq + 1) × 2; a 2 GiB sparse shard costs no more residen
 usage: test_train_llama_tokens.py TRAIN_LLAMA TOKENS_DIR MPIRUN [MPIRUN_ARGS...]"""
 import json, math, os, re, struct, subprocess, sys, tempfile
 
+import e2e
+from e2e import check, finish
+
 train_llama, tokens, mpirun = sys.argv[1], sys.argv[2], sys.argv[3:]
 train, val = os.path.join(tokens, 'kjv_train_*.bin'), os.path.join(tokens, 'kjv_val_000000.bin')
 seq, batch, steps = 16, 6, 6
 small = ['--layers', '2', '--dim', '32', '--hidden', '48', '--heads', '4', '--kv-heads', '2', '--seq', str(seq),
          '--dtype', 'f64', '--vocab', '512', '--batch', str(batch)]
-failures = []
 
 
 def run(ranks, *flags, expect=0):
-    cmd = mpirun + ['-np', str(ranks), train_llama] + list(flags)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if (p.returncode == 0) != (expect == 0):
-        sys.exit(f'{" ".join(cmd)} exited {p.returncode}, expected {expect}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}')
-    return p.stdout + p.stderr
+    return e2e.run(mpirun + ['-np', str(ranks), train_llama] + list(flags), expect)
 
 
-def check(condition, what):
-    print(('ok   ' if condition else 'FAIL ') + what)
-    if not condition: failures.append(what)
 
 
 def validation(out):
@@ -89,4 +84,4 @@ with tempfile.TemporaryDirectory() as tmp:
     check(re.search(r"kjv_train_00000\d\.bin' holds token id (\d+) at token \d+ \(byte offset \d+\), expected less than "
                     r"the vocabulary 256", out) is not None, 'a token id >= --vocab 256 is refused, naming the shard and offset')
 
-sys.exit(1 if failures else 0)
+finish()
