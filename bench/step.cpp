@@ -78,7 +78,8 @@ struct settings {
   std::size_t batch = 0, steps = 0, warmup = 0, rounds = 0;
   kfsdp::fsdp_options schedule;  // limit_all_gathers, overlap_reduce_scatter
   std::uint64_t seed = 0;
-  bool overlap = true;
+  kfsdp::examples::overlap_choice overlap_flag = kfsdp::examples::overlap_choice::automatic;
+  bool overlap = true;  // the flag resolved (auto: where a core is free for the thread)
   std::vector<kfsdp::sharding_strategy> shardings;
   std::vector<kfsdp::bucketing> bucketings;
 };
@@ -114,7 +115,7 @@ cli make_cli() {
       .flag("sharding", "all", "zero2 | zero3 | all")
       .flag("bucketing", "all", "none | layer | block | all")
       .flag("trace", "", "write the timeline of the last timed step of each combination (FILE.rank<r>.json)");
-  kfsdp::examples::add_schedule_flags(c, "on");
+  kfsdp::examples::add_schedule_flags(c, "auto");
   return c;
 }
 
@@ -130,7 +131,7 @@ settings read(const cli& c, int world_size) {
   s.seed = c.size("seed");
   s.trace = c.str("trace");
   auto fail = [](const std::string& m) { throw std::invalid_argument("bench_step: " + m); };
-  s.overlap = kfsdp::examples::read_schedule_flags(c, s.schedule);
+  s.overlap_flag = kfsdp::examples::read_schedule_flags(c, s.schedule);
   if (s.batch == 0 || s.batch % std::size_t(world_size) != 0)
     fail(fmt::format("--batch is {}, expected a positive multiple of the {} ranks", s.batch, world_size));
   if (s.steps == 0) fail("--steps is 0, expected at least 1");
@@ -347,7 +348,8 @@ int main(int argc, char** argv) {
   return job.run([&] {
     cli c = make_cli();
     if (!c.parse(argc, argv)) return 0;
-    const settings s = read(c, job.size());
+    settings s = read(c, job.size());
+    s.overlap = kfsdp::examples::overlap_on(s.overlap_flag, job);
     return s.dtype == "f32" ? run<float>(s, job.world()) : run<double>(s, job.world());
   });
 }

@@ -179,17 +179,30 @@ inline kfsdp::gpt_config gpt_config_of(const cli& c) {
 
 // How the engine schedules its collectives, shared by train_gpt and the benches.
 inline cli& add_schedule_flags(cli& c, const char* overlap_default) {
-  return c.flag("overlap", overlap_default, "on: collectives run on a communication thread, overlapping compute | off")
+  return c.flag("overlap", overlap_default,
+                "on: collectives run on a communication thread, overlapping compute | off | auto: on where every rank "
+                "has a core to spare for the thread (session::has_spare_core), off elsewhere")
       .flag("limit-all-gathers", "2", "at most this many bucket all-gathers in flight (0: no limit)")
       .flag("overlap-reduce-scatter", "on",
             "on: a unit's reduce-scatters run behind the next backward | off: at once (less memory)");
 }
 
-// Puts those flags into `options`; returns whether collectives run on a communication thread.
-inline bool read_schedule_flags(const cli& c, kfsdp::fsdp_options& options) {
+// Whether collectives run on a communication thread (--overlap on | off | auto).
+enum class overlap_choice { on, off, automatic };
+
+// Puts those flags into `options`; returns the --overlap choice (overlap_on resolves auto).
+inline overlap_choice read_schedule_flags(const cli& c, kfsdp::fsdp_options& options) {
   options.limit_all_gathers = c.size("limit-all-gathers");
   options.overlap_reduce_scatter = c.choice("overlap-reduce-scatter", {"on", "off"}) == "on";
-  return c.choice("overlap", {"on", "off"}) == "on";
+  const std::string overlap = c.choice("overlap", {"on", "off", "auto"});
+  return overlap == "on" ? overlap_choice::on : overlap == "off" ? overlap_choice::off : overlap_choice::automatic;
+}
+
+// Whether a run takes the communication thread: auto takes it where a core is free for it (a thread
+// without one slows the compute it shares the core with).
+template <class Session>
+bool overlap_on(overlap_choice choice, Session& job) {
+  return choice == overlap_choice::on || (choice == overlap_choice::automatic && job.has_spare_core());
 }
 
 // How the model is sharded and how its collectives run, shared by the training examples.
@@ -202,14 +215,15 @@ inline cli& add_fsdp_flags(cli& c, const char* sharding, const char* bucketing) 
                                 .flag("reduce-dtype", "scalar", "what the gradient reduce-scatters travel in: scalar (--dtype) | bf16 | f16 | int8 (block-quantized, one all-to-all a bucket)")
                                 .flag("gradient-division", "after",
                                       "where gradients are divided by the ranks around the SUM: after | before | split (FSDP1)"),
-                            "off");
+                            "auto");
 }
 
 // What those flags set: the engine's options, activation checkpointing (the trainer's), and whether
 // collectives overlap on a thread.
 struct fsdp_flags {
   kfsdp::fsdp_options fsdp;
-  bool checkpointing = false, overlap = false;
+  bool checkpointing = false;
+  overlap_choice overlap = overlap_choice::automatic;  // overlap_on(overlap, job): whether the thread runs
 };
 inline fsdp_flags fsdp_flags_of(const cli& c) {
   fsdp_flags f{.fsdp = {.sharding_strategy = kfsdp::parse_sharding(c.choice("sharding", {"zero2", "zero3"})),

@@ -130,7 +130,8 @@ int run(const settings& s, const cli& c, kfsdp::session& job) {
   }
   // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
   kfsdp::comm::threaded overlapped(job.shard_group());
-  kfsdp::comm::any_communicator engine_comm = s.flags.overlap ? kfsdp::comm::any_communicator(overlapped)
+  const bool overlap = kfsdp::examples::overlap_on(s.flags.overlap, job);
+  kfsdp::comm::any_communicator engine_comm = overlap ? kfsdp::comm::any_communicator(overlapped)
                                                         : kfsdp::comm::any_communicator(job.shard_group());
   kfsdp::fsdp_options options = job.fsdp(s.flags.fsdp);
 #ifdef KFSDP_HAVE_NCCL
@@ -184,10 +185,11 @@ int run(const settings& s, const cli& c, kfsdp::session& job) {
   }
 
   if (root)
-    fmt::print("train_gpt: {} ranks, {} ({} parameters, {} per rank), {} / {} bucketing ({} buckets), {}, "
+    fmt::print("train_gpt: {} ranks, {} ({} parameters, {} per rank), {} / {} bucketing ({} buckets), overlap {}, {}, "
                "batch {} x {} windows of {} tokens, {} windows in {} (vocabulary {})\n",
                ws, s.dtype, engine.plan().full_numel, engine.plan().shard_numel, kfsdp::to_string(s.flags.fsdp.sharding()),
-               kfsdp::to_string(s.flags.fsdp.bucketing()), engine.plan().buckets.size(), s.training.optimizer.kind,
+               kfsdp::to_string(s.flags.fsdp.bucketing()), engine.plan().buckets.size(), overlap ? "on" : "off",
+               s.training.optimizer.kind,
                s.training.grad_accum, s.batch, s.model.seq + 1, data.count(), s.data, s.model.vocab);
   if (root && need.activations > 0) fmt::print("train_gpt: estimated memory per rank {}\n", kfsdp::describe(need));
   kfsdp::step_log log(world, {.program = "train_gpt", .metrics = s.training.metrics, .unit = "tokens",

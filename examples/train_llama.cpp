@@ -148,7 +148,7 @@ int run(const settings& s, const cli& c, kfsdp::session& job) {
   const kfsdp::io::token_windows& data = windows.train;
   // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
   kfsdp::comm::threaded overlapped(job.shard_group());
-  const kfsdp::comm::any_communicator engine_comm = s.flags.overlap ? kfsdp::comm::any_communicator(overlapped)
+  const kfsdp::comm::any_communicator engine_comm = kfsdp::examples::overlap_on(s.flags.overlap, job) ? kfsdp::comm::any_communicator(overlapped)
                                                                     : kfsdp::comm::any_communicator(job.shard_group());
   const kfsdp::trainer_options training{.checkpointing = s.flags.checkpointing};
   kfsdp::trainer<kfsdp::llama_descriptor, Scalar> trainer(kfsdp::make_llama(config, s.window, s.lora), engine_comm,

@@ -170,7 +170,7 @@ int run(const settings& s, kfsdp::session& job) {
   kfsdp::io::array_dataset test_set(test.features, 6, test.targets, 1);
   // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
   kfsdp::comm::threaded overlapped(job.shard_group());
-  const kfsdp::comm::any_communicator engine_comm = s.flags.overlap ? kfsdp::comm::any_communicator(overlapped)
+  const kfsdp::comm::any_communicator engine_comm = kfsdp::examples::overlap_on(s.flags.overlap, job) ? kfsdp::comm::any_communicator(overlapped)
                                                                     : kfsdp::comm::any_communicator(job.shard_group());
   const kfsdp::fsdp_options fsdp = job.fsdp(s.flags.fsdp);
   const kfsdp::trainer_options training{.checkpointing = s.flags.checkpointing};

@@ -20,7 +20,9 @@
 // A bad value is reported by run() as every bad input is: one "error:" line naming the variable, exit 2.
 
 #include <mpi.h>
+#include <sched.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <limits>
@@ -29,6 +31,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -126,6 +129,21 @@ KFSDP_EXPORT class session {
   /// shared by the ranks on the node. Collective: the ranks on each node are counted.
   [[nodiscard]] double host_memory_per_rank() {
     return available_host_memory() / double(world_.ranks_on_node());
+  }
+
+  /// Whether every rank has a core to spare for a communication thread (comm::threaded, the
+  /// examples' --overlap auto): the CPUs this rank may run on (its affinity) exceed its share of
+  /// them, the ranks on its node when it is not bound, itself when it is. Collective: every rank
+  /// gets the same answer. 2 ranks on 2 cores: false; 2 ranks on 8 cores, or bound to 4 each: true.
+  [[nodiscard]] bool has_spare_core() {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    const int cpus = sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? CPU_COUNT(&allowed) : 1;
+    const int node_cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int sharing = cpus >= node_cpus ? world_.ranks_on_node() : 1;  // unbound: the node's ranks share its CPUs
+    int spare = cpus > sharing ? 1 : 0, everywhere = 0;
+    MPI_Allreduce(&spare, &everywhere, 1, MPI_INT, MPI_MIN, world_.native());
+    return everywhere == 1;
   }
 
   /// Stops the job before anything is allocated when `need` (one rank's: estimate_memory) exceeds

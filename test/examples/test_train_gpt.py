@@ -8,8 +8,10 @@ small = ['--data', data, '--layers', '2', '--dim', '32', '--heads', '2', '--seq'
          '--dtype', 'f64', '--sample', '0']
 failures = []
 
-def run(ranks, *flags, expect=0, env=None):
+def run(ranks, *flags, expect=0, env=None, cpus=None):
     cmd = mpirun + ['-np', str(ranks), train_gpt] + small + list(flags)
+    if cpus is not None:  # the CPUs the ranks may run on (mpirun --bind-to none keeps the mask)
+        cmd = ['taskset', '-c', cpus] + cmd
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=None if env is None else {**os.environ, **env})
     if p.returncode != expect:
         sys.exit(f'{" ".join(cmd)} exited {p.returncode}, expected {expect}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}')
@@ -246,6 +248,13 @@ with tempfile.TemporaryDirectory() as tmp:
     # --kokkos-disable-warnings: a flag that Kokkos 3.4 and 4.x both take (4.x no longer knows --kokkos-threads).
     check(len(losses(run(1, '--steps', '1', '--kokkos-disable-warnings'))) == 1,
           'a --kokkos-* flag goes to Kokkos, not to the program')
+
+    # --overlap auto (the default) takes the communication thread only where every rank has a core to spare.
+    if os.cpu_count() >= 2:
+        check('overlap on,' in run(1, '--steps', '1', cpus='0,1'), '--overlap auto: 1 rank on 2 CPUs takes the thread')
+        check('overlap off,' in run(2, '--steps', '1', cpus='0,1'), '--overlap auto: 2 ranks on 2 CPUs do not')
+        check('overlap off,' in run(1, '--steps', '1', cpus='0'), '--overlap auto: 1 rank on 1 CPU does not')
+        check('overlap on,' in run(2, '--steps', '1', '--overlap', 'on', cpus='0,1'), '--overlap on takes it anyway')
 
 print(f'train_gpt end to end: {len(failures)} checks failed')
 sys.exit(1 if failures else 0)
