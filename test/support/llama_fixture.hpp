@@ -42,11 +42,11 @@ double max_abs_difference(std::span<const Scalar> got, std::span<const Scalar> w
   return worst;
 }
 
-// The model's logits on the fixture's window 0 (every rank gets them whole).
+// The model's logits on window 0 of `text` (the fixture's by default; every rank gets them whole).
 template <class Scalar, class Trainer>
-std::vector<Scalar> window0_logits(Trainer& t) {
+std::vector<Scalar> window0_logits(Trainer& t, const io::text_windows& text = llama_fixture_text()) {
   std::vector<int> tokens, targets;
-  llama_fixture_text().append(0, tokens, targets);
+  text.append(0, tokens, targets);
   std::vector<Scalar> logits;
   t.with_full_model([&] {
     const auto view = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.predict(device_ids(tokens)));

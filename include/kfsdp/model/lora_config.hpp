@@ -41,15 +41,18 @@ KFSDP_EXPORT struct lora_config {
   }
 
   // Throws std::invalid_argument naming the setting: a rank without targets (or targets without a
-  // rank), a target that is none of `modules` (the model's adaptable names), an alpha that is 0 or
-  // not finite, a dropout outside [0, 1).
-  void validate(std::span<const std::string_view> modules) const {
-    const auto fail = [](const std::string& what) { throw std::invalid_argument("kfsdp::lora_config: " + what); };
+  // rank), an alpha that is 0 or not finite, a dropout outside [0, 1).
+  void validate_settings() const {
     if (rank == 0 && !targets.empty()) fail("rank is 0 but targets are given, expected a rank of at least 1 to adapt them");
     if (rank == 0) return;
     if (targets.empty()) fail("rank is " + std::to_string(rank) + " but targets is empty, expected the modules to adapt");
     if (!std::isfinite(alpha) || alpha == 0) fail("alpha is " + std::to_string(alpha) + ", expected a finite value other than 0");
     if (!(dropout >= 0 && dropout < 1)) fail("dropout is " + std::to_string(dropout) + ", expected a value in [0, 1)");
+  }
+
+  // validate_settings, and a target that is none of `modules` (the model's adaptable names) throws too.
+  void validate(std::span<const std::string_view> modules) const {
+    validate_settings();
     for (const std::string& target : targets) {
       if (target == "all-linear" || std::find(modules.begin(), modules.end(), target) != modules.end()) continue;
       std::string known;
@@ -57,6 +60,9 @@ KFSDP_EXPORT struct lora_config {
       fail("target '" + target + "' is not a module of the model, expected one of " + known + " or all-linear");
     }
   }
+
+ private:
+  [[noreturn]] static void fail(const std::string& what) { throw std::invalid_argument("kfsdp::lora_config: " + what); }
 };
 
 }  // namespace kfsdp

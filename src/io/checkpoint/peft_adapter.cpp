@@ -106,11 +106,9 @@ lora_config parse_lora_config(std::string_view json, std::string_view origin) {
       keys.fail(key, fmt::format("{} '{}', expected it unset (false, null or empty: kfsdp does not compute it)",
                                  json_detail::kind_name(value->kind), value->kind == json_kind::array ? "[...]" : value->text));
   try {
-    lora.validate(std::array<std::string_view, 0>{});  // the targets are checked by the model
+    lora.validate_settings();  // the targets are the model's to check (make_llama)
   } catch (const std::invalid_argument& error) {
-    const std::string what = error.what();
-    if (what.find("is not a module of the model") == std::string::npos)
-      throw format_error(fmt::format("{}: adapter_config.json {}: {}", read_function, where, what));
+    throw format_error(fmt::format("{}: adapter_config.json {}: {}", read_function, where, error.what()));
   }
   return lora;
 }
@@ -198,7 +196,8 @@ void save_merged(const std::filesystem::path& directory, const sharded_view<Scal
     }
     Kokkos::deep_copy(engine.flat, host_flat);
   };
-  together(comm, [&] {
+  // Each module's rows of W on this rank: W += s · B A, with A gathered whole.
+  const auto merge_in = [&] {
     for (std::size_t m = 0; m < modules.size(); ++m) {
       const module& mod = modules[m];
       const index_range w_chunk = engine.mapping.chunk(mod.weight), a_chunk = engine.mapping.chunk(mod.a),
@@ -206,8 +205,9 @@ void save_merged(const std::filesystem::path& directory, const sharded_view<Scal
       kept[m].assign(host_flat.data() + w_chunk.first, host_flat.data() + w_chunk.first + w_chunk.count);
       // A whole: every rank's chunk in rank order, its real rows first.
       std::vector<Scalar> a(a_chunk.count * static_cast<std::size_t>(engine.world_size));
-      check_mpi(MPI_Allgather(host_flat.data() + a_chunk.first, static_cast<int>(a_chunk.count), comm::detail::mpi_datatype<Scalar>(), a.data(),
-                              static_cast<int>(a_chunk.count), comm::detail::mpi_datatype<Scalar>(), comm.native()),
+      const MPI_Datatype type = comm::detail::mpi_datatype<Scalar>();
+      check_mpi(MPI_Allgather(host_flat.data() + a_chunk.first, static_cast<int>(a_chunk.count), type, a.data(),
+                              static_cast<int>(a_chunk.count), type, comm.native()),
                 function, "MPI_Allgather of a LoRA A", directory);
       const std::size_t in = engine.params[mod.weight].shape[1], r = lora.rank;
       const std::size_t rows = engine.mapping.elements(mod.weight, rank).count / in;  // this rank's real rows of W and B
@@ -225,10 +225,11 @@ void save_merged(const std::filesystem::path& directory, const sharded_view<Scal
       }
     }
     Kokkos::deep_copy(engine.flat, host_flat);
-  });
+  };
   try {
+    together(comm, merge_in);
     save_hf_weights(directory, model_files, lora_part(engine, false), config_json, stored, function);
-  } catch (...) {
+  } catch (...) {  // the weights as they were, however far the merge or the save went
     restore();
     throw;
   }

@@ -45,7 +45,8 @@ namespace kfsdp::io {
 /// Throws format_error on every rank, naming the file and the tensor, for a missing or unexpected
 /// tensor, another shape, a dtype that is not F64, F32, BF16 or F16, a NaN or an infinity (in the
 /// engine's scalar: an F64 value beyond float's range loaded into float is one), a malformed file or index;
-/// std::runtime_error for the file system. The shards are then unchanged.
+/// std::runtime_error for the file system. The shards are then unchanged. A model with LoRA adapters
+/// (io/checkpoint/peft_adapter.hpp) loads its base: the adapters keep their values (load_adapter reads them).
 ///
 ///   kfsdp::io::load_pretrained("tiny-llama", engine);
 ///   kfsdp::io::load_pretrained("tied-llama", engine, {"lm_head.weight"});
@@ -71,8 +72,8 @@ void load_pretrained(const std::filesystem::path& directory, Engine& engine, con
 /// model.safetensors, then the stale index, the stale shards, config.json last (between the last
 /// two, the new weights sit beside the old config.json). A killed save's temporary files are
 /// removed by the next save. Throws std::invalid_argument for a stored dtype other than F32 or the
-/// engine's scalar, a parameter that is not finite, or a config.json or model.safetensors that is
-/// a folder; std::runtime_error naming the file for the file system (a failed write leaves the
+/// engine's scalar, a parameter that is not finite, a model with LoRA adapters (save_adapter or
+/// save_merged write those), or a config.json or model.safetensors that is a folder; std::runtime_error naming the file for the file system (a failed write leaves the
 /// old files as they were).
 ///
 ///   kfsdp::io::save_pretrained("tuned-llama", engine, kfsdp::io::llama_config_json(config));
