@@ -294,6 +294,33 @@ TEST_CASE("int8 gradient reduction (qgZ): the average within the quantization bo
       }
 }
 
+TEST_CASE("HSDP: a NaN gradient on one replica is NaN in every replica's shard, in f64, bf16 and int8 reductions") {
+  comm::mpi world;
+  const int n = world.size();
+  if (n % 2 != 0) return;  // replicas need an even world size here
+  const int group = n / 2;
+  comm::mpi shard_group = world.split(world.rank() / group, world.rank());
+  comm::mpi replica_group = world.split(world.rank() % group, world.rank());
+  for (wire_precision wire : {wire_precision::scalar, wire_precision::bf16, wire_precision::int8}) {
+    CAPTURE(to_string(wire));
+    fsdp_options options{.bucketing_strategy = bucketing::layer, .reduce_dtype = wire};
+    options.replica_group = comm::any_communicator(replica_group);
+    fsdp_engine<double> e(make_param_table(thunder_padding{}), shard_group, options);
+    const std::size_t p = 0, j = e.plan().params[p].full_numel() - 1;  // on the last shard rank's chunk
+    for (std::size_t q = 0; q < e.params().size(); ++q) {
+      auto g = e.full_grad(q);
+      Kokkos::deep_copy(g, 1.0);
+      if (world.rank() == 0 && q == p) Kokkos::deep_copy(Kokkos::subview(g, j), std::nan(""));  // replica 0 alone
+    }
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).reduce_gradients(k);
+    const std::size_t chunk = e.plan().params[p].chunk_numel();
+    if (std::size_t(shard_group.rank()) == j / chunk) {
+      const auto shard = to_host(e.grads().chunk(p));
+      CHECK(std::isnan(shard[j % chunk]));
+    }
+  }
+}
+
 TEST_CASE("the division factors: their product is 1 / world size; FSDP1's pre-divide factor") {
   const double factors[] = {1, 2, 2, 2, 2, 4, 2, 4};  // FSDP1 at 1..8 ranks (not always a divisor: 2 at 3)
   for (std::size_t w = 1; w <= 8; ++w) CHECK(predivide_factor(w) == factors[w - 1]);
