@@ -241,6 +241,8 @@ bool fsdp_engine<Scalar>::is_reducing(std::size_t b) const {
 
 template <class Scalar>
 void fsdp_engine<Scalar>::finish_gradient_reductions() {
+  // Every reduce-scatter first: each all-reduce over the replicas starts before any is waited for.
+  for (std::size_t b = 0; b < buckets_.size(); ++b) finish_reduce_scatter(b);
   for (std::size_t b = 0; b < buckets_.size(); ++b) finish_reduce_gradients(b);
 }
 
