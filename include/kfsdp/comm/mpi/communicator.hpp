@@ -613,13 +613,13 @@ KFSDP_EXPORT class mpi {
   // simulated cluster: docs/cluster.md). x0 + x1 == x1 + x0 in IEEE arithmetic: the same bits.
   template <class T>
   struct exchanged_reduction : detail::finished_on_completion<exchanged_reduction<T>> {
-    pending_mpi<std::vector<MPI_Request>> messages;
+    pending_mpi<std::array<MPI_Request, 2>> messages;  // the receive and the send
     detail::owned_elements<T, Kokkos::HostSpace> peer;  // the peer's values, owned: a timeout keeps them
     std::span<T> data;
-    MPI_Op operation;
+    MPI_Op operation = MPI_OP_NULL;
     std::string_view function;
 
-    pending_mpi<std::vector<MPI_Request>>& awaited() { return messages; }
+    pending_mpi<std::array<MPI_Request, 2>>& awaited() { return messages; }
     void finish() {
       check(MPI_Reduce_local(peer.span().data(), data.data(), static_cast<int>(data.size()), detail::mpi_datatype<T>(),
                              operation),
@@ -629,14 +629,18 @@ KFSDP_EXPORT class mpi {
   template <class T>
   request exchange_and_reduce(std::span<T> data, int count, detail::collective_kind kind, std::string_view function) {
     const int tag = next_tag(), other = 1 - rank_;
-    exchanged_reduction<T> state{{}, {{}, function, waits(), rank_, size_}, detail::owned_elements<T, Kokkos::HostSpace>(data.size()),
-                                 data, operation_of<T>(kind), function};
-    std::vector<MPI_Request>& handles = state.messages.handles;
-    handles.reserve(2);
-    check(MPI_Irecv(state.peer.span().data(), count, detail::mpi_datatype<T>(), other, tag, comm_, &handles.emplace_back()),
-          function, "MPI_Irecv");
-    check(MPI_Isend(data.data(), count, detail::mpi_datatype<T>(), other, tag, comm_, &handles.emplace_back()), function,
+    detail::owned_elements<T, Kokkos::HostSpace> peer(data.size());
+    std::array<MPI_Request, 2> handles{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    check(MPI_Irecv(peer.span().data(), count, detail::mpi_datatype<T>(), other, tag, comm_, &handles[0]), function,
+          "MPI_Irecv");
+    check(MPI_Isend(data.data(), count, detail::mpi_datatype<T>(), other, tag, comm_, &handles[1]), function,
           "MPI_Isend");
+    exchanged_reduction<T> state{};
+    state.messages = {handles, function, waits(), rank_, size_};
+    state.peer = std::move(peer);
+    state.data = data;
+    state.operation = operation_of<T>(kind);
+    state.function = function;
     return request(std::move(state));
   }
   template <class T>
