@@ -12,6 +12,7 @@
 #include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/fsdp/quantize.hpp>
 
+#include "../support/hsdp_groups.hpp"
 #include "engine_checks.hpp"
 
 // The engine's per-bucket collectives, which these tests drive directly (a trainer leaves them to its schedule).
@@ -296,11 +297,10 @@ TEST_CASE("int8 gradient reduction (qgZ): the average within the quantization bo
 
 TEST_CASE("HSDP: a NaN gradient on one replica is NaN in every replica's shard, in f64, bf16 and int8 reductions") {
   comm::mpi world;
-  const int n = world.size();
-  if (n % 2 != 0) return;  // replicas need an even world size here
-  const int group = n / 2;
-  comm::mpi shard_group = world.split(world.rank() / group, world.rank());
-  comm::mpi replica_group = world.split(world.rank() % group, world.rank());
+  std::optional<kfsdp::test::hsdp_groups> groups = kfsdp::test::halves_replicated(world);
+  if (!groups) return;  // replicas need an even world size here
+  comm::mpi& shard_group = groups->shards;
+  comm::mpi& replica_group = groups->replicas;
   for (wire_precision wire : {wire_precision::scalar, wire_precision::bf16, wire_precision::int8}) {
     CAPTURE(to_string(wire));
     fsdp_options options{.bucketing_strategy = bucketing::layer, .reduce_dtype = wire};

@@ -17,6 +17,8 @@
 #include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/fsdp/quantize.hpp>
 #include <kfsdp/fsdp/trace.hpp>
+
+#include "../support/hsdp_groups.hpp"
 #include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/sgd.hpp>
@@ -401,11 +403,10 @@ TEST_CASE("a frozen base costs no more than it must: no weight-gradient product,
 TEST_CASE("HSDP overlaps: each unit's all-reduce over the replicas is issued as its reduce-scatter finishes, before "
           "a later unit's backward starts, and waited for after it") {
   comm::mpi world;
-  const int n = world.size();
-  if (n % 2 != 0) return;  // replicas need an even world size here
-  const int group = n / 2;
-  comm::mpi shard_group = world.split(world.rank() / group, world.rank());
-  comm::mpi replica_group = world.split(world.rank() % group, world.rank());
+  std::optional<kfsdp::test::hsdp_groups> groups = kfsdp::test::halves_replicated(world);
+  if (!groups) return;  // replicas need an even world size here
+  comm::mpi& shard_group = groups->shards;
+  comm::mpi& replica_group = groups->replicas;
   // Three blocks: with the reduce-scatters overlapped, block k's all-reduce starts before block k-2's backward.
   using deep_model = kfsdp::sequential<"", kfsdp::linear<"input", 3, width>, kfsdp::tanh_layer<>,
                                        kfsdp::repeat<"hidden", 3, kfsdp::residual<"", kfsdp::linear<"fc", width, width>, kfsdp::gelu<>>>,
@@ -422,7 +423,7 @@ TEST_CASE("HSDP overlaps: each unit's all-reduce over the replicas is issued as 
       t.initialize(5);
       kfsdp::optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.01});
       const auto ranks = std::size_t(shard_group.size()), rank = std::size_t(shard_group.rank());
-      auto [x, y] = data.rank_slice<double>(data.micro_batch(1, 0, 24 / std::size_t(n) * ranks), rank, ranks);
+      auto [x, y] = data.rank_slice<double>(data.micro_batch(1, 0, 24 / std::size_t(world.size()) * ranks), rank, ranks);
       kfsdp::trace_recorder trace(world.rank());
       t.engine().set_trace(&trace);
       (void)t.step({{x, y}}, sgd);
