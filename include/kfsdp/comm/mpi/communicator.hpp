@@ -606,11 +606,8 @@ KFSDP_EXPORT class mpi {
           function, "MPI_Iallreduce");
     return pending(handle, function);
   }
-  // An all-reduce of two ranks as one exchange: each sends its values and reduces the peer's into
-  // them (MPI_Reduce_local, MPI's own operation), both directions of a link busy at once. Open
-  // MPI's MPI_Iallreduce takes its binomial tree below 4 ranks: the peer's values in, then the
-  // result back, one direction at a time (twice the time across a slow link, measured on the
-  // simulated cluster: docs/cluster.md). x0 + x1 == x1 + x0 in IEEE arithmetic: the same bits.
+  // A sum of two ranks as one exchange and MPI_Reduce_local: both link directions busy at once, where
+  // Open MPI's binomial tree (below 4 ranks) uses one at a time (docs/cluster.md); x0 + x1 == x1 + x0.
   template <class T>
   struct exchanged_reduction : detail::finished_on_completion<exchanged_reduction<T>> {
     pending_mpi<std::array<MPI_Request, 2>> messages;  // the receive and the send
