@@ -381,7 +381,8 @@ void bucket_state<Scalar>::finish_reduce(bucket_context<Scalar>& ctx) {
 
 template <class Scalar>
 void bucket_state<Scalar>::finish_replica_sum(bucket_context<Scalar>& ctx) {
-  if (grads_ != grad_phase::summing) wrong_phase("finish its all-reduce over the replicas", to_string(grads_), "summing");
+  if (grads_ != grad_phase::summing)
+    wrong_phase("finish its all-reduce over the replicas", to_string(grads_), "summing");
   replica_sum_pending_.complete_before(comm::stream_of(ctx.compute));
   if (ctx.trace)
     ctx.trace->complete("replica_all_reduce", "comm", trace_recorder::comm_lane, replica_sum_issued_at_,
@@ -401,7 +402,8 @@ void bucket_state<Scalar>::add_reduced_shard(bucket_context<Scalar>& ctx) {
     kernels::accumulate_scaled<Scalar>(shard, reduced_grads_, after_);
   } else {
     with_wire(reduced_as_, [&]<class Wire>(Wire) {
-      kernels::accumulate_wire_scaled<Scalar, Wire>(shard, wire_view<Wire>(reduced_grads_, shard.extent(0)), after_);
+      kernels::accumulate_wire_scaled<Scalar, Wire>(shard, wire_view<Wire>(reduced_grads_, shard.extent(0)),
+                                                    after_);
     });
   }
   // Clipping's norm where asked for, read here while the shard is fresh from the reduction instead of

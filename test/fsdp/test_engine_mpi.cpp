@@ -295,7 +295,8 @@ TEST_CASE("int8 gradient reduction (qgZ): the average within the quantization bo
       }
 }
 
-TEST_CASE("HSDP: a NaN gradient on one replica is NaN in every replica's shard, in f64, bf16 and int8 reductions") {
+TEST_CASE(
+    "HSDP: a NaN gradient on one replica is NaN in every replica's shard, in f64, bf16 and int8 reductions") {
   comm::mpi world;
   std::optional<kfsdp::test::hsdp_groups> groups = kfsdp::test::halves_replicated(world);
   if (!groups) return;  // replicas need an even world size here
@@ -310,7 +311,8 @@ TEST_CASE("HSDP: a NaN gradient on one replica is NaN in every replica's shard, 
     for (std::size_t q = 0; q < e.params().size(); ++q) {
       auto g = e.full_grad(q);
       Kokkos::deep_copy(g, 1.0);
-      if (world.rank() == 0 && q == p) Kokkos::deep_copy(Kokkos::subview(g, j), std::nan(""));  // replica 0 alone
+      if (world.rank() == 0 && q == p)
+        Kokkos::deep_copy(Kokkos::subview(g, j), std::nan(""));  // replica 0 alone
     }
     for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).reduce_gradients(k);
     const std::size_t chunk = e.plan().params[p].chunk_numel();

@@ -17,7 +17,8 @@ struct hsdp_groups {
 inline std::optional<hsdp_groups> halves_replicated(comm::mpi& world) {
   if (world.size() % 2 != 0) return std::nullopt;
   const int group = world.size() / 2;
-  return hsdp_groups{world.split(world.rank() / group, world.rank()), world.split(world.rank() % group, world.rank())};
+  return hsdp_groups{world.split(world.rank() / group, world.rank()),
+                     world.split(world.rank() % group, world.rank())};
 }
 
 }  // namespace kfsdp::test

@@ -1217,8 +1217,10 @@ TEST_CASE("mpi: bad all_to_all arguments throw std::invalid_argument on every ra
   world.barrier();  // nothing was sent: the next collective matches
 }
 
-TEST_CASE_TEMPLATE("mpi: an all-reduce sum of two ranks (one exchange) gives MPI_Allreduce's bits on both, NaN "
-                   "included, several in flight", T, float, double, kfsdp::bf16) {
+TEST_CASE_TEMPLATE(
+    "mpi: an all-reduce sum of two ranks (one exchange) gives MPI_Allreduce's bits on both, NaN "
+    "included, several in flight",
+    T, float, double, kfsdp::bf16) {
   comm::mpi world;
   comm::mpi pair = world.split(world.rank() / 2, world.rank());  // at 3 ranks, rank 2 alone
   constexpr std::size_t n = 1000;
@@ -1229,8 +1231,8 @@ TEST_CASE_TEMPLATE("mpi: an all-reduce sum of two ranks (one exchange) gives MPI
       sums[k].push_back(T(float(std::sin(double(i + k * n) + 0.37 * world.rank()) * (1 + double(i % 5)))));
     if (world.rank() % 2 == 0) sums[k][k] = T(std::numeric_limits<float>::quiet_NaN());
     wanted[k] = sums[k];
-    MPI_Allreduce(MPI_IN_PLACE, wanted[k].data(), int(n), comm::detail::mpi_datatype<T>(), comm::detail::sum_operation<T>(),
-                  pair.native());
+    MPI_Allreduce(MPI_IN_PLACE, wanted[k].data(), int(n), comm::detail::mpi_datatype<T>(),
+                  comm::detail::sum_operation<T>(), pair.native());
   }
   for (auto& values : sums) in_flight.push_back(pair.iall_reduce_sum(std::span(values)));
   for (std::size_t k = sums.size(); k-- > 0;) in_flight[k].wait();  // any order

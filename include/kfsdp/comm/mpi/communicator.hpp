@@ -610,7 +610,7 @@ KFSDP_EXPORT class mpi {
   // Open MPI's binomial tree (below 4 ranks) uses one at a time (docs/cluster.md); x0 + x1 == x1 + x0.
   template <class T>
   struct exchanged_reduction : detail::finished_on_completion<exchanged_reduction<T>> {
-    pending_mpi<std::array<MPI_Request, 2>> messages;  // the receive and the send
+    pending_mpi<std::array<MPI_Request, 2>> messages;   // the receive and the send
     detail::owned_elements<T, Kokkos::HostSpace> peer;  // the peer's values, owned: a timeout keeps them
     std::span<T> data;
     MPI_Op operation = MPI_OP_NULL;
@@ -618,18 +618,19 @@ KFSDP_EXPORT class mpi {
 
     pending_mpi<std::array<MPI_Request, 2>>& awaited() { return messages; }
     void finish() {
-      check(MPI_Reduce_local(peer.span().data(), data.data(), static_cast<int>(data.size()), detail::mpi_datatype<T>(),
-                             operation),
+      check(MPI_Reduce_local(peer.span().data(), data.data(), static_cast<int>(data.size()),
+                             detail::mpi_datatype<T>(), operation),
             function, "MPI_Reduce_local");
     }
   };
   template <class T>
-  request exchange_and_reduce(std::span<T> data, int count, detail::collective_kind kind, std::string_view function) {
+  request exchange_and_reduce(std::span<T> data, int count, detail::collective_kind kind,
+                              std::string_view function) {
     const int tag = next_tag(), other = 1 - rank_;
     detail::owned_elements<T, Kokkos::HostSpace> peer(data.size());
     std::array<MPI_Request, 2> handles{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    check(MPI_Irecv(peer.span().data(), count, detail::mpi_datatype<T>(), other, tag, comm_, &handles[0]), function,
-          "MPI_Irecv");
+    check(MPI_Irecv(peer.span().data(), count, detail::mpi_datatype<T>(), other, tag, comm_, &handles[0]),
+          function, "MPI_Irecv");
     check(MPI_Isend(data.data(), count, detail::mpi_datatype<T>(), other, tag, comm_, &handles[1]), function,
           "MPI_Isend");
     exchanged_reduction<T> state{};
