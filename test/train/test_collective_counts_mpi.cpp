@@ -400,17 +400,12 @@ TEST_CASE("a frozen base costs no more than it must: no weight-gradient product,
   }
 }
 
-TEST_CASE(
-    "HSDP overlaps: each unit's all-reduce over the replicas is issued as its reduce-scatter finishes, "
-    "before "
-    "a later unit's backward starts, and waited for after it") {
+TEST_CASE("HSDP overlaps: each unit's all-reduce over the replicas is issued as its reduce-scatter finishes, "
+          "before a later unit's backward starts, and waited for after it") {
   comm::mpi world;
   std::optional<kfsdp::test::hsdp_groups> groups = kfsdp::test::halves_replicated(world);
   if (!groups) return;  // replicas need an even world size here
-  comm::mpi& shard_group = groups->shards;
-  comm::mpi& replica_group = groups->replicas;
-  // Three blocks: with the reduce-scatters overlapped, block k's all-reduce starts before block k-2's
-  // backward.
+  // Three blocks: with the reduce-scatters overlapped, block k's all-reduce starts before k-2's backward.
   using deep_model = kfsdp::sequential<
       "", kfsdp::linear<"input", 3, width>, kfsdp::tanh_layer<>,
       kfsdp::repeat<"hidden", 3, kfsdp::residual<"", kfsdp::linear<"fc", width, width>, kfsdp::gelu<>>>,
@@ -424,11 +419,11 @@ TEST_CASE(
       kfsdp::fsdp_options options{.bucketing_strategy = kfsdp::bucketing::block,
                                   .overlap_reduce_scatter = overlap_reduce_scatter,
                                   .reduce_dtype = reduce_dtype};
-      options.replica_group = comm::any_communicator(replica_group);
-      kfsdp::trainer<deep_model, double> t(deep_model{}, shard_group, options);
+      options.replica_group = comm::any_communicator(groups->replicas);
+      kfsdp::trainer<deep_model, double> t(deep_model{}, groups->shards, options);
       t.initialize(5);
       kfsdp::optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.01});
-      const auto ranks = std::size_t(shard_group.size()), rank = std::size_t(shard_group.rank());
+      const auto ranks = std::size_t(groups->shards.size()), rank = std::size_t(groups->shards.rank());
       auto [x, y] = data.rank_slice<double>(data.micro_batch(1, 0, 24 / std::size_t(world.size()) * ranks),
                                             rank, ranks);
       kfsdp::trace_recorder trace(world.rank());
