@@ -223,7 +223,8 @@ typename bucket_state<Scalar>::view bucket_state<Scalar>::param(const bucket_con
 
 template <class Scalar>
 typename bucket_state<Scalar>::view bucket_state<Scalar>::grad(bucket_context<Scalar>& ctx, std::size_t p) {
-  if (grads_ == grad_phase::reducing) wrong_phase("hand out a gradient", to_string(grads_), "none or accumulating");
+  if (grads_ == grad_phase::reducing || grads_ == grad_phase::summing)
+    wrong_phase("hand out a gradient", to_string(grads_), "none or accumulating");
   if (grads_ == grad_phase::none) {
     // The unpacked layout, padding included: each parameter's reduce-scatter reads it as it is.
     full_grads_ = ctx.pool.acquire("kfsdp::full_grads", ctx.map.gathered_numel(bucket_),
@@ -235,7 +236,8 @@ typename bucket_state<Scalar>::view bucket_state<Scalar>::grad(bucket_context<Sc
 
 template <class Scalar>
 void bucket_state<Scalar>::begin_reduce(bucket_context<Scalar>& ctx, Scalar before, Scalar after) {
-  if (grads_ == grad_phase::reducing) wrong_phase("begin its reduce-scatter", to_string(grads_), "none or accumulating");
+  if (grads_ == grad_phase::reducing || grads_ == grad_phase::summing)
+    wrong_phase("begin its reduce-scatter", to_string(grads_), "none or accumulating");
   shard_grad_squared_norm_.reset();  // until finish_reduce has the new shard
   // What the reduce-scatters carry: every parameter's padded gradient but the frozen ones'.
   std::size_t reduced_numel = 0, frozen_count = 0;
@@ -320,7 +322,6 @@ void bucket_state<Scalar>::finish_reduce(bucket_context<Scalar>& ctx) {
   if (grads_ != grad_phase::reducing) wrong_phase("finish its reduce-scatter", to_string(grads_), "reducing");
   const comm::native_stream compute = comm::stream_of(ctx.compute);
   reduce_pending_.complete_before(compute);
-  grads_ = grad_phase::none;
   if (ctx.trace)
     ctx.trace->complete("reduce_scatter", "comm", trace_recorder::comm_lane, reduce_issued_at_, std::int64_t(bucket_),
                         reduce_bytes_);
@@ -339,34 +340,70 @@ void bucket_state<Scalar>::finish_reduce(bucket_context<Scalar>& ctx) {
                                             Kokkos::subview(reduced_grads_, c.shard.pair()));
     });
   }
+  if (!ctx.replicated()) return add_reduced_shard(ctx);
+  // HSDP: the group's sums, summed over the replicas on the shard (Ψ / group bytes a rank), issued
+  // now and waited for by finish_replica_sum, so that it runs behind the rest of the backward. A
+  // frozen parameter's chunks are zero on every replica: only the others' runs are summed. bf16 /
+  // f16 sums stay in the wire type (NaN included); int8's are summed in Scalar, as dequantized.
   const wire_precision summed = summed_as(reduced_as_);
-  if (ctx.replicated()) {
-    // HSDP: the group's sums, summed over the replicas on the shard (Ψ / group bytes a rank). A
-    // frozen parameter's chunks are zero on every replica: only the others' runs are summed.
-    ctx.replicas->order_after(ctx.compute);  // the group's sums are in
-    std::size_t summed_numel = 0;
-    for (const index_range run : unfrozen_runs(ctx)) {
-      if (summed == wire_precision::scalar) {
-        ctx.replicas->iall_reduce_sum(span_of(Kokkos::subview(reduced_grads_, run.pair()))).complete_before(compute);
-      } else {
-        with_wire(reduced_as_, [&]<class Wire>(Wire) {
-          const auto wire = wire_view<Wire>(reduced_grads_, shard.extent(0));
-          ctx.replicas->iall_reduce_sum(span_of(Kokkos::subview(wire, run.pair()))).complete_before(compute);
-        });
-      }
-      summed_numel += run.count;
+  ctx.replicas->order_after(ctx.compute);  // the group's sums are in
+  if (ctx.trace) replica_sum_issued_at_ = ctx.trace->now();
+  std::vector<comm::request> sums;
+  std::size_t summed_numel = 0;
+  for (const index_range run : unfrozen_runs(ctx)) {
+    if (summed == wire_precision::scalar) {
+      sums.push_back(ctx.replicas->iall_reduce_sum(span_of(Kokkos::subview(reduced_grads_, run.pair()))));
+    } else {
+      with_wire(reduced_as_, [&]<class Wire>(Wire) {
+        const auto wire = wire_view<Wire>(reduced_grads_, shard.extent(0));
+        sums.push_back(ctx.replicas->iall_reduce_sum(span_of(Kokkos::subview(wire, run.pair()))));
+      });
     }
-    ctx.bytes_communicated += summed_numel * wire_bytes(summed, sizeof(Scalar));
+    summed_numel += run.count;
   }
+  // The request pins reduced_grads_: a timeout abandons it with the memory MPI may still write.
+  struct pinning {
+    comm::request sums;
+    view pinned;
+    bool test() { return sums.test(); }
+    void wait() { sums.wait(); }
+    void complete_before(comm::native_stream stream) { sums.complete_before(stream); }
+  };
+  replica_sum_pending_ = comm::request(pinning{comm::when_all(std::move(sums)), reduced_grads_});
+  replica_sum_bytes_ = summed_numel * wire_bytes(summed, sizeof(Scalar));
+  ctx.bytes_communicated += replica_sum_bytes_;
+  // What the all-reduce does not touch goes back now: only reduced_grads_ stays in use.
+  ctx.pool.release(packed_grads_);
+  ctx.pool.release(received_grads_);
+  ctx.pool.release(full_grads_);
+  grads_ = grad_phase::summing;
+}
+
+template <class Scalar>
+void bucket_state<Scalar>::finish_replica_sum(bucket_context<Scalar>& ctx) {
+  if (grads_ != grad_phase::summing)
+    wrong_phase("finish its all-reduce over the replicas", to_string(grads_), "summing");
+  replica_sum_pending_.complete_before(comm::stream_of(ctx.compute));
+  if (ctx.trace)
+    ctx.trace->complete("replica_all_reduce", "comm", trace_recorder::comm_lane, replica_sum_issued_at_,
+                        std::int64_t(bucket_), replica_sum_bytes_);
+  add_reduced_shard(ctx);
+}
+
+template <class Scalar>
+void bucket_state<Scalar>::add_reduced_shard(bucket_context<Scalar>& ctx) {
+  grads_ = grad_phase::none;
+  const view shard = ctx.grads.bucket(bucket_);
   if (reduces_in_place_) {
     // Replicated, the factor waits for the replicas' sum; otherwise the reduce-scatters applied it.
     if (ctx.replicated() && after_ != Scalar(1)) KokkosBlas::scal(shard, after_, shard);
     reduced_grads_ = view();  // the storage's, not the pool's
-  } else if (summed == wire_precision::scalar) {
+  } else if (summed_as(reduced_as_) == wire_precision::scalar) {
     kernels::accumulate_scaled<Scalar>(shard, reduced_grads_, after_);
   } else {
     with_wire(reduced_as_, [&]<class Wire>(Wire) {
-      kernels::accumulate_wire_scaled<Scalar, Wire>(shard, wire_view<Wire>(reduced_grads_, shard.extent(0)), after_);
+      kernels::accumulate_wire_scaled<Scalar, Wire>(shard, wire_view<Wire>(reduced_grads_, shard.extent(0)),
+                                                    after_);
     });
   }
   // Clipping's norm where asked for, read here while the shard is fresh from the reduction instead of

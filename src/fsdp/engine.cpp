@@ -196,14 +196,22 @@ template <class Scalar>
 void fsdp_engine<Scalar>::begin_reduce_gradients(std::size_t b) {
   check_bucket(b, "begin_reduce_gradients");
   // The average over ranks: as if one process had seen the global batch with a mean loss.
+  if (buckets_[b].grads() == grad_phase::summing) buckets_[b].finish_replica_sum(context_);
   if (buckets_[b].grads() != grad_phase::reducing)
     buckets_[b].begin_reduce(context_, Scalar(division_.before), Scalar(division_.after));
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::finish_reduce_scatter(std::size_t b) {
+  check_bucket(b, "finish_reduce_scatter");
+  if (buckets_[b].grads() == grad_phase::reducing) buckets_[b].finish_reduce(context_);
 }
 
 template <class Scalar>
 void fsdp_engine<Scalar>::finish_reduce_gradients(std::size_t b) {
   check_bucket(b, "finish_reduce_gradients");
   if (buckets_[b].grads() == grad_phase::reducing) buckets_[b].finish_reduce(context_);
+  if (buckets_[b].grads() == grad_phase::summing) buckets_[b].finish_replica_sum(context_);
 }
 
 template <class Scalar>
@@ -228,11 +236,13 @@ bool fsdp_engine<Scalar>::is_frozen(std::size_t p) const {
 template <class Scalar>
 bool fsdp_engine<Scalar>::is_reducing(std::size_t b) const {
   check_bucket(b, "is_reducing");
-  return buckets_[b].grads() == grad_phase::reducing;
+  return buckets_[b].grads() == grad_phase::reducing || buckets_[b].grads() == grad_phase::summing;
 }
 
 template <class Scalar>
 void fsdp_engine<Scalar>::finish_gradient_reductions() {
+  // Every reduce-scatter first: each all-reduce over the replicas starts before any is waited for.
+  for (std::size_t b = 0; b < buckets_.size(); ++b) finish_reduce_scatter(b);
   for (std::size_t b = 0; b < buckets_.size(); ++b) finish_reduce_gradients(b);
 }
 
@@ -244,6 +254,7 @@ void fsdp_engine<Scalar>::sum_over_ranks(std::span<double> values) {
 
 template <class Scalar>
 void fsdp_engine<Scalar>::zero_grad() {
+  finish_gradient_reductions();  // none may write the shards after they are zeroed
   Kokkos::deep_copy(grads_.flat(), Scalar(0));
   for (auto& bucket : buckets_) bucket.set_shard_grads_zero(true);  // the next reductions write, not add
 }

@@ -137,9 +137,10 @@ template <class Scalar>
 void unit_scheduler<Scalar>::after_backward(std::size_t unit, bool sync) {
   expect(unit, "after_backward", {unit_state::backward});
   // At most one unit of reduce-scatters in flight: the previous unit's, which ran behind this
-  // unit's backward, finish now (and this unit's at once without overlap_reduce_scatter).
+  // unit's backward, finish now (and this unit's at once without overlap_reduce_scatter). HSDP's
+  // all-reduces over the replicas start there and stay in flight until finish_backward.
   for (std::size_t u : reducing_)
-    for (std::size_t b : units_[u].buckets) buckets_.finish_reduce_gradients(b);
+    for (std::size_t b : units_[u].buckets) buckets_.finish_reduce_scatter(b);
   reducing_.clear();
   for (std::size_t b : units_[unit].buckets) {
     if (sync) buckets_.begin_reduce_gradients(b);
@@ -147,7 +148,7 @@ void unit_scheduler<Scalar>::after_backward(std::size_t unit, bool sync) {
   }
   if (sync) {
     if (engine_.options().overlap_reduce_scatter) reducing_.push_back(unit);
-    else for (std::size_t b : units_[unit].buckets) buckets_.finish_reduce_gradients(b);
+    else for (std::size_t b : units_[unit].buckets) buckets_.finish_reduce_scatter(b);
   }
   state_[unit] = unit_state::backward_done;
 }

@@ -12,6 +12,7 @@
 #include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/fsdp/quantize.hpp>
 
+#include "../support/hsdp_groups.hpp"
 #include "engine_checks.hpp"
 
 // The engine's per-bucket collectives, which these tests drive directly (a trainer leaves them to its schedule).
@@ -292,6 +293,31 @@ TEST_CASE("int8 gradient reduction (qgZ): the average within the quantization bo
           CHECK_MESSAGE(off == 0, "parameter " << p);
         }
       }
+}
+
+TEST_CASE("HSDP: a NaN gradient on one replica is NaN in every replica's shard, f64, bf16 and int8 reductions") {
+  comm::mpi world;
+  std::optional<kfsdp::test::hsdp_groups> groups = kfsdp::test::halves_replicated(world);
+  if (!groups) return;  // replicas need an even world size here
+  for (wire_precision wire : {wire_precision::scalar, wire_precision::bf16, wire_precision::int8}) {
+    CAPTURE(to_string(wire));
+    fsdp_options options{.bucketing_strategy = bucketing::layer, .reduce_dtype = wire};
+    options.replica_group = comm::any_communicator(groups->replicas);
+    fsdp_engine<double> e(make_param_table(thunder_padding{}), groups->shards, options);
+    const std::size_t p = 0, j = e.plan().params[p].full_numel() - 1;  // on the last shard rank's chunk
+    for (std::size_t q = 0; q < e.params().size(); ++q) {
+      auto g = e.full_grad(q);
+      Kokkos::deep_copy(g, 1.0);
+      if (world.rank() == 0 && q == p)
+        Kokkos::deep_copy(Kokkos::subview(g, j), std::nan(""));  // replica 0 alone
+    }
+    for (std::size_t k = 0; k < e.plan().buckets.size(); ++k) buckets(e).reduce_gradients(k);
+    const std::size_t chunk = e.plan().params[p].chunk_numel();
+    if (std::size_t(groups->shards.rank()) == j / chunk) {
+      const auto shard = to_host(e.grads().chunk(p));
+      CHECK(std::isnan(shard[j % chunk]));
+    }
+  }
 }
 
 TEST_CASE("the division factors: their product is 1 / world size; FSDP1's pre-divide factor") {

@@ -5,6 +5,7 @@
 // an int8 gradient reduction carry against the theory. Run with 1, 2, 3 and 4 ranks.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <random>
 #include <span>
@@ -15,6 +16,9 @@
 
 #include <kfsdp/comm/mpi/mpi.hpp>
 #include <kfsdp/fsdp/quantize.hpp>
+#include <kfsdp/fsdp/trace.hpp>
+
+#include "../support/hsdp_groups.hpp"
 #include <kfsdp/io/data/array_dataset.hpp>
 #include <kfsdp/optim/adamw.hpp>
 #include <kfsdp/optim/sgd.hpp>
@@ -394,4 +398,64 @@ TEST_CASE("a frozen base costs no more than it must: no weight-gradient product,
       CHECK(frozen.replica_bytes == trainable * sizeof(double) + own_sums);
     }
   }
+}
+
+TEST_CASE("HSDP overlaps: each unit's all-reduce over the replicas is issued as its reduce-scatter finishes, "
+          "before a later unit's backward starts, and waited for after it") {
+  comm::mpi world;
+  std::optional<kfsdp::test::hsdp_groups> groups = kfsdp::test::halves_replicated(world);
+  if (!groups) return;  // replicas need an even world size here
+  // Three blocks: with the reduce-scatters overlapped, block k's all-reduce starts before k-2's backward.
+  using deep_model = kfsdp::sequential<
+      "", kfsdp::linear<"input", 3, width>, kfsdp::tanh_layer<>,
+      kfsdp::repeat<"hidden", 3, kfsdp::residual<"", kfsdp::linear<"fc", width, width>, kfsdp::gelu<>>>,
+      kfsdp::linear<"output", width, 1>, kfsdp::mse<>>;
+  const auto data = samples();
+  for (const auto reduce_dtype :
+       {kfsdp::wire_precision::scalar, kfsdp::wire_precision::bf16, kfsdp::wire_precision::int8})
+    for (const bool overlap_reduce_scatter : {false, true}) {
+      CAPTURE(kfsdp::to_string(reduce_dtype));
+      CAPTURE(overlap_reduce_scatter);
+      kfsdp::fsdp_options options{.bucketing_strategy = kfsdp::bucketing::block,
+                                  .overlap_reduce_scatter = overlap_reduce_scatter,
+                                  .reduce_dtype = reduce_dtype};
+      options.replica_group = comm::any_communicator(groups->replicas);
+      kfsdp::trainer<deep_model, double> t(deep_model{}, groups->shards, options);
+      t.initialize(5);
+      kfsdp::optim::sgd<double> sgd(t.engine().plan().shard_numel, {.lr = 0.01});
+      const auto ranks = std::size_t(groups->shards.size()), rank = std::size_t(groups->shards.rank());
+      auto [x, y] = data.rank_slice<double>(data.micro_batch(1, 0, 24 / std::size_t(world.size()) * ranks),
+                                            rank, ranks);
+      kfsdp::trace_recorder trace(world.rank());
+      t.engine().set_trace(&trace);
+      (void)t.step({{x, y}}, sgd);
+      t.engine().set_trace(nullptr);
+      const auto& events = trace.events();
+      const auto region = [&](const std::string& name) {
+        const auto found =
+            std::find_if(events.begin(), events.end(), [&](const auto& e) { return e.name == name; });
+        REQUIRE_MESSAGE(found != events.end(), "no region '" << name << "' in the trace");
+        return *found;
+      };
+      const auto& units = t.units();
+      REQUIRE(units.size() == 4);  // the root and hidden.0 .. hidden.2
+      const std::size_t ahead =
+          overlap_reduce_scatter ? 2 : 1;  // units of backward between a reduce-scatter's issue and its wait
+      std::size_t checked = 0;
+      for (std::size_t u = 1 + ahead; u < units.size(); ++u) {
+        const auto later = region("backward " + units[u - ahead].name);
+        for (std::size_t b : units[u].buckets) {
+          CAPTURE(units[u].name);
+          CAPTURE(b);
+          const auto sum = std::find_if(events.begin(), events.end(), [&](const auto& e) {
+            return e.name == "replica_all_reduce" && e.bucket == std::int64_t(b);
+          });
+          REQUIRE(sum != events.end());
+          CHECK(sum->start <= later.start);  // in flight while the later unit's backward runs
+          CHECK(sum->start + sum->duration >= later.start + later.duration);
+          ++checked;
+        }
+      }
+      CHECK(checked > 0);
+    }
 }

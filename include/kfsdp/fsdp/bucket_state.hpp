@@ -9,6 +9,9 @@
 //                reduce-scatters; finish_reduce waits and adds the averaged shard to the gradients;
 //                while the bucket's gradient shard is known to be zero, the reduce-scatters write
 //                it directly and average it too: no buffer, no add and no pass of its own)
+//   HSDP:        ... reducing ──finish_reduce──▶ summing ──finish_replica_sum──▶ none
+//                (finish_reduce issues the all-reduce over the replicas and returns: it runs behind
+//                the rest of the backward; finish_replica_sum waits for it and adds the shard)
 //
 // A transition from any other state throws std::logic_error naming the bucket, the state it is in
 // and the one expected.
@@ -54,12 +57,14 @@
 namespace kfsdp {
 
 enum class param_phase { sharded, gathering, unsharded };
-enum class grad_phase { none, accumulating, reducing };
+enum class grad_phase { none, accumulating, reducing, summing };
 
 inline constexpr enum_names<param_phase, 3> param_phase_names = {
     {param_phase::sharded, "sharded"}, {param_phase::gathering, "gathering"}, {param_phase::unsharded, "unsharded"}};
-inline constexpr enum_names<grad_phase, 3> grad_phase_names = {
-    {grad_phase::none, "none"}, {grad_phase::accumulating, "accumulating"}, {grad_phase::reducing, "reducing"}};
+inline constexpr enum_names<grad_phase, 4> grad_phase_names = {{grad_phase::none, "none"},
+                                                                {grad_phase::accumulating, "accumulating"},
+                                                                {grad_phase::reducing, "reducing"},
+                                                                {grad_phase::summing, "summing"}};
 constexpr std::string_view to_string(param_phase phase) noexcept { return name_of(param_phase_names, phase); }
 constexpr std::string_view to_string(grad_phase phase) noexcept { return name_of(grad_phase_names, phase); }
 
@@ -105,8 +110,8 @@ class bucket_state {
   // Parameter p (of this bucket), full and unpadded; unsharded only.
   [[nodiscard]] view param(const bucket_context<Scalar>& ctx, std::size_t p) const;
 
-  // Parameter p's full gradient, accumulated into (none → accumulating; not while reducing: the
-  // reduce-scatter may still read the buffer).
+  // Parameter p's full gradient, accumulated into (none → accumulating; not while reducing or
+  // summing: a collective may still read or write the buffers).
   [[nodiscard]] view grad(bucket_context<Scalar>& ctx, std::size_t p);
   // Frozen parameters (ctx.frozen) are left out: their gradient shard stays zero and no byte of
   // theirs is sent; a bucket of frozen parameters only goes back to none without a collective.
@@ -114,8 +119,11 @@ class bucket_state {
   // `before` first, the reduced shard by `after` (1: not at all; before · after = 1 / world size:
   // the average). Where the shard receives the sums itself, the reduce-scatters multiply by `after`.
   void begin_reduce(bucket_context<Scalar>& ctx, Scalar before = 1, Scalar after = 1);
-  // reducing → none: grads += reduced shard · after.
+  // reducing → none: grads += reduced shard · after. Replicated (ctx.replicated()): reducing →
+  // summing, the replicas' all-reduce of the reduced shard issued and left in flight.
   void finish_reduce(bucket_context<Scalar>& ctx);
+  // summing → none: waits for the replicas' all-reduce, then grads += summed shard · after.
+  void finish_replica_sum(bucket_context<Scalar>& ctx);
   // Whether this bucket's gradient shard holds zeros that nothing else will write before its next
   // reduction (the engine's zero_grad says so; any other write access, and each reduction, not).
   void set_shard_grads_zero(bool zero) noexcept {
@@ -151,6 +159,9 @@ class bucket_state {
   // The chunks of the bucket's shard that are not frozen, adjacent ones merged (a frozen weight
   // beside trainable ones: one or two runs), as offsets in the shard.
   [[nodiscard]] std::vector<index_range> unfrozen_runs(const bucket_context<Scalar>& ctx) const;
+  // The reduced shard into the gradients (times after_), its norm, the buffers back: the last step
+  // of a reduction, once every collective on reduced_grads_ is complete.
+  void add_reduced_shard(bucket_context<Scalar>& ctx);
 
   std::size_t bucket_;
   std::size_t first_param_;
@@ -174,10 +185,13 @@ class bucket_state {
   view reduced_grads_;  // the reduce-scatters' output: this rank's summed shard
   comm::request gather_pending_;
   comm::request reduce_pending_;
+  comm::request replica_sum_pending_;  // HSDP: the replicas' all-reduce, pinning reduced_grads_
   double gather_issued_at_ = 0;  // trace times
   double reduce_issued_at_ = 0;
+  double replica_sum_issued_at_ = 0;
   std::size_t gather_bytes_ = 0;  // of the collectives in flight
   std::size_t reduce_bytes_ = 0;
+  std::size_t replica_sum_bytes_ = 0;
 };
 
 extern template class bucket_state<float>;

@@ -149,7 +149,8 @@ class fsdp_engine {
   [[nodiscard]] std::uint64_t params_version(std::size_t param) const;
   // Where parameter `param`'s full gradient accumulates (zero when first asked for).
   [[nodiscard]] flat_view full_grad(std::size_t param);
-  // Finishes every reduce-scatter still in flight (before the optimizer reads the gradients).
+  // Finishes every reduction still in flight, reduce-scatters and HSDP's all-reduces over the
+  // replicas (before the optimizer reads the gradients).
   void finish_gradient_reductions();
   // Zeros the gradient shards; each bucket's next reduction then writes its shard instead of
   // adding into it (the same sums, without the add's pass and buffer).
@@ -211,11 +212,16 @@ class fsdp_engine {
   // adds the result to the gradient shards; frees the full gradients (collective). The begin /
   // finish halves let the reduce-scatter run behind the next unit's backward.
   void begin_reduce_gradients(std::size_t bucket);
+  // Waits for the reduce-scatter; under HSDP issues the replicas' all-reduce and leaves it in flight
+  // (it runs behind the rest of the backward; finish_reduce_gradients waits for it).
+  void finish_reduce_scatter(std::size_t bucket);
+  // Waits for every collective of the bucket's reduction: the gradient shard is final.
   void finish_reduce_gradients(std::size_t bucket);
   void reduce_gradients(std::size_t bucket) {
     begin_reduce_gradients(bucket);
     finish_reduce_gradients(bucket);
   }
+  // A reduce-scatter or an all-reduce over the replicas of the bucket is in flight.
   [[nodiscard]] bool is_reducing(std::size_t bucket) const;
 
   void check_bucket(std::size_t bucket, const char* where) const;
@@ -256,6 +262,7 @@ class bucket_collectives {
   [[nodiscard]] bool is_unsharded(std::size_t bucket) const { return e_.is_unsharded(bucket); }
   [[nodiscard]] bool is_gathering(std::size_t bucket) const { return e_.is_gathering(bucket); }
   void begin_reduce_gradients(std::size_t bucket) { e_.begin_reduce_gradients(bucket); }
+  void finish_reduce_scatter(std::size_t bucket) { e_.finish_reduce_scatter(bucket); }
   void finish_reduce_gradients(std::size_t bucket) { e_.finish_reduce_gradients(bucket); }
   void reduce_gradients(std::size_t bucket) { e_.reduce_gradients(bucket); }
   [[nodiscard]] bool is_reducing(std::size_t bucket) const { return e_.is_reducing(bucket); }

@@ -54,7 +54,8 @@ KFSDP_EXPORT struct fsdp_options {
   // ranks that hold the same shard in the other groups (e.g. world.split(rank % 8, rank) beside
   // world.split(rank / 8, rank) for 8 ranks a node). Parameters are sharded within a group and
   // replicated across groups; gradients are reduce-scattered in the group, then all-reduced over
-  // the replicas on the shard. nullopt: flat FSDP over the engine's communicator.
+  // the replicas on the shard (issued as each bucket's reduce-scatter finishes, waited for before
+  // the optimizer). nullopt: flat FSDP over the engine's communicator.
   std::optional<comm::any_communicator> replica_group{};
   // Which parts of the model are units (model/unit_assignment.hpp): each block by default.
   wrap_options wrap{};

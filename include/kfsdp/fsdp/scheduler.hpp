@@ -13,7 +13,8 @@
 //   enter_backward(3)    zero3: gather 3, prefetch 2; zero2: nothing to issue
 //   enter_backward(2)    issue 3's reduce-scatters (they run behind 2's backward), free 3 ...
 //   end_backward()       issue the root's reduce-scatters, free it
-//   finish_backward()    finish every reduce-scatter in flight: the gradients are ready
+//   finish_backward()    finish every reduce-scatter in flight, and under HSDP every all-reduce over the
+//                        replicas (issued as each reduce-scatter finished): the gradients are ready
 // Each unit walks sharded -> forward -> forward done -> backward -> backward done; a transition out
 // of that order throws std::logic_error naming the unit and the state it was in.
 //

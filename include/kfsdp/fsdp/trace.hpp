@@ -68,7 +68,18 @@ KFSDP_EXPORT class trace_recorder {
     return scope(this, std::move(name), std::move(category), lane, bucket, bytes);
   }
 
+  // One region or collective, as json() writes it (start and duration in microseconds).
+  struct event {
+    std::string name, category;
+    int lane;
+    double start, duration;
+    std::int64_t bucket;
+    std::size_t bytes;
+  };
+
   [[nodiscard]] std::size_t size() const noexcept { return events_.size(); }
+  // In the order they ended (a region is recorded when it closes).
+  [[nodiscard]] const std::vector<event>& events() const noexcept { return events_; }
 
   // The JSON text of the trace (names are plain: letters, digits, spaces, dots and underscores).
   [[nodiscard]] std::string json() const {
@@ -96,13 +107,6 @@ KFSDP_EXPORT class trace_recorder {
   }
 
  private:
-  struct event {
-    std::string name, category;
-    int lane;
-    double start, duration;
-    std::int64_t bucket;
-    std::size_t bytes;
-  };
   static std::string escaped(const std::string& s) {
     std::string out;
     for (char c : s) {

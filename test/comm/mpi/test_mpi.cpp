@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -1212,4 +1215,33 @@ TEST_CASE("mpi: bad all_to_all arguments throw std::invalid_argument on every ra
   }
   CHECK_THROWS_AS((void)world.iall_to_all(std::span<const float>(send), std::span(send)), std::invalid_argument);
   world.barrier();  // nothing was sent: the next collective matches
+}
+
+TEST_CASE_TEMPLATE(
+    "mpi: an all-reduce sum of two ranks (one exchange) gives MPI_Allreduce's bits on both, NaN "
+    "included, several in flight",
+    T, float, double, kfsdp::bf16) {
+  comm::mpi world;
+  comm::mpi pair = world.split(world.rank() / 2, world.rank());  // at 3 ranks, rank 2 alone
+  constexpr std::size_t n = 1000;
+  std::vector<std::vector<T>> sums(3), wanted(3);
+  std::vector<comm::request> in_flight;
+  for (std::size_t k = 0; k < sums.size(); ++k) {
+    for (std::size_t i = 0; i < n; ++i)  // values whose sums round
+      sums[k].push_back(T(float(std::sin(double(i + k * n) + 0.37 * world.rank()) * (1 + double(i % 5)))));
+    if (world.rank() % 2 == 0) sums[k][k] = T(std::numeric_limits<float>::quiet_NaN());
+    wanted[k] = sums[k];
+    MPI_Allreduce(MPI_IN_PLACE, wanted[k].data(), int(n), comm::detail::mpi_datatype<T>(),
+                  comm::detail::sum_operation<T>(), pair.native());
+  }
+  for (auto& values : sums) in_flight.push_back(pair.iall_reduce_sum(std::span(values)));
+  for (std::size_t k = sums.size(); k-- > 0;) in_flight[k].wait();  // any order
+  for (std::size_t k = 0; k < sums.size(); ++k) {
+    CAPTURE(k);
+    CHECK(float(sums[k][k]) != float(sums[k][k]));  // NaN
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      differ += i != k && std::memcmp(&sums[k][i], &wanted[k][i], sizeof(T)) != 0;
+    CHECK(differ == 0);
+  }
 }

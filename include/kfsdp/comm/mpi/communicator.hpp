@@ -597,11 +597,49 @@ KFSDP_EXPORT class mpi {
                            std::string_view function) {
     const int count = detail::checked_int_count(function, "data", data.size());
     verify_call(function, {kind, detail::element_code<T>(), data.size(), 0});
+    // Sums only: a max or min of a NaN would depend on which operand comes first.
+    if (size_ == 2 && kind == detail::collective_kind::all_reduce_sum && !data.empty())
+      return exchange_and_reduce<T>(data, count, kind, function);
     MPI_Request handle = MPI_REQUEST_NULL;
     check(MPI_Iallreduce(MPI_IN_PLACE, data.data(), count, detail::mpi_datatype<T>(),
                          operation_of<T>(kind), comm_, &handle),
           function, "MPI_Iallreduce");
     return pending(handle, function);
+  }
+  // A sum of two ranks as one exchange and MPI_Reduce_local: both link directions busy at once, where
+  // Open MPI's binomial tree (below 4 ranks) uses one at a time (docs/cluster.md); x0 + x1 == x1 + x0.
+  template <class T>
+  struct exchanged_reduction : detail::finished_on_completion<exchanged_reduction<T>> {
+    pending_mpi<std::array<MPI_Request, 2>> messages;   // the receive and the send
+    detail::owned_elements<T, Kokkos::HostSpace> peer;  // the peer's values, owned: a timeout keeps them
+    std::span<T> data;
+    MPI_Op operation = MPI_OP_NULL;
+    std::string_view function;
+
+    pending_mpi<std::array<MPI_Request, 2>>& awaited() { return messages; }
+    void finish() {
+      check(MPI_Reduce_local(peer.span().data(), data.data(), static_cast<int>(data.size()),
+                             detail::mpi_datatype<T>(), operation),
+            function, "MPI_Reduce_local");
+    }
+  };
+  template <class T>
+  request exchange_and_reduce(std::span<T> data, int count, detail::collective_kind kind,
+                              std::string_view function) {
+    const int tag = next_tag(), other = 1 - rank_;
+    detail::owned_elements<T, Kokkos::HostSpace> peer(data.size());
+    std::array<MPI_Request, 2> handles{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    check(MPI_Irecv(peer.span().data(), count, detail::mpi_datatype<T>(), other, tag, comm_, &handles[0]),
+          function, "MPI_Irecv");
+    check(MPI_Isend(data.data(), count, detail::mpi_datatype<T>(), other, tag, comm_, &handles[1]), function,
+          "MPI_Isend");
+    exchanged_reduction<T> state{};
+    state.messages = {handles, function, waits(), rank_, size_};
+    state.peer = std::move(peer);
+    state.data = data;
+    state.operation = operation_of<T>(kind);
+    state.function = function;
+    return request(std::move(state));
   }
   template <class T>
   static MPI_Op operation_of(detail::collective_kind kind) {
