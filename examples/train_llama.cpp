@@ -6,8 +6,8 @@
 //   mpirun -np 2 build/examples/train_llama --data 'corpus_train_*.bin' --val-data corpus_val_000000.bin --vocab 512
 //   mpirun -np 2 build/examples/train_llama --load HF_DIR --eval 4          # prints eval_loss
 //   mpirun -np 2 build/examples/train_llama --load HF_DIR --steps 50 --save TUNED_DIR
-//   mpirun -np 2 build/examples/train_llama --load HF_DIR --lora-rank 8 --lora-alpha 16 --lora-targets q_proj,v_proj \
-//       --steps 50 --save ADAPTER_DIR --save-merged MERGED_DIR           # LoRA: the base frozen, peft's files
+//   mpirun -np 2 build/examples/train_llama --load HF_DIR --lora-rank 8 --lora-alpha 16 --lora-targets q_proj,v_proj
+//       --steps 50 --save ADAPTER_DIR --save-merged MERGED_DIR           # LoRA (one command): the base frozen, peft's files
 //
 // The model is one descriptor (kfsdp::make_llama), each decoder layer an FSDP unit; kfsdp::trainer
 // trains it. With --load the sizes come from HF_DIR/config.json; --save writes config.json and
@@ -51,7 +51,7 @@ struct settings {
   std::size_t batch, window, eval_windows;
   std::uint64_t seed;
   kfsdp::llama_config model;
-  kfsdp::lora_config lora;  // rank 0: a full fine-tune
+  kfsdp::lora_config lora{};  // rank 0: a full fine-tune
   kfsdp::examples::text_training training;
   kfsdp::examples::fsdp_flags flags;
 };
@@ -99,8 +99,8 @@ settings read(const cli& c, int world_size) {
              .model = {.vocab = c.positive("vocab"), .dim = c.positive("dim"), .hidden = c.positive("hidden"), .layers = c.positive("layers"),
                        .heads = c.positive("heads"), .kv_heads = c.positive("kv-heads"), .seq = c.positive("seq"),
                        .rope_theta = c.real("rope-theta"), .tie_weights = c.choice("tie-weights", {"on", "off"}) == "on"},
-             .lora = {.rank = c.size("lora-rank")},
              .training = kfsdp::examples::text_training_of(c), .flags = kfsdp::examples::fsdp_flags_of(c)};
+  s.lora.rank = c.size("lora-rank");
   auto fail = [](const std::string& m) { throw std::invalid_argument("train_llama: " + m); };
   if (s.load.empty()) {
     try {

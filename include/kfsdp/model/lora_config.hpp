@@ -28,7 +28,7 @@ KFSDP_EXPORT constexpr bool is_lora_adapter(std::string_view name) {
 KFSDP_EXPORT struct lora_config {
   std::size_t rank = 0;              // r; 0: no adapter anywhere
   double alpha = 8;                  // lora_alpha: the adapter's output is scaled by alpha / rank
-  std::vector<std::string> targets;  // target_modules: module names ("q_proj"), or "all-linear"
+  std::vector<std::string> targets{};  // target_modules: module names ("q_proj"), or "all-linear"
   double dropout = 0;                // lora_dropout, written back as read; kfsdp trains without dropout
 
   // The scale of the adapter's output, alpha / rank.

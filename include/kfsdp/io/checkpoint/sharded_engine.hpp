@@ -70,7 +70,8 @@ template <sharded_engine Engine>
 [[nodiscard]] sharded_view<typename Engine::scalar_type> view_of(Engine& engine) {
   const std::optional<comm::any_communicator>& replicas = engine.options().replica_group;
   return {engine.plan(), engine.mapping(), engine.params(), engine.shards().flat(),
-          engine.rank(), engine.world_size(), &engine.communicator(), replicas ? &*replicas : nullptr};
+          engine.rank(), engine.world_size(), &engine.communicator(), replicas ? &*replicas : nullptr,
+          nullptr, {}};
 }
 
 /// The scalar of an engine's parameters.
