@@ -65,10 +65,6 @@ struct adapted : llama_trainer<Scalar> {
   }
 };
 
-double max_difference(const std::vector<float>& got, std::span<const float> want) {
-  return test::max_abs_difference<float>(got, want);
-}
-
 }  // namespace
 
 TEST_CASE("peft's adapter loads onto the fixture with peft's logits, and saves back as peft's") {
@@ -83,7 +79,7 @@ TEST_CASE("peft's adapter loads onto the fixture with peft's logits, and saves b
   CHECK(t.engine().params().size() == 2 + 12 * 2 + 2 * 4 * 2);  // 2 layers of 12 (3 biases), 4 adapted projections each: A and B
   io::load_adapter(peft_adapter, t.engine());
   const std::vector<float> logits = test::window0_logits<float>(t, peft_text());
-  const double error = max_difference(logits, peft_reference().at("logits.f32").values<float>());
+  const double error = test::max_abs_difference<float>(logits, peft_reference().at("logits.f32").values<float>());
   MESSAGE("peft's adapter at ", world.size(), " ranks: logits within ", error, " of PeftModel's");
   CHECK(error <= f32_tolerance);
 
@@ -128,7 +124,7 @@ TEST_CASE("peft's adapter loads onto the fixture with peft's logits, and saves b
   llama_trainer<float> merged(make_llama(io::read_llama_config(scratch.path / "merged"), peft_window), world, zero3_block);
   io::load_pretrained(scratch.path / "merged", merged.engine());
   const double merged_error =
-      max_difference(test::window0_logits<float>(merged, peft_text()), peft_reference().at("logits.f32").values<float>());
+      test::max_abs_difference<float>(test::window0_logits<float>(merged, peft_text()), peft_reference().at("logits.f32").values<float>());
   MESSAGE("merged at ", world.size(), " ranks: logits within ", merged_error, " of PeftModel's");
   CHECK(merged_error <= f32_tolerance);
 

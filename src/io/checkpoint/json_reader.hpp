@@ -505,4 +505,31 @@ inline std::string read_text_file(const std::filesystem::path& file, std::string
   return text;
 }
 
+// `text` as a JSON string, quotes and escapes included, appended to `out` (the writers of a
+// safetensors header and of adapter_config.json).
+inline void append_json_string(std::string& out, std::string_view text) {
+  out += '"';
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (byte < 0x20) {
+          out += "\\u00";
+          out += hex_digits[byte >> 4];
+          out += hex_digits[byte & 0xf];
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
+
 }  // namespace kfsdp::io::json_detail

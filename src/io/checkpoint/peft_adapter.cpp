@@ -46,16 +46,9 @@ sharded_view<Scalar> adapters_of(const sharded_view<Scalar>& engine, std::string
 }
 
 std::string json_string(std::string_view text) {
-  std::string quoted = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') quoted += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      quoted += fmt::format("\\u{:04x}", static_cast<unsigned char>(c));
-      continue;
-    }
-    quoted += c;
-  }
-  return quoted + "\"";
+  std::string quoted;
+  json_detail::append_json_string(quoted, text);
+  return quoted;
 }
 
 }  // namespace

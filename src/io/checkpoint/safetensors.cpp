@@ -225,30 +225,8 @@ class header_reader {
 
 // ---------------------------------------------------------------- JSON writing
 
-void append_json_string(std::string& out, std::string_view text) {
-  out += '"';
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (byte < 0x20) {
-          out += "\\u00";
-          out += hex_digits[byte >> 4];
-          out += hex_digits[byte & 0xf];
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
+using json_detail::append_json_string;
+
 
 void require_utf8(std::string_view text, std::string_view what) {
   if (!is_valid_utf8(text))
