@@ -1,7 +1,9 @@
 // kfsdp::nn::causal_self_attention: the kernel bodies and their explicit instantiations for float and double
 // (the declarations are in include/kfsdp/nn/attention.hpp).
 
+#include <kfsdp/detail/vector_for.hpp>
 #include <kfsdp/nn/attention.hpp>
+#include <kfsdp/detail/erf.hpp>
 #include <kfsdp/detail/kokkos_math.hpp>
 #include <kfsdp/nn/detail/gemm.hpp>
 
@@ -38,9 +40,9 @@ template <class Scalar, bool to_heads, class Rows, class Heads>
 void copy_heads(const char* label, const attention_shape& shape, const Rows& rows, const Heads& heads, int part,
                 int first_col, int nheads) {
   const int seq = shape.seq, head_dim = shape.head_dim;
-  Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, int(rows.extent(0)) * nheads), KOKKOS_LAMBDA(int index) {
-        const int row = index / nheads, h = index % nheads;
+  kfsdp::detail::vector_for<execution_space>(
+      label, std::int64_t(rows.extent(0)) * nheads, KOKKOS_LAMBDA(std::int64_t index) {
+        const int row = int(index / nheads), h = int(index % nheads);
         const int b = row / seq, t = row % seq;
         Scalar* head_row = &heads(part, b * nheads + h, t, 0);
         auto* run = &rows(row, first_col + h * head_dim);  // (taken outside the if constexpr, which nvcc's device lambdas require)
@@ -69,21 +71,18 @@ void merge_heads(const attention_shape& shape, tensor4<Scalar> heads, int part, 
 template <class Scalar>
 void causal_softmax_rows(const attention_shape& shape, tensor4<Scalar> scores) {
   const int seq = shape.seq, nheads = shape.heads;
-  Kokkos::parallel_for(
-      "kfsdp::nn::attention_causal_softmax", Kokkos::RangePolicy<execution_space>(0, shape.score_rows()),
-      KOKKOS_LAMBDA(int index) {
-        const int t = index % seq, h = (index / seq) % nheads, b = index / (seq * nheads);
-        Scalar max_score = scores(b, h, t, 0);
-        for (int s = 1; s <= t; ++s) max_score = scores(b, h, t, s) > max_score ? scores(b, h, t, s) : max_score;
-        Scalar sum = 0;
-        for (int s = 0; s <= t; ++s) {
-          const Scalar e = math::exp(scores(b, h, t, s) - max_score);
-          scores(b, h, t, s) = e;
-          sum += e;
-        }
+  kfsdp::detail::vector_for<execution_space>(
+      "kfsdp::nn::attention_causal_softmax", shape.score_rows(), KOKKOS_LAMBDA(std::int64_t index) {
+        const int t = int(index % seq), h = int((index / seq) % nheads), b = int(index / (seq * nheads));
+        Scalar* row = &scores(b, h, t, 0);
+        Scalar max_score = row[0];
+        for (int s = 1; s <= t; ++s) max_score = row[s] > max_score ? row[s] : max_score;
+        // score − max ≤ 0 exactly; fast_exp_nonpositive vectorises where libm's exp does not.
+        for (int s = 0; s <= t; ++s) row[s] = math::fast_exp_nonpositive(row[s] - max_score);
+        const Scalar sum = kfsdp::detail::lane_sum<Scalar>(t + 1, [&](int s) { return row[s]; });
         const Scalar inv_sum = Scalar(1) / sum;
-        for (int s = 0; s <= t; ++s) scores(b, h, t, s) *= inv_sum;
-        for (int s = t + 1; s < seq; ++s) scores(b, h, t, s) = 0;
+        for (int s = 0; s <= t; ++s) row[s] *= inv_sum;
+        for (int s = t + 1; s < seq; ++s) row[s] = 0;
       });
 }
 
@@ -92,14 +91,14 @@ void causal_softmax_rows(const attention_shape& shape, tensor4<Scalar> scores) {
 template <class Scalar>
 void softmax_backward_rows(const attention_shape& shape, tensor4<const Scalar> probs, tensor4<Scalar> dscores) {
   const int seq = shape.seq, nheads = shape.heads;
-  Kokkos::parallel_for(
-      "kfsdp::nn::attention_softmax_backward", Kokkos::RangePolicy<execution_space>(0, shape.score_rows()),
-      KOKKOS_LAMBDA(int index) {
-        const int t = index % seq, h = (index / seq) % nheads, b = index / (seq * nheads);
-        Scalar weighted = 0;
-        for (int s = 0; s <= t; ++s) weighted += probs(b, h, t, s) * dscores(b, h, t, s);
-        for (int s = 0; s <= t; ++s) dscores(b, h, t, s) = probs(b, h, t, s) * (dscores(b, h, t, s) - weighted);
-        for (int s = t + 1; s < seq; ++s) dscores(b, h, t, s) = 0;
+  kfsdp::detail::vector_for<execution_space>(
+      "kfsdp::nn::attention_softmax_backward", shape.score_rows(), KOKKOS_LAMBDA(std::int64_t index) {
+        const int t = int(index % seq), h = int((index / seq) % nheads), b = int(index / (seq * nheads));
+        const Scalar* p = &probs(b, h, t, 0);
+        Scalar* d = &dscores(b, h, t, 0);
+        const Scalar weighted = kfsdp::detail::lane_sum<Scalar>(t + 1, [&](int s) { return p[s] * d[s]; });
+        for (int s = 0; s <= t; ++s) d[s] = p[s] * (d[s] - weighted);
+        for (int s = t + 1; s < seq; ++s) d[s] = 0;
       });
 }
 

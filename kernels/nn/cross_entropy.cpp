@@ -3,7 +3,9 @@
 
 #include <kfsdp/nn/cross_entropy.hpp>
 #include <kfsdp/nn/detail/elementwise.hpp>
+#include <kfsdp/detail/erf.hpp>
 #include <kfsdp/detail/kokkos_math.hpp>
+#include <kfsdp/detail/vector_for.hpp>
 
 #include <string>
 
@@ -15,18 +17,17 @@ template <class Scalar>
 void cross_entropy_rows(const_matrix<Scalar> logits, const_index_vector targets,
                         vector<Scalar> logsumexp, vector<Scalar> losses) {
   const int rows = int(logits.extent(0)), classes = int(logits.extent(1));
-  Kokkos::parallel_for(
-      "kfsdp::nn::cross_entropy_rows", Kokkos::RangePolicy<execution_space>(0, rows),
-      KOKKOS_LAMBDA(int n) {
-        Scalar max_logit = logits(n, 0);
-        for (int v = 1; v < classes; ++v)
-          if (logits(n, v) > max_logit) max_logit = logits(n, v);
-        Scalar sum = 0;
-        for (int v = 0; v < classes; ++v) sum += math::exp(logits(n, v) - max_logit);
-        const Scalar lse = max_logit + math::log(sum);
-        logsumexp(n) = lse;
-        losses(n) = lse - logits(n, targets(n));
-      });
+  kfsdp::detail::vector_for<execution_space>("kfsdp::nn::cross_entropy_rows", rows, KOKKOS_LAMBDA(std::int64_t n) {
+    Scalar max_logit = logits(n, 0);
+    for (int v = 1; v < classes; ++v)
+      if (logits(n, v) > max_logit) max_logit = logits(n, v);
+    // logit − max ≤ 0 exactly: the exp that vectorises
+    const Scalar sum =
+        kfsdp::detail::lane_sum<Scalar>(classes, [&](int v) { return math::fast_exp_nonpositive(logits(n, v) - max_logit); });
+    const Scalar lse = max_logit + math::log(sum);
+    logsumexp(n) = lse;
+    losses(n) = lse - logits(n, targets(n));
+  });
 }
 
 // Σ_n losses[n] in index order on the host copy: the same sum on every backend.
@@ -43,13 +44,14 @@ void cross_entropy_gradient(const_matrix<Scalar> logits, const_index_vector targ
                             const_vector<Scalar> logsumexp, Scalar grad_scale,
                             matrix<Scalar> dlogits) {
   const int rows = int(logits.extent(0)), classes = int(logits.extent(1));
-  Kokkos::parallel_for(
-      "kfsdp::nn::cross_entropy_gradient",
-      Kokkos::MDRangePolicy<execution_space, Kokkos::Rank<2>>({0, 0}, {rows, classes}),
-      KOKKOS_LAMBDA(int n, int v) {
-        const Scalar prob = math::exp(logits(n, v) - logsumexp(n));
-        dlogits(n, v) = (prob - (v == targets(n) ? Scalar(1) : Scalar(0))) * grad_scale;
-      });
+  kfsdp::detail::vector_for<execution_space>("kfsdp::nn::cross_entropy_gradient", rows, KOKKOS_LAMBDA(std::int64_t n) {
+    // logsumexp = max + log Σ ≥ max, also once rounded: logit − logsumexp ≤ 0
+    const Scalar row_logsumexp = logsumexp(n);
+    const int target = targets(n);
+    for (int v = 0; v < classes; ++v)
+      dlogits(n, v) =
+          (math::fast_exp_nonpositive(logits(n, v) - row_logsumexp) - (v == target ? Scalar(1) : Scalar(0))) * grad_scale;
+  });
 }
 
 }  // namespace detail

@@ -1,6 +1,7 @@
 // kfsdp::nn::linear: the kernel bodies and their explicit instantiations for float and double
 // (the declarations are in include/kfsdp/nn/linear.hpp).
 
+#include <kfsdp/detail/vector_for.hpp>
 #include <kfsdp/nn/detail/gemm.hpp>
 #include <kfsdp/nn/linear.hpp>
 
@@ -12,10 +13,9 @@ namespace detail {
 template <class Scalar>
 void broadcast_rows(const_vector<Scalar> bias, matrix<Scalar> y) {
   const int rows = int(y.extent(0)), cols = int(y.extent(1));
-  Kokkos::parallel_for(
-      "kfsdp::nn::broadcast_rows",
-      Kokkos::MDRangePolicy<execution_space, Kokkos::Rank<2>>({0, 0}, {rows, cols}),
-      KOKKOS_LAMBDA(int r, int o) { y(r, o) = bias(o); });
+  kfsdp::detail::vector_for<execution_space>("kfsdp::nn::broadcast_rows", rows, KOKKOS_LAMBDA(std::int64_t r) {
+    for (int o = 0; o < cols; ++o) y(r, o) = bias(o);
+  });
 }
 
 // sums[c] += Σ_r m[r, c], rows summed in order (deterministic, no atomics). Each work item owns a
@@ -26,10 +26,9 @@ template <class Scalar>
 void add_column_sums(const_matrix<Scalar> m, vector<Scalar> sums) {
   constexpr int block = 32;
   const int rows = int(m.extent(0)), cols = int(m.extent(1));
-  Kokkos::parallel_for(
-      "kfsdp::nn::add_column_sums", Kokkos::RangePolicy<execution_space>(0, (cols + block - 1) / block),
-      KOKKOS_LAMBDA(int item) {
-        const int first = item * block, count = cols - first < block ? cols - first : block;
+  kfsdp::detail::vector_for<execution_space>(
+      "kfsdp::nn::add_column_sums", (cols + block - 1) / block, KOKKOS_LAMBDA(std::int64_t item) {
+        const int first = int(item) * block, count = cols - first < block ? cols - first : block;
         Scalar partial[block] = {};
         for (int r = 0; r < rows; ++r)
           for (int j = 0; j < count; ++j) partial[j] += m(r, first + j);

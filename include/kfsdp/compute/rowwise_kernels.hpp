@@ -18,6 +18,7 @@
 // bench_derived (f32, [512, 128] and [512, 512]) times these against the hand-written kernels
 // they replace: docs/performance.md.
 
+#include <kfsdp/detail/vector_for.hpp>
 #include <kfsdp/expr/expression.hpp>
 #include <kfsdp/nn/views.hpp>
 
@@ -53,23 +54,8 @@ struct reduction_sink {
   template <int Slot> KOKKOS_FORCEINLINE_FUNCTION void reduced(S a) const { adjoint[Slot * Stride] += a; }
 };
 
-// Sums over a row's columns run in `lanes` interleaved partial sums, column k into lane k mod lanes
-// (the tail into lane 0), added in lane order at the end: the loop vectorises, no add waits for the
-// one before, and the order is fixed (the same bits on every backend).
-inline constexpr int lanes = 8;
-
-// Σ_{k < n} value(k).
-template <class S, class Value>
-KOKKOS_FORCEINLINE_FUNCTION S lane_sum(int n, const Value& value) {
-  S acc[lanes] = {};
-  int k = 0;
-  for (; k + lanes <= n; k += lanes)
-    for (int l = 0; l < lanes; ++l) acc[l] += value(k + l);
-  for (; k < n; ++k) acc[0] += value(k);
-  S total = 0;
-  for (int l = 0; l < lanes; ++l) total += acc[l];
-  return total;
-}
+using kfsdp::detail::lane_sum;
+using kfsdp::detail::lanes;
 
 // out[slot] += Σ_{k < n} of what reverse(k, sink) hands each of Slots reductions.
 template <class S, int Slots, class Reverse>
@@ -329,10 +315,8 @@ class rowwise_runner {
     keep(in.rows);
     const kernels_type k = k_;
     if (k.elementwise && contiguous(x, t) && y_pitch == std::size_t(k.out_width)) {
-      Kokkos::parallel_for(
-          "kfsdp::expr::forward_elements",
-          Kokkos::RangePolicy<nn::execution_space, Kokkos::IndexType<std::int64_t>>(0, std::int64_t(x.size())),
-          KOKKOS_LAMBDA(std::int64_t i) {
+      kfsdp::detail::vector_for<nn::execution_space>(
+          "kfsdp::expr::forward_elements", std::int64_t(x.size()), KOKKOS_LAMBDA(std::int64_t i) {
             typename kernels_type::row_type rw = k.row_at(in.x + i, 0, in.t != nullptr ? in.t + i : nullptr, 0, param.data(), 0);
             y[i] = k.expr.value(rw, 0);
           });
@@ -340,8 +324,8 @@ class rowwise_runner {
     }
     const Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space> reduced = reduced_;
     const Kokkos::View<int**, Kokkos::LayoutRight, nn::memory_space> argmax = argmax_;
-    Kokkos::parallel_for(
-        "kfsdp::expr::forward", Kokkos::RangePolicy<nn::execution_space>(0, int(in.rows)), KOKKOS_LAMBDA(int r) {
+    kfsdp::detail::vector_for<nn::execution_space>(
+        "kfsdp::expr::forward", std::int64_t(in.rows), KOKKOS_LAMBDA(std::int64_t r) {
           auto rw = k.row_at(in.x, in.x_pitch, in.t, in.t_pitch, param.data(), std::size_t(r));
           k.forward_row(rw, &reduced(r, 0), &argmax(r, 0), y != nullptr ? y + std::size_t(r) * y_pitch : nullptr);
         });
@@ -356,8 +340,8 @@ class rowwise_runner {
     const kernels_type k = k_;
     const Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space> reduced = reduced_;
     const Kokkos::View<int**, Kokkos::LayoutRight, nn::memory_space> argmax = argmax_;
-    Kokkos::parallel_for(
-        "kfsdp::expr::forward_sums", Kokkos::RangePolicy<nn::execution_space>(0, int(in.rows)), KOKKOS_LAMBDA(int r) {
+    kfsdp::detail::vector_for<nn::execution_space>(
+        "kfsdp::expr::forward_sums", std::int64_t(in.rows), KOKKOS_LAMBDA(std::int64_t r) {
           auto rw = k.row_at(in.x, in.x_pitch, in.t, in.t_pitch, param.data(), std::size_t(r));
           k.forward_row(rw, &reduced(r, 0), &argmax(r, 0), nullptr);
           sums[r] = lane_sum<S>(k.out_width, [&](int j) { return k.expr.value(rw, j); });
@@ -384,8 +368,8 @@ class rowwise_runner {
     const Kokkos::View<const S**, Kokkos::LayoutRight, nn::memory_space> reduced = reduced_;
     const Kokkos::View<const int**, Kokkos::LayoutRight, nn::memory_space> argmax = argmax_;
     const Kokkos::View<S**, Kokkos::LayoutRight, nn::memory_space> partial = partial_;
-    Kokkos::parallel_for(
-        "kfsdp::expr::backward_rows", Kokkos::RangePolicy<nn::execution_space>(0, blocks), KOKKOS_LAMBDA(int b) {
+    kfsdp::detail::vector_for<nn::execution_space>(
+        "kfsdp::expr::backward_rows", std::int64_t(blocks), KOKKOS_LAMBDA(std::int64_t b) {
           const std::size_t first = std::size_t(b) * rows_per_block;
           const std::size_t last = first + rows_per_block < in.rows ? first + rows_per_block : in.rows;
           S* block_partial = params_pitch > 0 ? &partial(b, 0) : nullptr;
@@ -413,10 +397,8 @@ class rowwise_runner {
     const kernels_type k = k_;
     if (k.elementwise && contiguous(x, t) && dx_pitch == std::size_t(k.in_width) && dy.packed(k.in_width)) {
       if (dx == nullptr) return;
-      Kokkos::parallel_for(
-          "kfsdp::expr::backward_elements",
-          Kokkos::RangePolicy<nn::execution_space, Kokkos::IndexType<std::int64_t>>(0, std::int64_t(x.size())),
-          KOKKOS_LAMBDA(std::int64_t i) {
+      kfsdp::detail::vector_for<nn::execution_space>(
+          "kfsdp::expr::backward_elements", std::int64_t(x.size()), KOKKOS_LAMBDA(std::int64_t i) {
             typename kernels_type::row_type rw;
             rw.input[0] = in.x + i;
             rw.input[1] = in.t != nullptr ? in.t + i : nullptr;
@@ -446,9 +428,9 @@ class rowwise_runner {
     else if (with_params) backward_rows<false>(k, in, param, dy, dx, dx_pitch, blocks, pitch);
     // Kernel 2: each parameter element's gradient, the blocks' partial sums added in order.
     if (with_params && blocks > 0) {
-      Kokkos::parallel_for(
-          "kfsdp::expr::backward_params", Kokkos::RangePolicy<nn::execution_space>(0, k.params * pitch), KOKKOS_LAMBDA(int i) {
-            const int p = i / pitch, j = i % pitch;
+      kfsdp::detail::vector_for<nn::execution_space>(
+          "kfsdp::expr::backward_params", std::int64_t(k.params) * pitch, KOKKOS_LAMBDA(std::int64_t i) {
+            const int p = int(i / pitch), j = int(i % pitch);
             if (j >= k.param_width[p] || grad[p] == nullptr) return;
             S sum = 0;
             for (int b = 0; b < blocks; ++b) sum += partial(b, i);

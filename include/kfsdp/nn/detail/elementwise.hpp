@@ -1,6 +1,7 @@
 #pragma once
 // Small kernels shared by the composite layers and by several kernels/nn/*.cpp (not public API).
 
+#include <kfsdp/detail/vector_for.hpp>
 #include <kfsdp/nn/views.hpp>
 
 namespace kfsdp::nn::detail {
@@ -9,10 +10,9 @@ namespace kfsdp::nn::detail {
 template <class Scalar>
 void add_into(matrix<Scalar> target, const_matrix<Scalar> addend) {
   const int rows = int(target.extent(0)), cols = int(target.extent(1));
-  Kokkos::parallel_for(
-      "kfsdp::nn::add_into",
-      Kokkos::MDRangePolicy<execution_space, Kokkos::Rank<2>>({0, 0}, {rows, cols}),
-      KOKKOS_LAMBDA(int r, int c) { target(r, c) += addend(r, c); });
+  kfsdp::detail::vector_for<execution_space>("kfsdp::nn::add_into", rows, KOKKOS_LAMBDA(std::int64_t r) {
+    for (int c = 0; c < cols; ++c) target(r, c) += addend(r, c);
+  });
 }
 
 }  // namespace kfsdp::nn::detail
@@ -23,9 +23,9 @@ namespace kfsdp::nn::detail {
 template <class Scalar>
 void add(matrix<Scalar> out, const_matrix<Scalar> a, const_matrix<Scalar> b) {
   const int rows = int(out.extent(0)), cols = int(out.extent(1));
-  Kokkos::parallel_for(
-      "kfsdp::nn::add", Kokkos::MDRangePolicy<execution_space, Kokkos::Rank<2>>({0, 0}, {rows, cols}),
-      KOKKOS_LAMBDA(int r, int c) { out(r, c) = a(r, c) + b(r, c); });
+  kfsdp::detail::vector_for<execution_space>("kfsdp::nn::add", rows, KOKKOS_LAMBDA(std::int64_t r) {
+    for (int c = 0; c < cols; ++c) out(r, c) = a(r, c) + b(r, c);
+  });
 }
 
 // How many ids lie outside [0, num_embeddings): embedding's and cross_entropy's id checks.
