@@ -38,9 +38,6 @@ class Lane:
         self.tokens = burst
         self.queue = []  # [id, latency left (s), bytes left]
 
-    def busy(self):
-        return bool(self.queue)
-
     def run(self, dt):
         """Runs for dt seconds; returns the ids completed, with their offsets into dt."""
         done, t = [], 0.0
@@ -339,22 +336,13 @@ def cluster_units(regions, coll):
     return units, forward, backward, buckets
 
 
-def predict_cluster(run, compute_run, bandwidth, rate):
-    """Step seconds for `run`'s configuration at `rate`, from compute_run (the unshaped link's) regions."""
-    units, forward, backward, buckets = cluster_units(compute_run["regions"], compute_run["coll"])
-    refill = rate_bytes(rate)
-    lanes = {"link": Lane(bandwidth, TBF_BURST if refill else 0.0, refill or 0.0)}
-    regions = sum(forward) + sum(backward)
-    after = sum(t for n, t in compute_run["regions"].items() if not n.startswith(("forward ", "backward ")))
-    return units, forward, backward, buckets, lanes, regions, after
-
-
 def cluster_mode(directory, configs):
-    loads = open(os.path.join(directory, "load.txt")).read().split("\n") if os.path.exists(
-        os.path.join(directory, "load.txt")) else []
+    """Predicted against measured for the runs `TRACE=DIR bench/cluster` kept in directory."""
+    load_file = os.path.join(directory, "load.txt")
+    loads = [line for line in open(load_file).read().split("\n") if line.strip()] if os.path.exists(load_file) else []
     runs = {}
     for path in glob.glob(os.path.join(directory, "*.jsonl")):
-        rate, config, rnd = os.path.basename(path)[:-len(".jsonl")].split(".")
+        rate, config, _round = os.path.basename(path)[:-len(".jsonl")].split(".")
         runs.setdefault((rate, config), []).append(read_run(path[:-len(".jsonl")]))
     rates = sorted({r for r, _ in runs}, key=lambda r: rate_bytes(r) or float("inf"))
     if "none" not in rates:
@@ -364,8 +352,7 @@ def cluster_mode(directory, configs):
                  for r in rates}
     print(f"# scale_model --cluster {directory}: 2 hosts x 2 ranks, {len(runs[('none', configs[0])])} rounds")
     for line in loads:
-        if line.strip():
-            print(f"# load average {line}")
+        print(f"# load average {line}")
     print("# link bandwidth a direction (bench_collectives, 256 KiB shards, all-gather + reduce-scatter):")
     for r in rates:
         shaped = rate_bytes(r)
@@ -375,33 +362,34 @@ def cluster_mode(directory, configs):
           f"{'predicted':>9s} {'measured':>8s} {'pred/meas':>9s}")
     rows = []
     for config in configs:
-        base = runs[("none", config)]
-        compute = {"regions": {n: statistics.median(r["regions"].get(n, 0.0) for r in base)
-                               for n in set().union(*(r["regions"] for r in base))},
-                   "coll": base[0]["coll"], "overlap": base[0]["overlap"]}
-        measured_none = statistics.median(r["step"] for r in base)
-        cost = cluster_cost(compute["coll"], config)
+        base = runs[("none", config)]  # the compute: the unshaped runs of the same rounds
+        regions = {n: statistics.median(r["regions"].get(n, 0.0) for r in base)
+                   for n in set().union(*(r["regions"] for r in base))}
+        overlap = base[0]["overlap"]
+        units, forward, backward, buckets = cluster_units(regions, base[0]["coll"])
+        after = sum(t for n, t in regions.items() if not n.startswith(("forward ", "backward ")))  # optimizer, unpack
+        computed = sum(forward) + sum(backward) + after
+        cost = cluster_cost(base[0]["coll"], config)
 
         def sim(rate, rest):
-            units, forward, backward, buckets, lanes, regions, after = predict_cluster(None, compute, bandwidth[rate], rate)
-            step, _ = simulate_step(units, forward, backward, buckets, cost, lanes, compute["overlap"],
-                                    zero3=False, replicas=config.startswith("hsdp"), after=after + rest)
-            return step, regions + after
-        step0, computed = sim("none", 0.0)
-        rest = measured_none - step0  # outside the traced regions: data, loss, clipping; the host's own collectives
-        units, forward, backward, buckets, _, _, _ = predict_cluster(None, compute, 1.0, "none")
-        model_bytes = sum(cost(k, b)[2] for b in buckets for k in ("all_gather", "reduce_scatter", "all_reduce"))
+            refill = rate_bytes(rate)  # tbf's tokens refill at the rate; unshaped: no bucket
+            lanes = {"link": Lane(bandwidth[rate], TBF_BURST if refill else 0.0, refill or 0.0)}
+            return simulate_step(units, forward, backward, buckets, cost, lanes, overlap,
+                                 replicas=config.startswith("hsdp"), after=after + rest)[0]
+        # outside the traced regions: data, loss, clipping, the collectives inside a host
+        rest = statistics.median(r["step"] for r in base) - sim("none", 0.0)
+        model_bytes = 2 * sum(cost(k, b)[2] for b in buckets for k in ("all_gather", "reduce_scatter", "all_reduce"))
         for rate in rates:
             if rate == "none":
                 continue
-            predicted, _ = sim(rate, rest)
+            predicted = sim(rate, rest)
             measured = statistics.median(r["step"] for r in runs[(rate, config)])
             host_mb = statistics.median(r["host_bytes"] for r in runs[(rate, config)]) / 1e6
             rows.append({"rate": rate, "config": config, "predicted_ms": 1e3 * predicted, "measured_ms": 1e3 * measured})
-            print(f"{rate:8s} {config:10s} {'on' if compute['overlap'] else 'off':7s} {1e3 * computed:6.1f}ms "
-                  f"{1e3 * rest:4.0f}ms {2 * model_bytes / 1e6:6.2f} / {host_mb:5.2f} "
+            print(f"{rate:8s} {config:10s} {'on' if overlap else 'off':7s} {1e3 * computed:6.1f}ms "
+                  f"{1e3 * rest:4.0f}ms {model_bytes / 1e6:6.2f} / {host_mb:5.2f} "
                   f"{1e3 * predicted:7.0f}ms {1e3 * measured:6.0f}ms {predicted / measured:9.2f}")
-    print("# compute: the traced regions of the unshaped runs (forward / backward of each unit, optimizer);")
+    print("# compute: the traced regions of the unshaped runs (forward / backward of each unit, optimizer, unpack);")
     print("# rest: the unshaped step minus the model's step there (so that none is predicted exactly);")
     print("# MB/step: between the hosts, both directions, the model's / sim-cluster's count (start-up included)")
     return rows
@@ -442,16 +430,16 @@ def wire_bytes(dtype, kind):
     return 1.0 + 4.0 / INT8_BLOCK
 
 
-def ring_time(nbytes_per_rank_total, ranks, nodes, coll, nic, nvlink):
+def ring_time(gathered, ranks, nodes, nic, nvlink):
     """NCCL ring all-gather / reduce-scatter of a bucket (bytes gathered) over `ranks` GPUs on `nodes`
     nodes: every GPU sends (ranks-1)/ranks of it; between nodes each of the node's 8 rings crosses
     on its own GPU's NIC (1/8 of it a NIC), inside on NVLink (7/8 of it); latency as NCCL models it."""
     frac = (ranks - 1) / ranks
     if nodes > 1:
-        wire = max(frac * nbytes_per_rank_total / GPUS_PER_NODE / nic,
-                   frac * nbytes_per_rank_total * (GPUS_PER_NODE - 1) / GPUS_PER_NODE / nvlink)
+        wire = max(frac * gathered / GPUS_PER_NODE / nic,
+                   frac * gathered * (GPUS_PER_NODE - 1) / GPUS_PER_NODE / nvlink)
     else:
-        wire = frac * nbytes_per_rank_total / nvlink
+        wire = frac * gathered / nvlink
     steps = ranks - 1
     inter = nodes - 1 if nodes > 1 else 0
     latency = (NCCL_BASE + (steps - inter) * NCCL_NVLINK_STEP + inter * NCCL_NET_STEP) * 1e-6
@@ -499,7 +487,7 @@ def paper_step(nodes, strategy, dtype, model=LLAMA3_8B, nic=NIC, nvlink=NVLINK, 
             lat, wire = all_reduce_time(nbytes / GPUS_PER_NODE, nodes, nic, lat_scale)
             nic_bytes["total"] += 2 * (nodes - 1) / nodes * nbytes / GPUS_PER_NODE
             return "net", lat, wire * nic
-        lat, wire = ring_time(nbytes, shard_ranks, 1 if hsdp else nodes, kind, nic, nvlink)
+        lat, wire = ring_time(nbytes, shard_ranks, 1 if hsdp else nodes, nic, nvlink)
         lane = "nvlink" if hsdp else "net"
         if not hsdp:
             nic_bytes["total"] += (shard_ranks - 1) / shard_ranks * nbytes / GPUS_PER_NODE
