@@ -401,7 +401,8 @@ LLAMA3_8B = dict(layers=32, dim=4096, ffn=14336, heads=32, kv_heads=8, vocab=128
 H100_BF16_DENSE = 989e12   # NVIDIA H100 Tensor Core GPU datasheet: H100 SXM BF16 1,979 TFLOPS with sparsity, half dense
 H100_HBM = 3.35e12         # the same datasheet: H100 SXM GPU memory bandwidth 3.35 TB/s
 NVLINK = 450e9             # the same datasheet: NVLink 900 GB/s a GPU, both directions together (450 GB/s each way)
-NIC = 400e9 / 8            # NVIDIA ConnectX-7 / Quantum-2 NDR InfiniBand: 400 Gbit/s a port; DGX H100: 8 a node, one a GPU
+NIC = 400e9 / 8            # NVIDIA ConnectX-7 / Quantum-2 NDR: 400 Gbit/s a port; DGX H100 datasheet: 8 a node, one a GPU
+                           # (arXiv 2407.21783, section 3.3.1: "400 Gbps interconnects between GPUs")
 MFU = 0.40                 # arXiv 2407.21783, Table 4: 38-43 % BF16 MFU on H100 (Llama 3 405B); the middle, rounded
 GLOBAL_TOKENS = 16 * 2**20  # arXiv 2407.21783, section 3.4.1: batches of 16M tokens (Llama 3 405B's last stage)
 # NCCL's own latency model (src/graph/tuning.cc, github.com/NVIDIA/nccl), Simple protocol, microseconds:
