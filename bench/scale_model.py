@@ -274,7 +274,7 @@ def read_collectives(path):
     out = {}
     for line in open(path):
         f = line.split()
-        if len(f) > 2 and f[0] in ("all-gather", "reduce-scatter"):
+        if len(f) > 2 and f[0] in ("all-gather", "reduce-scatter", "replica-sum"):
             out[f[0]] = (int(f[1]), float(f[2]) / 1e3)
     return out
 
@@ -282,9 +282,11 @@ def read_collectives(path):
 def cluster_bandwidth(files, hosts=2, slots=2):
     """The payload bytes/s a link direction carries, from bench_collectives across the same hosts:
     the bytes one direction carries for an all-gather (every rank to every rank) and a ring
-    reduce-scatter of the same shard, over their summed times; median over the files (rounds)."""
+    reduce-scatter of the same shard, over their summed times; median over the files (rounds).
+    Beside it, what HSDP's exchange between the replicas reaches alone (its replica-sum row; None
+    where the files have none): a cross-check, not an input."""
     ranks = hosts * slots
-    figures = []
+    figures, exchanges = [], []
     for path in files:
         c = read_collectives(path)
         shard, t_ag = c["all-gather"]
@@ -292,7 +294,10 @@ def cluster_bandwidth(files, hosts=2, slots=2):
         gathered = ranks * shard
         moved = gathered * slots * (hosts - 1) / hosts + gathered * (ranks - 1) / ranks
         figures.append(moved / (t_ag + t_rs))
-    return statistics.median(figures)
+        if "replica-sum" in c:
+            shard, t_sum = c["replica-sum"]
+            exchanges.append(slots * shard / t_sum)  # each of a host's ranks sends its shard across
+    return statistics.median(figures), statistics.median(exchanges) if exchanges else None
 
 
 def cluster_cost(coll, config, hosts=2, slots=2):
@@ -348,8 +353,9 @@ def cluster_mode(directory, configs):
     if "none" not in rates:
         raise SystemExit("scale_model: no run at rate 'none' (unshaped) in " + directory +
                          ": run bench/cluster with RATES=\"none 100mbit 1gbit\" TRACE=DIR")
-    bandwidth = {r: cluster_bandwidth(sorted(glob.glob(os.path.join(directory, f"collectives.{r}.*.txt"))))
-                 for r in rates}
+    measured = {r: cluster_bandwidth(sorted(glob.glob(os.path.join(directory, f"collectives.{r}.*.txt"))))
+                for r in rates}
+    bandwidth = {r: figure for r, (figure, _) in measured.items()}
     print(f"# scale_model --cluster {directory}: 2 hosts x 2 ranks, {len(runs[('none', configs[0])])} rounds")
     for line in loads:
         print(f"# load average {line}")
@@ -357,7 +363,11 @@ def cluster_mode(directory, configs):
     for r in rates:
         shaped = rate_bytes(r)
         eff = f", {bandwidth[r] / shaped:.2f} of the rate" if shaped else ""
-        print(f"#   {r:8s} {bandwidth[r] / 1e6:8.2f} MB/s{eff}")
+        exchange = measured[r][1]
+        alone = ""
+        if exchange:
+            alone = f"; HSDP's exchange alone {exchange / 1e6:.2f} MB/s" + (f", {exchange / shaped:.2f}" if shaped else "")
+        print(f"#   {r:8s} {bandwidth[r] / 1e6:8.2f} MB/s{eff}{alone}")
     print(f"{'link':8s} {'config':10s} {'overlap':7s} {'compute':>8s} {'rest':>6s} {'MB/step':>15s} "
           f"{'predicted':>9s} {'measured':>8s} {'pred/meas':>9s}")
     rows = []
