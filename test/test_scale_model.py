@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""bench/scale_model.py's paper mode: the table's rows, its bytes against the formulas, its invariants;
-and the schedule replay on a case worked by hand. Figures only: no timing is checked."""
+"""bench/scale_model.py: the paper table's rows, its bytes against the formulas, its invariants; the
+schedule replay and the cluster mode on cases worked by hand. Figures only: no timing is measured."""
+import contextlib
 import importlib.util
+import io
 import json
+import os
 import subprocess
 import sys
+import tempfile
 
 script = sys.argv[1]
 spec = importlib.util.spec_from_file_location("scale_model", script)
@@ -55,4 +59,40 @@ assert (step, waited) == (13.0, 6.0), (step, waited)
 step, waited = m.simulate_step([[0], [1], [2]], [1, 1, 1], [1, 1, 1], [0, 1, 2], cost,
                                {"link": m.Lane(1.0)}, background=True, after=1.0)
 assert (step, waited) == (10.0, 3.0), (step, waited)
-print("scale_model: paper table and schedule replay as expected")
+
+# Cluster mode on a run made up here: one block (bucket 1, 2 MB gathered) and the root (bucket 0, 1 MB),
+# unshaped and at 100 Mbit/s, overlap off. The 100 Mbit/s link carries 10 MB/s (bench_collectives'
+# all-gather and reduce-scatter of a 256 KiB shard moving 7 shards a direction in 183.5008 ms), its
+# token bucket 256 KiB, refilled at 12.5 MB/s while it idles. By hand: the root's all-gather after the
+# bucket's tokens (73.7856 ms), 1 ms of compute (12.5 kB of tokens), the block's all-gather
+# (198.75 ms), 7 ms of compute (87.5 kB), the block's reduce-scatter (0.75 of 2 MB: 141.25 ms), the
+# root's (75 ms), the optimizer (1 ms); plus the rest, 11 ms: the unshaped step (20 ms) minus its
+# regions (9 ms). 508.7856 ms in all.
+with tempfile.TemporaryDirectory() as run:
+    def write(name, text):
+        with open(os.path.join(run, name), "w") as f:
+            f.write(text)
+    for rate, step_s, ag_ms, rs_ms in (("none", 0.020, "0.0001", "0.0001"), ("100mbit", 0.400, "100.0", "83.5008")):
+        prefix = f"{rate}.flat.1"
+        write(prefix + ".jsonl", "".join(json.dumps({"step": i, "step_time_s": step_s}) + "\n" for i in range(6)))
+        write(prefix + ".log", "train_gpt: 4 ranks, overlap off\nsim-cluster: host 0 sent 60000000 B and received 1 B\n"
+                               "sim-cluster: host 1 sent 60000000 B and received 1 B\n")
+        events, t = [], 0.0
+        for _ in range(6):
+            for name, ms in (("forward root", 1), ("forward transformer.h.0", 2), ("backward root", 1),
+                             ("backward transformer.h.0", 4), ("optimizer", 1)):
+                events.append({"name": name, "ph": "X", "ts": t, "dur": 1000.0 * ms, "pid": 0, "tid": 0})
+                t += 1000.0 * ms
+            for kind in ("all_gather", "reduce_scatter"):
+                for bucket, nbytes in ((0, 1000000), (1, 2000000)):
+                    events.append({"name": kind, "ph": "X", "ts": t, "dur": 1.0, "pid": 0, "tid": 1,
+                                   "args": {"bucket": bucket, "bytes": nbytes}})
+        write(prefix + ".rank0.json", json.dumps({"traceEvents": events}))
+        write(f"collectives.{rate}.1.txt", f"all-gather 262144 {ag_ms}\nreduce-scatter 262144 {rs_ms}\n")
+    write("load.txt", "start 1.00 1.00 1.00\n")
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        rows = m.cluster_mode(run, ["flat"])
+assert [(r["rate"], r["config"]) for r in rows] == [("100mbit", "flat")], rows
+assert abs(rows[0]["predicted_ms"] - 508.7856) < 0.01, (rows, printed.getvalue())
+assert abs(rows[0]["measured_ms"] - 400.0) < 1e-9 and "load average start 1.00" in printed.getvalue()
+print("scale_model: paper table, schedule replay and cluster mode as expected")
