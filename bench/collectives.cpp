@@ -38,6 +38,7 @@
 #include <exception>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -257,6 +258,21 @@ void raw_reduce_scatter_parts(kfsdp::comm::mpi& world, std::span<const std::size
   }
 }
 
+// HSDP by node's all-reduce over the replicas (a rank of each node, as kfsdp::session groups them) of
+// one shard: the slowest rank's median, on more than one node only (null: one node).
+void bench_replica_sum(kfsdp::comm::mpi& world, kfsdp::comm::mpi* replicas, const bench_options& options,
+                       std::size_t shard_bytes) {
+  if (replicas == nullptr) return;
+  std::vector<float> shard(shard_bytes / sizeof(float));
+  const double seconds = interleaved_medians(world, repeats_for(options, shard_bytes),
+      {{[&] { std::fill(shard.begin(), shard.end(), 1.0F); },
+        [&] { kfsdp::comm::all_reduce_sum(*replicas, std::span(shard)); }}})[0];
+  if (world.rank() == 0) {
+    fmt::print("{:<15} {:>11} {:>11.4f}\n", "replica-sum", shard_bytes, 1e3 * seconds);
+    std::fflush(stdout);
+  }
+}
+
 void bench_size(kfsdp::comm::mpi& world, const bench_options& options, std::size_t shard_bytes) {
   const int ranks = world.size();
   const auto world_size = static_cast<std::size_t>(ranks);
@@ -345,6 +361,10 @@ int run(int argc, char** argv) {
   }
   world.set_reduce_scatter_ring_min_bytes(options.ring_min_bytes);
   const int ranks = world.size();
+  // On more than one node: the replica groups of HSDP by node, a rank of each node (the same node-local rank).
+  const kfsdp::comm::mpi node = world.split_shared();
+  std::optional<kfsdp::comm::mpi> replicas;
+  if (node.size() < ranks) replicas.emplace(world.split(node.rank(), world.rank()));
   if (world.rank() == 0) {
     fmt::print("# bench_collectives: {} ranks, float, one bucket of {} parameter(s), kfsdp ring "
                "reduce-scatter from {} B chunks; median of the slowest rank over repeats "
@@ -354,6 +374,9 @@ int run(int argc, char** argv) {
                "alone; raw: MPI_Allgather / MPI_Reduce_scatter_block; raw_i: their MPI_I* forms "
                "+ MPI_Wait; raw_p: the bucket's parameters by hand, MPI_Isend/MPI_Irecv a parameter "
                "a peer / MPI_Reduce_scatter_block a parameter; busbw = (n-1)/n * n*S / time\n");
+    if (replicas)
+      fmt::print("# replica-sum (on more than one node): kfsdp::comm::all_reduce_sum of one shard over HSDP by "
+                 "node's replicas, a rank of each node; its ms in the engine_ms column\n");
     fmt::print("{:<15} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9} {:>10} {:>10}\n",
                "operation", "shard_B", "engine_ms", "comm_ms", "raw_ms", "raw_i_ms", "raw_p_ms", "eng/raw",
                "comm/raw", "eng_GB/s", "raw_GB/s");
@@ -370,6 +393,7 @@ int run(int argc, char** argv) {
       continue;
     }
     bench_size(world, options, bytes);
+    bench_replica_sum(world, replicas ? &*replicas : nullptr, options, bytes);
   }
   return 0;
 }
