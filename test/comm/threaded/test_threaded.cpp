@@ -41,6 +41,19 @@ struct yield_probe {
   }
 };
 
+// A backend of `ranks` ranks that notes the thread running its sum.
+struct thread_probe {
+  int ranks = 1;
+  std::thread::id seen;
+  [[nodiscard]] int rank() const { return 0; }
+  [[nodiscard]] int size() const { return ranks; }
+  template <class T>
+  comm::request iall_reduce_sum(std::span<T> /*data*/) {
+    seen = std::this_thread::get_id();
+    return {};
+  }
+};
+
 // Values as double, so that vectors of bf16 and f16 compare.
 template <class T>
 std::vector<double> values_of(const std::vector<T>& elements) {
@@ -122,6 +135,19 @@ TEST_CASE("the worker's waits yield its CPU (the caller computes meanwhile); the
   overlapped.iall_reduce_sum(std::span(data)).wait();
   CHECK(backend.seen);
   CHECK_FALSE(comm::detail::waits_yield_on_this_thread);
+}
+
+TEST_CASE("with one rank a collective runs on the caller (nothing to overlap); with two on the worker") {
+  std::vector<double> data(2);
+  thread_probe one{1, {}};
+  threaded alone(one);
+  alone.iall_reduce_sum(std::span(data)).wait();
+  CHECK(one.seen == std::this_thread::get_id());
+  thread_probe two{2, {}};
+  threaded pair(two);
+  pair.iall_reduce_sum(std::span(data)).wait();
+  CHECK(two.seen != std::thread::id{});
+  CHECK(two.seen != std::this_thread::get_id());
 }
 
 TEST_CASE("bad arguments throw at the call, before anything is queued") {

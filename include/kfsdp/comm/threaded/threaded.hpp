@@ -5,7 +5,7 @@
 // libraries progress a non-blocking collective only inside MPI calls; with the calls made by a
 // thread of their own, the next bucket's all-gather really overlaps the current bucket's compute.
 //
-// Only the worker calls the backend (from its first collective on), so MPI needs
+// Only the worker calls the backend (from its first collective on; with one rank only the caller), so MPI needs
 // MPI_THREAD_SERIALIZED (or MULTIPLE): kfsdp::comm::mpi::environment env(argc, argv, MPI_THREAD_SERIALIZED).
 //
 //   kfsdp::comm::mpi world;
@@ -194,7 +194,27 @@ class threaded {
     std::promise<void> done;
   };
 
+  bool single_rank() {
+    if constexpr (requires { backend_.size(); })
+      return backend_.size() == 1;
+    else
+      return false;
+  }
+
   request submit(std::function<void()> work) {
+    // One rank: a collective is a local copy with nothing to overlap, and a handoff to the worker
+    // would cost two context switches; it runs at once on the caller (its error thrown by wait()).
+    if (single_rank() && !uses_worker_) {
+      std::promise<void> done;
+      try {
+        work();
+        done.set_value();
+      } catch (...) {
+        done.set_exception(std::current_exception());
+      }
+      return request(pending_task{done.get_future()});
+    }
+    uses_worker_ = true;
     queued_task task{std::move(work), {}};
     std::future<void> done = task.done.get_future();
     {
@@ -230,6 +250,7 @@ class threaded {
   std::condition_variable wake_;
   std::deque<queued_task> queue_;
   bool stopping_ = false;
+  bool uses_worker_ = false;  // once a task went to the worker, every later one does (their order kept)
   std::thread worker_;  // last: starts once everything it uses exists
 };
 
