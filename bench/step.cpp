@@ -79,7 +79,7 @@ struct settings {
   kfsdp::fsdp_options schedule;  // limit_all_gathers, overlap_reduce_scatter
   std::uint64_t seed = 0;
   kfsdp::examples::overlap_choice overlap_flag = kfsdp::examples::overlap_choice::automatic;
-  bool overlap = true;  // the flag resolved (auto: where a core is free for the thread)
+  kfsdp::examples::overlap_mode overlap = kfsdp::examples::overlap_mode::off;  // the flag resolved on this node
   std::vector<kfsdp::sharding_strategy> shardings;
   std::vector<kfsdp::bucketing> bucketings;
 };
@@ -194,6 +194,7 @@ void bench_one(const settings& s, const kfsdp::io::text_windows& data, kfsdp::co
   const std::size_t ws = std::size_t(comm.size()), rank = std::size_t(comm.rank());
   kfsdp::trainer<kfsdp::gpt_descriptor, Scalar> trainer(model, comm, options, {});
   auto& engine = trainer.engine();
+  engine.set_progress_between_kernels(s.overlap == kfsdp::examples::overlap_mode::poll);
   using batch = typename std::remove_reference_t<decltype(trainer)>::batch;
   trainer.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
   const std::size_t shard = engine.plan().shard_numel;
@@ -252,7 +253,8 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
   const auto data = kfsdp::io::text_windows::from_file(s.data, s.model.seq);
   kfsdp::comm::threaded overlapped(world);
   kfsdp::comm::any_communicator comm =
-      s.overlap ? kfsdp::comm::any_communicator(overlapped) : kfsdp::comm::any_communicator(world);
+      s.overlap == kfsdp::examples::overlap_mode::thread ? kfsdp::comm::any_communicator(overlapped)
+                                                         : kfsdp::comm::any_communicator(world);
   std::optional<kfsdp::trace_recorder> trace;
   if (!s.trace.empty()) trace.emplace(world.rank());
 
@@ -260,7 +262,7 @@ int run(const settings& s, kfsdp::comm::mpi& world) {
     fmt::print("bench_step: {} ranks, GPT layers {} dim {} heads {} seq {}, {}, AdamW (k = {}), global batch {} windows "
                "({} tokens/step), overlap {}, limit_all_gathers {}; {} rounds of {} warm-up + {} timed steps per combination\n",
                ws, s.model.layers, s.model.dim, s.model.heads, s.model.seq, s.dtype, adamw_states, s.batch,
-               s.batch * s.model.seq, s.overlap ? "on" : "off", s.schedule.limit_all_gathers, s.rounds, s.warmup, s.steps);
+               s.batch * s.model.seq, kfsdp::examples::to_string(s.overlap), s.schedule.limit_all_gathers, s.rounds, s.warmup, s.steps);
   if (root) fmt::print("BLAS: {}\n", kfsdp::bench::blas_in_use());
   // The sgemm rate of this run, at c_attn's product over one rank's tokens, on every rank at once
   // (as the step runs) before and after the steps; the best of them, so that %sgemm is not flattered.
@@ -349,7 +351,7 @@ int main(int argc, char** argv) {
     cli c = make_cli();
     if (!c.parse(argc, argv)) return 0;
     settings s = read(c, job.size());
-    s.overlap = kfsdp::examples::overlap_on(s.overlap_flag, job);
+    s.overlap = kfsdp::examples::overlap_of(s.overlap_flag, job);
     return s.dtype == "f32" ? run<float>(s, job.world()) : run<double>(s, job.world());
   });
 }

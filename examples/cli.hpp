@@ -180,29 +180,43 @@ inline kfsdp::gpt_config gpt_config_of(const cli& c) {
 // How the engine schedules its collectives, shared by train_gpt and the benches.
 inline cli& add_schedule_flags(cli& c, const char* overlap_default) {
   return c.flag("overlap", overlap_default,
-                "on: collectives run on a communication thread, overlapping compute | off | auto: on where every rank "
-                "has a core to spare for the thread (session::has_spare_core), off elsewhere")
+                "how collectives overlap compute: auto (or on): a communication thread where every rank has a core to "
+                "spare for it (session::has_spare_core), polls from the compute thread between kernels elsewhere | "
+                "thread | poll | off: they move on only while a rank waits for them")
       .flag("limit-all-gathers", "2", "at most this many bucket all-gathers in flight (0: no limit)")
       .flag("overlap-reduce-scatter", "on",
             "on: a unit's reduce-scatters run behind the next backward | off: at once (less memory)");
 }
 
-// Whether collectives run on a communication thread (--overlap on | off | auto).
-enum class overlap_choice { on, off, automatic };
+// --overlap, and what it resolves to on this node (overlap_of).
+enum class overlap_choice { automatic, thread, poll, off };
+enum class overlap_mode { thread, poll, off };
+inline const char* to_string(overlap_mode mode) {
+  return mode == overlap_mode::thread ? "thread" : mode == overlap_mode::poll ? "polls" : "off";
+}
 
-// Puts those flags into `options`; returns the --overlap choice (overlap_on resolves auto).
+// Puts those flags into `options`; returns the --overlap choice (overlap_of resolves auto).
 inline overlap_choice read_schedule_flags(const cli& c, kfsdp::fsdp_options& options) {
   options.limit_all_gathers = c.size("limit-all-gathers");
   options.overlap_reduce_scatter = c.choice("overlap-reduce-scatter", {"on", "off"}) == "on";
-  const std::string overlap = c.choice("overlap", {"on", "off", "auto"});
-  return overlap == "on" ? overlap_choice::on : overlap == "off" ? overlap_choice::off : overlap_choice::automatic;
+  const std::string overlap = c.choice("overlap", {"auto", "on", "thread", "poll", "off"});
+  return overlap == "thread" ? overlap_choice::thread
+         : overlap == "poll" ? overlap_choice::poll
+         : overlap == "off"  ? overlap_choice::off
+                             : overlap_choice::automatic;
 }
 
-// Whether a run takes the communication thread: auto takes it where a core is free for it (a thread
-// without one slows the compute it shares the core with).
+// How a run overlaps: auto takes the thread where a core is free for it and polls elsewhere (a
+// thread without a core of its own slows the compute it shares the core with).
 template <class Session>
-bool overlap_on(overlap_choice choice, Session& job) {
-  return choice == overlap_choice::on || (choice == overlap_choice::automatic && job.has_spare_core());
+overlap_mode overlap_of(overlap_choice choice, Session& job) {
+  switch (choice) {
+    case overlap_choice::thread: return overlap_mode::thread;
+    case overlap_choice::poll: return overlap_mode::poll;
+    case overlap_choice::off: return overlap_mode::off;
+    case overlap_choice::automatic: break;
+  }
+  return job.has_spare_core() ? overlap_mode::thread : overlap_mode::poll;
 }
 
 // How the model is sharded and how its collectives run, shared by the training examples.
@@ -218,12 +232,12 @@ inline cli& add_fsdp_flags(cli& c, const char* sharding, const char* bucketing) 
                             "auto");
 }
 
-// What those flags set: the engine's options, activation checkpointing (the trainer's), and whether
-// collectives overlap on a thread.
+// What those flags set: the engine's options, activation checkpointing (the trainer's), and how
+// collectives overlap compute.
 struct fsdp_flags {
   kfsdp::fsdp_options fsdp;
   bool checkpointing = false;
-  overlap_choice overlap = overlap_choice::automatic;  // overlap_on(overlap, job): whether the thread runs
+  overlap_choice overlap = overlap_choice::automatic;  // overlap_of(overlap, job): thread, polls or neither
 };
 inline fsdp_flags fsdp_flags_of(const cli& c) {
   fsdp_flags f{.fsdp = {.sharding_strategy = kfsdp::parse_sharding(c.choice("sharding", {"zero2", "zero3"})),

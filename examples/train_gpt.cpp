@@ -128,11 +128,13 @@ int run(const settings& s, const cli& c, kfsdp::session& job) {
                                                 path, other_run.what()));
       }
   }
-  // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
+  // Overlap: the engine's collectives go through a worker thread that keeps them progressing, or
+  // the compute thread polls them between kernels.
   kfsdp::comm::threaded overlapped(job.shard_group());
-  const bool overlap = kfsdp::examples::overlap_on(s.flags.overlap, job);
-  kfsdp::comm::any_communicator engine_comm = overlap ? kfsdp::comm::any_communicator(overlapped)
-                                                        : kfsdp::comm::any_communicator(job.shard_group());
+  auto overlap = kfsdp::examples::overlap_of(s.flags.overlap, job);
+  kfsdp::comm::any_communicator engine_comm = overlap == kfsdp::examples::overlap_mode::thread
+                                                  ? kfsdp::comm::any_communicator(overlapped)
+                                                  : kfsdp::comm::any_communicator(job.shard_group());
   kfsdp::fsdp_options options = job.fsdp(s.flags.fsdp);
 #ifdef KFSDP_HAVE_NCCL
   std::optional<kfsdp::comm::nccl> gpus;
@@ -150,6 +152,7 @@ int run(const settings& s, const cli& c, kfsdp::session& job) {
   const kfsdp::trainer_options training{.checkpointing = s.flags.checkpointing};
   kfsdp::trainer<kfsdp::gpt_descriptor, Scalar> trainer(kfsdp::make_gpt(s.model), engine_comm, options, training);
   auto& engine = trainer.engine();
+  engine.set_progress_between_kernels(overlap == kfsdp::examples::overlap_mode::poll);
   if (!s.trace.empty()) engine.set_trace(&trace);
   if (s.load.empty())
     trainer.initialize(s.seed, kfsdp::gpt2_init(s.model.layers));
@@ -188,7 +191,7 @@ int run(const settings& s, const cli& c, kfsdp::session& job) {
     fmt::print("train_gpt: {} ranks, {} ({} parameters, {} per rank), {} / {} bucketing ({} buckets), overlap {}, {}, "
                "batch {} x {} windows of {} tokens, {} windows in {} (vocabulary {})\n",
                ws, s.dtype, engine.plan().full_numel, engine.plan().shard_numel, kfsdp::to_string(s.flags.fsdp.sharding()),
-               kfsdp::to_string(s.flags.fsdp.bucketing()), engine.plan().buckets.size(), overlap ? "on" : "off",
+               kfsdp::to_string(s.flags.fsdp.bucketing()), engine.plan().buckets.size(), kfsdp::examples::to_string(overlap),
                s.training.optimizer.kind,
                s.training.grad_accum, s.batch, s.model.seq + 1, data.count(), s.data, s.model.vocab);
   if (root && need.activations > 0) fmt::print("train_gpt: estimated memory per rank {}\n", kfsdp::describe(need));

@@ -146,14 +146,18 @@ int run(const settings& s, const cli& c, kfsdp::session& job) {
   // Memory-mapped: each rank reads only its windows, checked against the model's vocabulary.
   const kfsdp::examples::window_data windows = kfsdp::examples::open_window_data(c, s.window, config.vocab);
   const kfsdp::io::token_windows& data = windows.train;
-  // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
+  // Overlap: the engine's collectives go through a worker thread that keeps them progressing, or
+  // the compute thread polls them between kernels.
   kfsdp::comm::threaded overlapped(job.shard_group());
-  const kfsdp::comm::any_communicator engine_comm = kfsdp::examples::overlap_on(s.flags.overlap, job) ? kfsdp::comm::any_communicator(overlapped)
-                                                                    : kfsdp::comm::any_communicator(job.shard_group());
+  const auto overlap = kfsdp::examples::overlap_of(s.flags.overlap, job);
+  const kfsdp::comm::any_communicator engine_comm = overlap == kfsdp::examples::overlap_mode::thread
+                                                        ? kfsdp::comm::any_communicator(overlapped)
+                                                        : kfsdp::comm::any_communicator(job.shard_group());
   const kfsdp::trainer_options training{.checkpointing = s.flags.checkpointing};
   kfsdp::trainer<kfsdp::llama_descriptor, Scalar> trainer(kfsdp::make_llama(config, s.window, s.lora), engine_comm,
                                                           job.fsdp(s.flags.fsdp), training);
   auto& engine = trainer.engine();
+  engine.set_progress_between_kernels(overlap == kfsdp::examples::overlap_mode::poll);
   if (s.load.empty())
     trainer.initialize(s.seed, kfsdp::llama_init());
   else {

@@ -168,10 +168,13 @@ int run(const settings& s, kfsdp::session& job) {
   const bool root = job.is_root();
   const auto test = heat_samples(random_sources(s.test_problems, s.test_seed), s.grid);
   kfsdp::io::array_dataset test_set(test.features, 6, test.targets, 1);
-  // Overlap: the engine's collectives go through a worker thread that keeps them progressing.
+  // Overlap: the engine's collectives go through a worker thread that keeps them progressing, or
+  // the compute thread polls them between kernels.
   kfsdp::comm::threaded overlapped(job.shard_group());
-  const kfsdp::comm::any_communicator engine_comm = kfsdp::examples::overlap_on(s.flags.overlap, job) ? kfsdp::comm::any_communicator(overlapped)
-                                                                    : kfsdp::comm::any_communicator(job.shard_group());
+  const auto overlap = kfsdp::examples::overlap_of(s.flags.overlap, job);
+  const kfsdp::comm::any_communicator engine_comm = overlap == kfsdp::examples::overlap_mode::thread
+                                                        ? kfsdp::comm::any_communicator(overlapped)
+                                                        : kfsdp::comm::any_communicator(job.shard_group());
   const kfsdp::fsdp_options fsdp = job.fsdp(s.flags.fsdp);
   const kfsdp::trainer_options training{.checkpointing = s.flags.checkpointing};
 
@@ -199,6 +202,7 @@ int run(const settings& s, kfsdp::session& job) {
                                                     std::size_t(job.shard_group().size())),
                      fmt::format("--width {} --depth {} --dtype {}", s.width, s.depth, s.dtype));
   kfsdp::trainer<surrogate, Scalar> trainer(make_surrogate(s.width, s.depth), engine_comm, fsdp, training);
+  trainer.engine().set_progress_between_kernels(overlap == kfsdp::examples::overlap_mode::poll);
   trainer.initialize(s.seed);
   kfsdp::optim::adamw<Scalar> adam(trainer, {.weight_decay = s.weight_decay});  // 2-D weights decay, 1-D not
   const kfsdp::optim::cosine schedule(s.lr, s.steps);

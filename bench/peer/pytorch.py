@@ -19,6 +19,7 @@ Without an importable torch it says so and exits 0.
 import argparse
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -107,7 +108,9 @@ def torch_worker(rank, world, args, kind, queue):
 def run_torch(args, size, ranks, kind):
     import torch.multiprocessing as mp
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(29500 + (os.getpid() % 1000))
+    with socket.socket() as probe:  # a port free now: each run's own (a port just closed may still be taken)
+        probe.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
     context = mp.get_context("spawn")
     queue = context.SimpleQueue()
     worker_args = argparse.Namespace(size=size, warmup=args.warmup, steps=args.steps)

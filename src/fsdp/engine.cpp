@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <kfsdp/detail/between_kernels.hpp>
 #include <kfsdp/fsdp/engine.hpp>
 #include <kfsdp/optim/clip.hpp>
 
@@ -92,7 +93,23 @@ fsdp_engine<Scalar>::fsdp_engine(std::vector<param_info> table, comm::any_commun
 }
 
 template <class Scalar>
-fsdp_engine<Scalar>::~fsdp_engine() = default;
+fsdp_engine<Scalar>::~fsdp_engine() {
+  set_progress_between_kernels(false);  // no poll may reach a freed engine
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::progress() {
+  for (bucket_state<Scalar>& bucket : buckets_) bucket.progress();
+}
+
+template <class Scalar>
+void fsdp_engine<Scalar>::set_progress_between_kernels(bool on) noexcept {
+  detail::kernel_boundary& boundary = detail::current_kernel_boundary;
+  if (on)
+    boundary = {[](void* engine) { static_cast<fsdp_engine*>(engine)->progress(); }, this};
+  else if (boundary.target == this)
+    boundary = {};
+}
 
 template <class Scalar>
 std::size_t fsdp_engine<Scalar>::param_index(std::string_view name) const {

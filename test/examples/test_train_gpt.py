@@ -249,12 +249,17 @@ with tempfile.TemporaryDirectory() as tmp:
     check(len(losses(run(1, '--steps', '1', '--kokkos-disable-warnings'))) == 1,
           'a --kokkos-* flag goes to Kokkos, not to the program')
 
-    # --overlap auto (the default) takes the communication thread only where every rank has a core to spare.
+    # --overlap auto (the default) takes the communication thread only where every rank has a core to
+    # spare, and polls from the compute thread elsewhere; thread, poll and off are taken as said.
     if os.cpu_count() >= 2:
-        check('overlap on,' in run(1, '--steps', '1', cpus='0,1'), '--overlap auto: 1 rank on 2 CPUs takes the thread')
-        check('overlap off,' in run(2, '--steps', '1', cpus='0,1'), '--overlap auto: 2 ranks on 2 CPUs do not')
-        check('overlap off,' in run(1, '--steps', '1', cpus='0'), '--overlap auto: 1 rank on 1 CPU does not')
-        check('overlap on,' in run(2, '--steps', '1', '--overlap', 'on', cpus='0,1'), '--overlap on takes it anyway')
+        check('overlap thread,' in run(1, '--steps', '1', cpus='0,1'), '--overlap auto: 1 rank on 2 CPUs takes the thread')
+        check('overlap polls,' in run(2, '--steps', '1', cpus='0,1'), '--overlap auto: 2 ranks on 2 CPUs poll')
+        check('overlap polls,' in run(1, '--steps', '1', cpus='0'), '--overlap auto: 1 rank on 1 CPU polls')
+        check('overlap thread,' in run(2, '--steps', '1', '--overlap', 'thread', cpus='0,1'), '--overlap thread takes it anyway')
+        check('overlap off,' in run(2, '--steps', '1', '--overlap', 'off', cpus='0,1'), '--overlap off neither')
+        polled = losses(run(2, '--steps', '3', '--overlap', 'poll', '--sharding', 'zero3'))
+        check(polled == losses(run(2, '--steps', '3', '--overlap', 'off', '--sharding', 'zero3')),
+              '--overlap poll: the same losses as off, to the bit')
 
 print(f'train_gpt end to end: {len(failures)} checks failed')
 sys.exit(1 if failures else 0)

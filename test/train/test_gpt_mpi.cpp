@@ -125,6 +125,29 @@ TEST_CASE("overlap on a communication thread with a limit on all-gathers in flig
   }
 }
 
+TEST_CASE("polls between kernels (overlap without a thread): the same training to the bit, every sharding x bucketing") {
+  // The ranks poll at moments of their own (their kernels take their own time): nothing a poll
+  // runs may start a collective, or the ranks would start them in different orders.
+  comm::mpi world;
+  const auto model = make_gpt(config);
+  for (auto s : {sharding_strategy::zero2, sharding_strategy::zero3})
+    for (auto b : {bucketing::none, bucketing::layer, bucketing::block}) {
+      CAPTURE(to_string(s));
+      CAPTURE(to_string(b));
+      const fsdp_options options{.sharding_strategy = s, .bucketing_strategy = b};
+      trainer<gpt_descriptor, double> polled(model, world, options);
+      polled.engine().set_progress_between_kernels(true);
+      const run_result got = run_steps<double>(polled);
+      polled.engine().set_progress_between_kernels(false);
+      CHECK(kfsdp::detail::current_kernel_boundary.target == nullptr);
+      trainer<gpt_descriptor, double> plain(model, world, options);
+      const run_result want = run_steps<double>(plain);
+      CHECK(got.losses == want.losses);
+      CHECK(got.norms == want.norms);
+      check_close<double>(got, want, 0.0);
+    }
+}
+
 TEST_CASE("float: the same within 1e-4; SGD with momentum too") {
   comm::mpi world;
   comm::self one;

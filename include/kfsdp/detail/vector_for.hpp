@@ -12,6 +12,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <kfsdp/detail/between_kernels.hpp>
+
 #include <cstdint>
 #include <type_traits>
 
@@ -40,6 +42,7 @@ KFSDP_TARGET_CLONES void vector_loop(std::int64_t begin, std::int64_t end, const
 
 template <class ExecutionSpace = Kokkos::DefaultExecutionSpace, class F>
 void vector_for(const char* name, std::int64_t n, const F& f) {
+  between_kernels();
   if constexpr (!std::is_same_v<ExecutionSpace, Kokkos::DefaultHostExecutionSpace>) {
     Kokkos::parallel_for(name, Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, n), f);
   } else if constexpr (is_serial_v<ExecutionSpace>) {  // one thread: no launch at all

@@ -124,6 +124,14 @@ class bucket_state {
   void finish_reduce(bucket_context<Scalar>& ctx);
   // summing → none: waits for the replicas' all-reduce, then grads += summed shard · after.
   void finish_replica_sum(bucket_context<Scalar>& ctx);
+  // Tests the collectives in flight (MPI moves them on inside its calls). Never blocks and changes
+  // no phase: a collective seen complete leaves its request empty, and the finish that comes next
+  // has nothing left to wait for.
+  void progress() {
+    (void)gather_pending_.test();
+    (void)reduce_pending_.test();
+    (void)replica_sum_pending_.test();
+  }
   // Whether this bucket's gradient shard holds zeros that nothing else will write before its next
   // reduction (the engine's zero_grad says so; any other write access, and each reduction, not).
   void set_shard_grads_zero(bool zero) noexcept {

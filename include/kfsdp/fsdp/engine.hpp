@@ -152,6 +152,12 @@ class fsdp_engine {
   // Finishes every reduction still in flight, reduce-scatters and HSDP's all-reduces over the
   // replicas (before the optimizer reads the gradients).
   void finish_gradient_reductions();
+  // Tests every collective in flight, never blocking: MPI moves a collective on only inside its calls.
+  void progress();
+  // On: the calling thread calls progress() as each kernel and matrix product starts
+  // (detail::between_kernels), so that the collectives move on while it computes: overlap without
+  // a communication thread, for a rank with no core to spare for one (the examples' --overlap).
+  void set_progress_between_kernels(bool on) noexcept;
   // Zeros the gradient shards; each bucket's next reduction then writes its shard instead of
   // adding into it (the same sums, without the add's pass and buffer).
   void zero_grad();

@@ -176,7 +176,7 @@ std::optional<shared_gather::located> shared_gather::locate(const shared_windows
   return located{std::move(parts), std::move(where)};
 }
 
-shared_gather::shared_gather(MPI_Comm comm, int rank, int size, std::shared_ptr<const shared_windows> windows,
+shared_gather::shared_gather(MPI_Comm comm, int rank, int size, int tag, std::shared_ptr<const shared_windows> windows,
                              located batch, std::string_view function, wait_rule waits)
     : windows_(std::move(windows)),
       parts_(std::move(batch.parts)),
@@ -185,6 +185,7 @@ shared_gather::shared_gather(MPI_Comm comm, int rank, int size, std::shared_ptr<
       comm_(comm),
       rank_(rank),
       size_(size),
+      tag_(tag),
       function_(function),
       waits_(waits) {
   for (const shared_window& w : windows_->live) MPI_Win_sync(w.window);  // this rank's writes, visible to the peers
@@ -192,6 +193,11 @@ shared_gather::shared_gather(MPI_Comm comm, int rank, int size, std::shared_ptr<
   check_mpi(MPI_Iallgather(where_.data(), count, MPI_UINT64_T, everyone_.data(), count, MPI_UINT64_T, comm_,
                            &located_),
             function_, "MPI_Iallgather (where the sends lie)");
+  copied_.reserve(2 * static_cast<std::size_t>(size_));
+  for (int peer = 0; peer < size_; ++peer)
+    if (peer != rank_)
+      check_mpi(MPI_Irecv(nullptr, 0, MPI_BYTE, peer, tag_, comm_, &copied_.emplace_back()), function_,
+                "MPI_Irecv (a peer has copied)");
 }
 
 void shared_gather::copy_in() {
@@ -212,28 +218,33 @@ void shared_gather::copy_in() {
     std::byte* own = p.recv + static_cast<std::size_t>(rank_) * p.bytes;
     if (p.bytes != 0 && own != p.send) std::memmove(own, p.send, p.bytes);
   }
-  check_mpi(MPI_Ibarrier(comm_, &copied_), function_, "MPI_Ibarrier (every rank has copied)");
-  started_barrier_ = true;
+  for (int peer = 0; peer < size_; ++peer)
+    if (peer != rank_)
+      check_mpi(MPI_Isend(nullptr, 0, MPI_BYTE, peer, tag_, comm_, &copied_.emplace_back()), function_,
+                "MPI_Isend (this rank has copied)");
+  copied_in_ = true;
 }
 
 bool shared_gather::test() {
   int complete = 0;
-  if (!started_barrier_) {
+  if (!copied_in_) {
     check_mpi(MPI_Test(&located_, &complete, MPI_STATUS_IGNORE), function_, "MPI_Test");
     if (!complete) return false;
     copy_in();
   }
-  check_mpi(MPI_Test(&copied_, &complete, MPI_STATUS_IGNORE), function_, "MPI_Test");
+  check_mpi(MPI_Testall(static_cast<int>(copied_.size()), copied_.data(), &complete, MPI_STATUSES_IGNORE), function_,
+            "MPI_Testall");
   return complete != 0;
 }
 
 void shared_gather::wait() {
   if (waits_.timed()) return wait_polling(*this, function_, waits_, rank_, size_);
-  if (!started_barrier_) {
+  if (!copied_in_) {
     check_mpi(MPI_Wait(&located_, MPI_STATUS_IGNORE), function_, "MPI_Wait");
     copy_in();
   }
-  check_mpi(MPI_Wait(&copied_, MPI_STATUS_IGNORE), function_, "MPI_Wait");
+  check_mpi(MPI_Waitall(static_cast<int>(copied_.size()), copied_.data(), MPI_STATUSES_IGNORE), function_,
+            "MPI_Waitall");
 }
 
 }  // namespace kfsdp::comm::detail

@@ -570,6 +570,32 @@ TEST_CASE("mpi: shared memory is freed with its last owner, and a batch reading 
   CHECK_FALSE(world.reads_in_place<double, Kokkos::HostSpace>(batch.parts));  // freed on every rank
 }
 
+TEST_CASE("mpi: a gather read in place may be tested at any moment on any rank: its tests start no collective") {
+  // One rank tests gather A while the others do not, then every rank starts gather B and waits for
+  // both: were a test to start a collective (as a barrier once ended a gather), that rank would
+  // start A's before B's and the others after it, and MPI would match A's with B's.
+  comm::mpi world;
+  if (world.size() == 1) return;
+  comm::shared_bytes memory = world.allocate_shared(12 * sizeof(double));
+  const std::span<double> shards(reinterpret_cast<double*>(memory.bytes.data()), 12);
+  kfsdp::test::gather_parts_case<double> first(world.rank(), world.size(), {5, 7, 0});
+  kfsdp::test::gather_parts_case<double> second(world.rank(), world.size(), {5, 7, 0});
+  first.send_from(shards);
+  second.send_from(shards);
+  REQUIRE(world.reads_in_place<double, Kokkos::HostSpace>(first.parts));
+  for (int round = 0; round < 3 * world.size(); ++round) {
+    CAPTURE(round);
+    comm::request a = world.iall_gather_parts<double>(first.parts);
+    if (world.rank() == round % world.size())
+      for (int i = 0; i < 2000 && a.in_flight(); ++i) (void)a.test();
+    comm::request b = world.iall_gather_parts<double>(second.parts);
+    b.wait();
+    a.wait();
+    first.check();
+    second.check();
+  }
+}
+
 TEST_CASE("mpi: no shared memory where it is switched off or /dev/shm has no room; gathers then send messages") {
   CHECK(comm::detail::shared_memory_room(0, 4));
   CHECK(comm::detail::shared_memory_room(4096, 2));

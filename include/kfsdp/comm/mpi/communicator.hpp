@@ -142,7 +142,7 @@ KFSDP_EXPORT class mpi {
     if (auto in_place = located_in_place(parts)) {
       verify_call(function, {detail::collective_kind::all_gather_parts_in_place, detail::element_code<T>(),
                              total_sent(parts), static_cast<std::uint64_t>(parts.size())});
-      return request(detail::shared_gather(comm_, rank_, size_, windows_, std::move(*in_place), function, waits()));
+      return request(detail::shared_gather(comm_, rank_, size_, next_tag(), windows_, std::move(*in_place), function, waits()));
     }
     if (!host_accessible<Space> || !reads_directly<Space>() || parts.size() == 1)
       return detail::gather_part_by_part<T, Space>(*this, parts);

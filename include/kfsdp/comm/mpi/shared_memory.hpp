@@ -76,9 +76,12 @@ inline constexpr std::size_t shared_alignment = 64;
 //      every rank's sends are final;
 //   2. each peer's chunk of each part copied out of its segment into recv + peer·bytes, then this
 //      rank's own chunks;
-//   3. an MPI_Ibarrier, complete once every rank has copied: no rank reads a send after its
-//      owner's request completes, as with a message.
-// Steps 2 and 3 run inside test() and wait(), as the ring's rounds do.
+//   3. an empty message on the call's tag to every peer, and one from every peer awaited (their
+//      receives posted at the start): complete once every rank has copied, so that no rank reads a
+//      send after its owner's request completes, as with a message.
+// Steps 2 and 3 run inside test() and wait(), as the ring's rounds do. They start no collective,
+// so test() may be called at any time (the compute thread's polls between kernels): only what
+// the constructor starts (step 1) must be in the same order on every rank.
 class shared_gather {
  public:
   struct part {
@@ -97,8 +100,8 @@ class shared_gather {
   [[nodiscard]] static std::optional<located> locate(const shared_windows& windows, std::vector<part> parts);
 
   // Starts step 1.
-  shared_gather(MPI_Comm comm, int rank, int size, std::shared_ptr<const shared_windows> windows, located batch,
-                std::string_view function, wait_rule waits);
+  shared_gather(MPI_Comm comm, int rank, int size, int tag, std::shared_ptr<const shared_windows> windows,
+                located batch, std::string_view function, wait_rule waits);
   shared_gather(shared_gather&&) noexcept = default;
   shared_gather& operator=(shared_gather&&) = delete;
   ~shared_gather() = default;
@@ -107,7 +110,7 @@ class shared_gather {
   void wait();
 
  private:
-  void copy_in();  // step 2, then step 3 started
+  void copy_in();  // step 2, then step 3's sends
 
   std::shared_ptr<const shared_windows> windows_;
   std::vector<part> parts_;
@@ -116,11 +119,12 @@ class shared_gather {
   MPI_Comm comm_;
   int rank_;
   int size_;
+  int tag_;
   std::string_view function_;
   wait_rule waits_;
   MPI_Request located_ = MPI_REQUEST_NULL;  // step 1
-  MPI_Request copied_ = MPI_REQUEST_NULL;   // step 3
-  bool started_barrier_ = false;
+  std::vector<MPI_Request> copied_;         // step 3: a receive from each peer, then a send to each
+  bool copied_in_ = false;
 };
 
 }  // namespace kfsdp::comm::detail

@@ -1,6 +1,7 @@
 #pragma once
 // The one place that calls KokkosBlas::gemm, so that only the kernels include KokkosKernels.
 
+#include <kfsdp/detail/between_kernels.hpp>
 #include <kfsdp/nn/views.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
@@ -11,6 +12,7 @@ namespace kfsdp::nn::detail {
 template <class Scalar>
 void gemm(const char* trans_a, const char* trans_b, Scalar alpha, const_matrix<Scalar> a,
           const_matrix<Scalar> b, Scalar beta, matrix<Scalar> c) {
+  kfsdp::detail::between_kernels();
   KokkosBlas::gemm(trans_a, trans_b, alpha, a, b, beta, c);
 }
 
