@@ -11,11 +11,13 @@ The schedule (include/kfsdp/fsdp/scheduler.hpp, src/fsdp/engine.cpp) that both m
   forward   each unit gathers its buckets and prefetches the next unit's, at most
             --limit-all-gathers (2) all-gathers in flight (the oldest is waited for before another);
   backward  a unit's reduce-scatters are issued after its backward and waited for after the next
-            unit's backward; under HSDP each bucket's all-reduce over the replicas is issued as its
-            reduce-scatter is waited for, and all of them are waited for before the optimizer.
+            unit's backward (under HSDP at once: they are the shard group's); under HSDP each bucket's
+            all-reduce over the replicas is issued as its reduce-scatter is waited for, and all of
+            them are waited for before the optimizer.
 A lane is a link's direction: its collectives run one after another (FIFO), each taking
 latency + bytes / bandwidth, through a token bucket where the link is tbf-shaped. With a
-communication thread (overlap on; NCCL's streams) a lane runs while the rank computes; without one
+communication thread (overlap thread; NCCL's streams), or with the compute thread testing the
+collectives between kernels (overlap polls), a lane runs while the rank computes; with neither
 (overlap off: Open MPI's requests progress only inside MPI calls) it runs only while the rank waits.
 """
 import argparse
@@ -182,7 +184,11 @@ def simulate_step(units, forward, backward, buckets, cost, lanes, background, li
         for b in units[u]:
             reductions[b] = rank.issue(*cost("reduce_scatter", b), on_done=replica_sum(b))
             state[b] = "sharded"
-        reducing.append(u)
+        if replicas:  # HSDP: the shard group's reduce-scatters finish at once, their all-reduces start
+            for b in units[u]:
+                rank.wait(reductions[b])
+        else:
+            reducing.append(u)
 
     last = len(units) - 1
     gather(0, 1 if last >= 1 else None)
@@ -263,10 +269,10 @@ def read_run(prefix):
     names = set().union(*regions_by_rank)
     regions = {n: statistics.mean(r.get(n, 0.0) for r in regions_by_rank) for n in names}
     log = open(prefix + ".log").read()
-    overlap = re.search(r"overlap (on|off)", log)
+    overlap = re.search(r"overlap (on|thread|polls|off)", log)
     sent = [int(x) for x in re.findall(r"^sim-cluster: host \d+ sent (\d+) B", log, re.M)]
     return {"step": statistics.median(times[2:]), "regions": regions, "coll": coll,
-            "overlap": overlap.group(1) == "on" if overlap else False, "host_bytes": sum(sent) / steps}
+            "overlap": overlap.group(1) != "off" if overlap else False, "host_bytes": sum(sent) / steps}
 
 
 def read_collectives(path):

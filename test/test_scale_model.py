@@ -61,15 +61,15 @@ step, waited = m.simulate_step([[0], [1], [2]], [1, 1, 1], [1, 1, 1], [0, 1, 2],
 assert (step, waited) == (10.0, 3.0), (step, waited)
 # ZeRO3 and HSDP with a thread, the paper's case: gathers and reduce-scatters on one lane, the replicas'
 # all-reduces on another. The backward gathers block 2 again behind the root's backward and block 1
-# behind block 2's; each all-reduce starts when its reduce-scatter is waited for and runs beside the
-# next reduce-scatter. 4 s waited: the root's gather, block 1's and the root's reduce-scatters (after
-# the last backward, nothing left to hide them) and the root's all-reduce, alone at the end.
+# behind block 2's; under HSDP each unit's reduce-scatter is waited for right after its backward and
+# its all-reduce starts then, beside the next unit's backward. 5 s waited: the root's gather, the
+# three reduce-scatters (block 2's queued behind block 1's gather) and the root's all-reduce, alone at the end.
 lane_of = {"all_gather": "nvlink", "reduce_scatter": "nvlink", "all_reduce": "net"}
 step, waited = m.simulate_step([[0], [1], [2]], [1, 1, 1], [1, 1, 1], [0, 1, 2],
                                lambda kind, b: (lane_of[kind], 0.0, 1.0),
                                {"nvlink": m.Lane(1.0), "net": m.Lane(1.0)}, background=True, zero3=True,
                                replicas=True, after=1.0)
-assert (step, waited) == (11.0, 4.0), (step, waited)
+assert (step, waited) == (12.0, 5.0), (step, waited)
 
 # Cluster mode on a run made up here: one block (bucket 1, 2 MB gathered) and the root (bucket 0, 1 MB),
 # unshaped and at 100 Mbit/s, overlap off. The 100 Mbit/s link carries 10 MB/s (bench_collectives'
