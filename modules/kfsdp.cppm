@@ -37,8 +37,10 @@ module;
 #include <kfsdp/compute/ops.hpp>
 #include <kfsdp/compute/rowwise.hpp>
 #include <kfsdp/compute/rowwise_kernels.hpp>
+#include <kfsdp/detail/between_kernels.hpp>
 #include <kfsdp/detail/erf.hpp>
 #include <kfsdp/detail/kokkos_math.hpp>
+#include <kfsdp/detail/vector_for.hpp>
 #include <kfsdp/environment.hpp>
 #include <kfsdp/export.hpp>
 #include <kfsdp/expr/expression.hpp>
